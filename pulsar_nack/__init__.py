@@ -1,0 +1,60 @@
+"""pulsar-nack: negative acknowledgements for Pulsar consumers, after PIP-393.
+
+The core (:mod:`~pulsar_nack.buckets`, :mod:`~pulsar_nack.timer`,
+:mod:`~pulsar_nack.backoff`, :mod:`~pulsar_nack.tracker`, :mod:`~pulsar_nack.baseline`)
+imports neither pulsar nor pyspark. The consumer layer (``subscribe``,
+``NackingConsumer``), the embedded broker and the Spark helpers are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
+from .baseline import HashMapNegativeAcksTracker
+from .buckets import TimeBuckets
+from .keys import MessageKey, key_of
+from .timer import DeadlineTimer
+from .tracker import NegativeAcksTracker, TrackerStats
+
+__version__ = "0.1.0"
+
+# Public names of the layers that import pulsar or pyspark, loaded lazily.
+_LAZY = {
+    "NackingConsumer": "consumer",
+    "subscribe": "consumer",
+    "EmbeddedBroker": "embedded",
+}
+
+__all__ = [
+    "DeadlineTimer",
+    "FixedDelay",
+    "HashMapNegativeAcksTracker",
+    "MessageKey",
+    "MultiplierRedeliveryBackoff",
+    "NegativeAcksTracker",
+    "RedeliveryBackoff",
+    "TimeBuckets",
+    "TrackerStats",
+    "key_of",
+    *_LAZY,
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from .consumer import NackingConsumer, subscribe
+    from .embedded import EmbeddedBroker
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

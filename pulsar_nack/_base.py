@@ -1,0 +1,288 @@
+"""What the PIP-393 tracker and the hash-map baseline share: the public interface.
+
+Both trackers take keys or pulsar messages, resolve a delay (per call, by backoff, or
+fixed), keep the pending messages, release them when due to a ``redeliver`` callback
+(from their own timer thread) or to :meth:`pop_due` (manual mode), and report the same
+:class:`TrackerStats`. Subclasses own the storage and the timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TypedDict
+
+from .backoff import RedeliveryBackoff
+from .keys import MessageKey, key_of, redelivery_count_of
+from .timer import monotonic_ms
+
+__all__ = ["BaseTracker", "TrackerStats", "Redeliver", "DueKeys", "NEVER"]
+
+NEVER = 1 << 127
+"""A time later than any deadline."""
+
+_log = logging.getLogger("pulsar_nack.tracker")
+
+DueKeys = dict[str, list[MessageKey]]
+"""Due keys grouped by topic, each list in deadline order."""
+Redeliver = Callable[[DueKeys], None]
+
+
+class TrackerStats(TypedDict):
+    """A snapshot of a tracker's counters."""
+
+    pending_messages: int
+    pending_entries: int
+    buckets: int
+    memory_bytes: int
+    redeliveries: int
+    redeliver_errors: int
+    timer_wakeups: int
+    last_lateness_ms: int | None
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class BaseTracker(ABC):
+    """Common part of :class:`~pulsar_nack.tracker.NegativeAcksTracker` and the baseline.
+
+    See :class:`~pulsar_nack.tracker.NegativeAcksTracker` for the parameters.
+    """
+
+    delay_ms: int
+    backoff: RedeliveryBackoff | None
+    default_topic: str
+    retry_delay_ms: int
+    _redeliver: Redeliver | None
+    _clock: Callable[[], int]
+    _lock: threading.Lock
+    _closed: bool
+    _redeliveries: int
+    _redeliver_errors: int
+    _armed: int
+    """The earliest wake-up the timer was asked for (``NEVER`` when none)."""
+
+    def __init__(
+        self,
+        redeliver: Redeliver | None,
+        *,
+        delay_ms: int,
+        backoff: RedeliveryBackoff | None,
+        clock: Callable[[], int],
+        default_topic: str,
+        retry_delay_ms: int,
+    ) -> None:
+        if redeliver is not None and not callable(redeliver):
+            raise TypeError(f"redeliver must be callable or None, not {type(redeliver).__name__}")
+        if backoff is not None and not callable(getattr(backoff, "next_delay_ms", None)):
+            raise TypeError("backoff must have a next_delay_ms(redelivery_count) method")
+        if not callable(clock):
+            raise TypeError("clock must be callable")
+        if not isinstance(default_topic, str):
+            raise TypeError(f"default_topic must be str, not {type(default_topic).__name__}")
+        self.delay_ms = _check_int("delay_ms", delay_ms, 0)
+        self.retry_delay_ms = _check_int("retry_delay_ms", retry_delay_ms, 0)
+        self.backoff = backoff
+        self.default_topic = default_topic
+        self._redeliver = redeliver
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._closed = False
+        self._redeliveries = 0
+        self._redeliver_errors = 0
+        self._armed = NEVER
+
+    # ------------------------------------------------------------------ storage
+
+    @abstractmethod
+    def _store(self, key: MessageKey, deadline_ms: int) -> int:
+        """Store a key (lock held); return the time the timer must wake by for it.
+
+        May raise TypeError/ValueError, storing nothing. When the returned time is
+        earlier than ``_armed``, :meth:`add` records it and calls :meth:`_arm`.
+        """
+
+    @abstractmethod
+    def _arm(self, wake_by_ms: int) -> None:
+        """Tell the timer to wake by *wake_by_ms* (lock held; must not block)."""
+
+    @abstractmethod
+    def _pop(self, now_ms: int) -> DueKeys:
+        """Remove and return what is due at *now_ms* (lock held)."""
+
+    @abstractmethod
+    def _drain(self) -> DueKeys:
+        """Remove and return everything (lock held)."""
+
+    @abstractmethod
+    def _structure_stats(self) -> tuple[int, int, int, int]:
+        """``(pending_messages, pending_entries, buckets, memory_bytes)`` (lock held)."""
+
+    @abstractmethod
+    def _timer_stats(self) -> tuple[int, int | None]:
+        """``(timer_wakeups, last_lateness_ms)``."""
+
+    @abstractmethod
+    def _stop_timer(self) -> None:
+        """Stop and join the timer thread, if any."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Pending messages. O(1)."""
+
+    # ------------------------------------------------------------------ public API
+
+    def _delay_for(self, obj: object, delay_ms: int | None, redelivery_count: int | None) -> int:
+        """Resolve the delay: explicit, else backoff by redelivery count, else fixed."""
+        if delay_ms is not None:
+            return _check_int("delay_ms", delay_ms, 0)
+        if redelivery_count is not None:
+            _check_int("redelivery_count", redelivery_count, 0)
+        if self.backoff is None:
+            return self.delay_ms
+        count = redelivery_count if redelivery_count is not None else redelivery_count_of(obj)
+        return _check_int("backoff delay", self.backoff.next_delay_ms(count), 0)
+
+    def add(self, key_or_message: object, delay_ms: int | None = None, redelivery_count: int | None = None) -> int:
+        """Track a message for redelivery; return its (untrimmed) deadline in ms.
+
+        Parameters
+        ----------
+        key_or_message : tuple or pulsar Message/MessageId
+            ``(topic, ledger_id, entry_id, batch_index)``, or a pulsar message or id
+            (wrapped or raw; an id takes ``default_topic``).
+        delay_ms : int, optional
+            Per-call delay; overrides the backoff and the fixed delay.
+        redelivery_count : int, optional
+            Count for the backoff; defaults to the message's ``redelivery_count()``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a wrong type or bad value; nothing is stored then.
+        RuntimeError
+            After :meth:`close`.
+        """
+        if type(key_or_message) is tuple:
+            key = key_or_message
+        else:
+            key = key_of(key_or_message, self.default_topic)
+        if delay_ms is None and redelivery_count is None and self.backoff is None:
+            delay = self.delay_ms
+        else:
+            delay = self._delay_for(key_or_message, delay_ms, redelivery_count)
+        deadline = self._clock() + delay
+        self._lock.acquire()  # cheaper than `with` on this hot path
+        try:
+            wake_by = self._store(key, deadline)  # type: ignore[arg-type]  # raises once closed
+            if wake_by < self._armed:
+                self._armed = wake_by
+                self._arm(wake_by)
+        finally:
+            self._lock.release()
+        return deadline
+
+    def pop_due(self, now_ms: int | None = None) -> DueKeys:
+        """Remove and return the keys due at *now_ms* (default: the clock's now).
+
+        The manual mode: use it with no ``redeliver`` callback (no timer thread).
+        """
+        now = self._clock() if now_ms is None else _check_int("now_ms", now_ms, 0)
+        with self._lock:
+            due = self._pop(now)
+            self._redeliveries += sum(map(len, due.values()))
+        return due
+
+    @staticmethod
+    def _refuse_closed(key: object, deadline_ms: int) -> int:
+        """Stands in for ``_store`` after close, so :meth:`add` needs no closed check."""
+        raise RuntimeError("the tracker is closed")
+
+    def _release(self, due: DueKeys) -> None:
+        """Hand due keys to ``redeliver``; on error, log and track them again.
+
+        Called with no lock held. Failed keys come back after ``retry_delay_ms``, so
+        nothing is lost when the callback fails.
+        """
+        if not due or self._redeliver is None:
+            return
+        try:
+            self._redeliver(due)
+        except Exception:
+            _log.exception("redeliver callback failed; the keys will be retried in %d ms", self.retry_delay_ms)
+            deadline = self._clock() + self.retry_delay_ms
+            wake_by = NEVER
+            with self._lock:
+                self._redeliver_errors += 1
+                for keys in due.values():
+                    self._redeliveries -= len(keys)
+                    for key in keys:
+                        wake_by = min(wake_by, self._store(key, deadline))
+                if wake_by < self._armed:
+                    self._armed = wake_by
+                    self._arm(wake_by)
+
+    def close(self, flush: bool = True) -> DueKeys:
+        """Stop the timer and empty the tracker. Idempotent.
+
+        ``flush=True`` hands every pending key to ``redeliver`` now (returns ``{}``), or,
+        without a callback, returns them. ``flush=False`` returns them unreleased, for
+        the caller to deal with (e.g. leave them unacked). Nothing is dropped silently.
+        """
+        if not isinstance(flush, bool):
+            raise TypeError(f"flush must be bool, not {type(flush).__name__}")
+        with self._lock:
+            already = self._closed
+            self._closed = True
+            self._store = self._refuse_closed  # type: ignore[method-assign]
+            pending = self._drain()
+        if not already:
+            self._stop_timer()
+        if flush and self._redeliver is not None:
+            with self._lock:
+                self._redeliveries += sum(map(len, pending.values()))
+            try:
+                self._redeliver(pending) if pending else None
+            except Exception:
+                _log.exception("redeliver callback failed while closing; returning the keys")
+                return pending
+            return {}
+        return pending
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> TrackerStats:
+        """A snapshot of the counters. O(open buckets + streams) for the tracker."""
+        wakeups, lateness = self._timer_stats()
+        with self._lock:
+            messages, entries, buckets, memory = self._structure_stats()
+            return TrackerStats(
+                pending_messages=messages,
+                pending_entries=entries,
+                buckets=buckets,
+                memory_bytes=memory,
+                redeliveries=self._redeliveries,
+                redeliver_errors=self._redeliver_errors,
+                timer_wakeups=wakeups,
+                last_lateness_ms=lateness,
+            )
+
+    def __enter__(self) -> BaseTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} pending={len(self)} closed={self._closed}>"
+

@@ -1,0 +1,105 @@
+"""Redelivery delays: a fixed delay, or exponential backoff by redelivery count.
+
+:class:`MultiplierRedeliveryBackoff` has the meaning of Java's class of the same name:
+``min(min_delay_ms * multiplier ** redelivery_count, max_delay_ms)``, and
+``min_delay_ms`` for a count of zero or less.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+__all__ = ["RedeliveryBackoff", "FixedDelay", "MultiplierRedeliveryBackoff"]
+
+
+def _check_delay(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_count(redelivery_count: object) -> int:
+    if not isinstance(redelivery_count, int) or isinstance(redelivery_count, bool):
+        raise TypeError(f"redelivery_count must be int, not {type(redelivery_count).__name__}")
+    return int(redelivery_count)
+
+
+@runtime_checkable
+class RedeliveryBackoff(Protocol):
+    """Anything with ``next_delay_ms(redelivery_count) -> int`` (milliseconds)."""
+
+    def next_delay_ms(self, redelivery_count: int) -> int: ...
+
+
+class FixedDelay:
+    """The same delay whatever the redelivery count.
+
+    >>> FixedDelay(500).next_delay_ms(7)
+    500
+    """
+
+    delay_ms: int
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = _check_delay("delay_ms", delay_ms)
+
+    def next_delay_ms(self, redelivery_count: int) -> int:
+        """Return ``delay_ms``. O(1)."""
+        _check_count(redelivery_count)
+        return self.delay_ms
+
+    def __repr__(self) -> str:
+        return f"FixedDelay({self.delay_ms})"
+
+
+class MultiplierRedeliveryBackoff:
+    """Exponential backoff: ``min(min_delay_ms * multiplier ** count, max_delay_ms)``.
+
+    Parameters
+    ----------
+    min_delay_ms : int
+        Delay for the first nack (redelivery count 0). Java's default is 10 s.
+    max_delay_ms : int
+        Upper bound. Java's default is 10 min.
+    multiplier : float
+        Growth per redelivery, ``>= 1``. Default 2.
+
+    >>> b = MultiplierRedeliveryBackoff(min_delay_ms=100, max_delay_ms=1000)
+    >>> [b.next_delay_ms(n) for n in range(6)]
+    [100, 200, 400, 800, 1000, 1000]
+    """
+
+    min_delay_ms: int
+    max_delay_ms: int
+    multiplier: float
+
+    def __init__(self, min_delay_ms: int = 10_000, max_delay_ms: int = 600_000, multiplier: float = 2.0) -> None:
+        self.min_delay_ms = _check_delay("min_delay_ms", min_delay_ms)
+        self.max_delay_ms = _check_delay("max_delay_ms", max_delay_ms)
+        if self.max_delay_ms < self.min_delay_ms:
+            raise ValueError(f"max_delay_ms ({max_delay_ms}) must be >= min_delay_ms ({min_delay_ms})")
+        if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool):
+            raise TypeError(f"multiplier must be a number, not {type(multiplier).__name__}")
+        if not math.isfinite(multiplier) or multiplier < 1:
+            raise ValueError(f"multiplier must be a finite number >= 1, got {multiplier}")
+        self.multiplier = float(multiplier)
+
+    def next_delay_ms(self, redelivery_count: int) -> int:
+        """Delay before the next redelivery of a message redelivered *count* times. O(1)."""
+        count = _check_count(redelivery_count)
+        if count <= 0 or self.min_delay_ms == 0:
+            return self.min_delay_ms
+        try:
+            delay = self.min_delay_ms * self.multiplier**count
+        except OverflowError:
+            return self.max_delay_ms
+        return int(min(delay, self.max_delay_ms))
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiplierRedeliveryBackoff(min_delay_ms={self.min_delay_ms}, "
+            f"max_delay_ms={self.max_delay_ms}, multiplier={self.multiplier})"
+        )

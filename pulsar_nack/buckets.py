@@ -1,0 +1,539 @@
+"""Time buckets of negatively acknowledged messages (PIP-393 layout).
+
+The structure maps a *trimmed* deadline to the messages due at that time::
+
+    SortedDict  deadline_ms (low `precision_bits` bits cleared)
+      │
+      ├── 1_700_000_000_000 ─► open bucket:   {sid: BitMap, sid: BitMap64, ...}
+      ├── 1_700_000_000_256 ─► sealed bucket: bytes  [sid|len|roaring][sid|len|roaring]...
+      └── 1_700_000_000_512 ─► single entry:  int    sid << 64 | value
+
+A *stream* is one ``(topic, ledger_id, kind)`` and gets a small integer id (``sid``)
+shared by every bucket, so a bucket stores each topic and ledger once, not once per
+entry.  Inside a stream, entry ids live in a Roaring bitmap:
+
+* ``PLAIN`` (non-batched message, ``batch_index == -1``): value = ``entry_id``;
+* ``BATCHED`` (``0 <= batch_index < 1024`` and ``entry_id < 2**53``):
+  value = ``entry_id << 10 | batch_index``, so the messages of one batch sit side by
+  side in one Roaring container;
+* ``WIDE`` (any other batched message): a stream per entry, value = ``batch_index``.
+  This is the slow path for rare, huge values; it is never an error.
+
+Values below ``2**32`` use :class:`pyroaring.BitMap`; a stream upgrades itself to
+:class:`pyroaring.BitMap64` when a larger value arrives.
+
+Only a few buckets receive adds at any time (deadlines grow with the clock).  At most
+``max_open_buckets`` buckets are kept *open* (mutable bitmaps, least recently written
+first out); every other bucket is *sealed*: its bitmaps are run-length optimised and
+serialized into one ``bytes`` object, or, when the bucket holds a single message,
+packed into one ``int``.  Sealed buckets carry none of the fixed cost of a dict and
+bitmap objects, so a bucket with one message costs less than a hash-map entry, and
+consecutive entry ids cost a few bytes per *run*.  An add to a sealed bucket unseals it.
+
+This module has no threads and no locks; :class:`~pulsar_nack.tracker.NegativeAcksTracker`
+adds both.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+from collections.abc import Iterator
+from itertools import repeat
+from typing import Union
+
+from pyroaring import BitMap, BitMap64
+from sortedcontainers import SortedDict
+
+from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
+
+__all__ = ["TimeBuckets", "DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS"]
+
+DEFAULT_PRECISION_BITS = 8
+"""Default trimming: 256 ms buckets, as Java's ``negativeAckPrecisionBitCnt``."""
+MAX_PRECISION_BITS = 30
+
+_BATCH_BITS = 10
+_BATCH_LIMIT = 1 << _BATCH_BITS
+_BATCHED_ENTRY_LIMIT = 1 << (63 - _BATCH_BITS)  # packed values stay below 2**63
+_U32 = 1 << 32
+_U64_MASK = (1 << 64) - 1
+_RECORD = struct.Struct("<II")  # (sid << 1 | is_64_bit, length of the roaring bytes)
+
+
+class _Kind(enum.IntEnum):
+    """How a stream encodes its messages into bitmap values."""
+
+    PLAIN = 0  # value = entry_id
+    BATCHED = 1  # value = entry_id << 10 | batch_index
+    WIDE = 2  # one stream per entry; value = batch_index
+
+
+_Stream = tuple[str, int, _Kind, int]  # (topic, ledger_id, kind, entry_id if WIDE else -1)
+_Bitmap = Union[BitMap, BitMap64]
+_OpenBucket = dict[int, _Bitmap]
+_Bucket = Union[_OpenBucket, bytes, int]
+
+
+def _encode(key: MessageKey) -> tuple[_Stream, int]:
+    """Map a validated key to its stream and bitmap value."""
+    topic, ledger_id, entry_id, batch_index = key
+    if batch_index < 0:
+        return (topic, ledger_id, _Kind.PLAIN, -1), entry_id
+    if batch_index < _BATCH_LIMIT and entry_id < _BATCHED_ENTRY_LIMIT:
+        return (topic, ledger_id, _Kind.BATCHED, -1), entry_id << _BATCH_BITS | batch_index
+    return (topic, ledger_id, _Kind.WIDE, entry_id), batch_index
+
+
+def _decode(stream: _Stream, values: Iterator[int] | _Bitmap) -> Iterator[MessageKey]:
+    """Inverse of :func:`_encode` for every value of one stream (ascending)."""
+    topic, ledger_id, kind, wide_entry = stream
+    if kind is _Kind.PLAIN:
+        return zip(repeat(topic), repeat(ledger_id), values, repeat(-1))
+    if kind is _Kind.BATCHED:
+        return ((topic, ledger_id, v >> _BATCH_BITS, v & (_BATCH_LIMIT - 1)) for v in values)
+    return zip(repeat(topic), repeat(ledger_id), repeat(wide_entry), values)
+
+
+def _count_entries(kind: _Kind, bitmap: _Bitmap) -> int:
+    """Distinct entries in one stream's bitmap. O(n) for BATCHED, O(1) otherwise."""
+    if kind is _Kind.PLAIN:
+        return len(bitmap)
+    if kind is _Kind.WIDE:
+        return 1
+    return len({v >> _BATCH_BITS for v in bitmap})
+
+
+class TimeBuckets:
+    """Sorted time buckets of message keys, PIP-393 style, with sealing.
+
+    Parameters
+    ----------
+    precision_bits : int
+        Low bits cleared from each deadline (0-30). A bucket spans ``2**precision_bits``
+        ms. More bits: fewer, fuller buckets and less memory, coarser timing. Leave the
+        default (8, 256 ms) until you have measured.
+    round_up : bool
+        ``False`` (default, Java semantics): a deadline is floored to its bucket, so a
+        message may be due up to ``2**precision_bits - 1`` ms early, never late.
+        ``True``: rounded up, so it is never early and up to that much late.
+    max_open_buckets : int
+        Buckets kept mutable; the least recently written beyond this are sealed. Raise
+        it if adds spread over many distinct buckets at once (many different delays).
+
+    >>> b = TimeBuckets(precision_bits=8)
+    >>> b.add(("t", 7, 1, -1), 1000)
+    768
+    >>> b.add(("t", 7, 2, -1), 1010)
+    768
+    >>> len(b), b.peek_deadline()
+    (2, 768)
+    >>> b.pop_due(767)
+    {}
+    >>> b.pop_due(768)
+    {'t': [('t', 7, 1, -1), ('t', 7, 2, -1)]}
+    """
+
+    precision_bits: int
+    round_up: bool
+    max_open_buckets: int
+    _low_mask: int
+    _buckets: SortedDict  # deadline -> _Bucket
+    _open: dict[int, None]  # open bucket deadlines, least recently written first
+    _stream_ids: dict[_Stream, int]
+    _streams: list[_Stream | None]  # sid -> stream (None when free)
+    _stream_refs: list[int]  # sid -> number of buckets holding it
+    _free_sids: list[int]
+    _messages: int
+    _entries: int
+    _sealed_bytes: int
+    # Cache of the last bitmap written: the hot path of add() skips every lookup.
+    _hot_deadline: int
+    _hot_topic: str | None
+    _hot_ledger: int
+    _hot_bitmap: BitMap | None
+
+    def __init__(
+        self,
+        precision_bits: int = DEFAULT_PRECISION_BITS,
+        *,
+        round_up: bool = False,
+        max_open_buckets: int = 16,
+    ) -> None:
+        if not isinstance(precision_bits, int) or isinstance(precision_bits, bool):
+            raise TypeError(f"precision_bits must be int, not {type(precision_bits).__name__}")
+        if not 0 <= precision_bits <= MAX_PRECISION_BITS:
+            raise ValueError(f"precision_bits must be in [0, {MAX_PRECISION_BITS}], got {precision_bits}")
+        if not isinstance(round_up, bool):
+            raise TypeError(f"round_up must be bool, not {type(round_up).__name__}")
+        if not isinstance(max_open_buckets, int) or isinstance(max_open_buckets, bool):
+            raise TypeError(f"max_open_buckets must be int, not {type(max_open_buckets).__name__}")
+        if max_open_buckets < 1:
+            raise ValueError(f"max_open_buckets must be >= 1, got {max_open_buckets}")
+        self.precision_bits = precision_bits
+        self.round_up = round_up
+        self.max_open_buckets = max_open_buckets
+        self._low_mask = (1 << precision_bits) - 1
+        self._buckets = SortedDict()
+        self._open = {}
+        self._stream_ids = {}
+        self._streams = []
+        self._stream_refs = []
+        self._free_sids = []
+        self._messages = 0
+        self._entries = 0
+        self._sealed_bytes = 0
+        self._forget_hot()
+
+    # ------------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        """Number of pending messages. O(1)."""
+        return self._messages
+
+    @property
+    def entries(self) -> int:
+        """Pending entries (a batch counts once per bucket it appears in). O(1)."""
+        return self._entries
+
+    @property
+    def bucket_count(self) -> int:
+        """Number of buckets. O(1)."""
+        return len(self._buckets)
+
+    def bucket_of(self, deadline_ms: int) -> int:
+        """The bucket a deadline falls into (floored, or rounded up if ``round_up``).
+
+        >>> TimeBuckets(8).bucket_of(1000), TimeBuckets(8, round_up=True).bucket_of(1000)
+        (768, 1024)
+        """
+        if self.round_up:
+            deadline_ms += self._low_mask
+        return deadline_ms & ~self._low_mask
+
+    def peek_deadline(self) -> int | None:
+        """Earliest bucket deadline, or None when empty. O(1)."""
+        return self._buckets.keys()[0] if self._buckets else None
+
+    def __iter__(self) -> Iterator[tuple[int, MessageKey]]:
+        """Yield ``(bucket_deadline, key)`` in deadline order, without changing anything.
+
+        Meant for tests and debugging: O(n) and it decodes sealed buckets.
+        """
+        for deadline, bucket in self._buckets.items():
+            for stream, bitmap in self._bitmaps(bucket):
+                for key in _decode(stream, bitmap):
+                    yield deadline, key
+
+    # ------------------------------------------------------------------ updates
+
+    def add(self, key: MessageKey, deadline_ms: int) -> int:
+        """Add *key* due at *deadline_ms*; return the bucket deadline it went into.
+
+        Adding a key already in that bucket changes nothing. The same key in two
+        different buckets is held twice and comes out twice.
+
+        Runtime complexity: O(1) into an open bucket (the common case), O(log b) to
+        create one among b buckets, O(bucket size) to unseal a sealed one.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :func:`validate_key`, or for a deadline that is not a non-negative int.
+            Nothing is stored on error.
+        """
+        if type(key) is not tuple or len(key) != 4:
+            key = validate_key(key)
+        topic, ledger_id, entry_id, batch_index = key
+        if (
+            type(topic) is not str
+            or type(ledger_id) is not int
+            or type(entry_id) is not int
+            or type(batch_index) is not int
+            or not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID and -1 <= batch_index <= MAX_BATCH_INDEX)
+        ):
+            key = validate_key(key)
+        if type(deadline_ms) is not int:
+            if not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool):
+                raise TypeError(f"deadline_ms must be int, not {type(deadline_ms).__name__}")
+            deadline_ms = int(deadline_ms)
+        if deadline_ms < 0:
+            raise ValueError(f"deadline_ms must be >= 0, got {deadline_ms}")
+        if self.round_up:
+            bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
+        else:
+            bucket_deadline = deadline_ms & ~self._low_mask
+        # Hot path: same bucket, topic and ledger as the previous add, plain message.
+        if (
+            batch_index == -1
+            and bucket_deadline == self._hot_deadline
+            and ledger_id == self._hot_ledger
+            and topic == self._hot_topic
+            and entry_id < _U32
+        ):
+            try:
+                self._hot_bitmap.add_checked(entry_id)  # type: ignore[union-attr]
+            except KeyError:
+                return bucket_deadline
+            self._messages += 1
+            self._entries += 1
+            return bucket_deadline
+        self._add_slow(key, bucket_deadline)
+        return bucket_deadline
+
+    def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
+        """Add a validated key through the full lookup: bucket, stream, bitmap."""
+        stream, value = _encode(key)
+        bucket = self._open_bucket(bucket_deadline)
+        sid = self._stream_ids.get(stream)
+        bitmap = None if sid is None else bucket.get(sid)
+        if bitmap is None:
+            if sid is None:
+                sid = self._new_sid(stream)
+            bitmap = BitMap() if value < _U32 else BitMap64()
+            bucket[sid] = bitmap
+            self._stream_refs[sid] += 1
+        elif value >= _U32 and type(bitmap) is BitMap:
+            bitmap = BitMap64(bitmap)
+            bucket[sid] = bitmap
+        kind = stream[2]
+        new_entry = (
+            kind is _Kind.PLAIN
+            or (kind is _Kind.WIDE and not bitmap)
+            or (
+                kind is _Kind.BATCHED
+                and not bitmap.range_cardinality(value & ~(_BATCH_LIMIT - 1), (value | (_BATCH_LIMIT - 1)) + 1)
+            )
+        )
+        try:
+            bitmap.add_checked(value)
+        except KeyError:
+            return
+        self._messages += 1
+        self._entries += new_entry
+        if kind is _Kind.PLAIN and type(bitmap) is BitMap:
+            self._hot_deadline, self._hot_topic, self._hot_ledger = bucket_deadline, key[0], key[1]
+            self._hot_bitmap = bitmap
+        else:
+            self._forget_hot()
+
+    def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
+        """Remove and return every key whose bucket deadline is ``<= now_ms``.
+
+        Keys are grouped by topic; within a topic they are in deadline order.
+
+        Runtime complexity: O(d + k log b) for d due keys in k due buckets among b.
+        """
+        due: dict[str, list[MessageKey]] = {}
+        buckets = self._buckets
+        while buckets:
+            deadline = buckets.keys()[0]
+            if deadline > now_ms:
+                break
+            bucket = buckets.pop(deadline)
+            for stream, bitmap in self._bitmaps(bucket):
+                self._messages -= len(bitmap)
+                self._entries -= _count_entries(stream[2], bitmap)
+                keys = due.get(stream[0])
+                if keys is None:
+                    keys = due[stream[0]] = []
+                keys.extend(_decode(stream, bitmap))
+            self._drop_bucket(deadline, bucket)
+        return due
+
+    def clear(self) -> dict[str, list[MessageKey]]:
+        """Remove and return every key, as :meth:`pop_due` at the end of time. O(n)."""
+        last = self._buckets.keys()[-1] if self._buckets else 0
+        return self.pop_due(last)
+
+    # ------------------------------------------------------------------ buckets
+
+    def _open_bucket(self, deadline: int) -> _OpenBucket:
+        """The open form of the bucket at *deadline*, creating or unsealing it."""
+        bucket = self._buckets.get(deadline)
+        if type(bucket) is dict:
+            # Mark as most recently written.
+            del self._open[deadline]
+            self._open[deadline] = None
+            return bucket
+        if bucket is None:
+            opened: _OpenBucket = {}
+        else:
+            self._sealed_bytes -= sys.getsizeof(bucket)
+            opened = {}
+            for stream, bitmap in self._bitmaps(bucket):
+                opened[self._stream_ids[stream]] = bitmap
+        self._buckets[deadline] = opened
+        self._open[deadline] = None
+        if len(self._open) > self.max_open_buckets:
+            self._seal(next(iter(self._open)))
+        return opened
+
+    def _seal(self, deadline: int) -> None:
+        """Replace the open bucket at *deadline* by its compact form."""
+        bucket: _OpenBucket = self._buckets[deadline]
+        del self._open[deadline]
+        if deadline == self._hot_deadline:
+            self._forget_hot()
+        sealed: bytes | int
+        if len(bucket) == 1:
+            ((sid, bitmap),) = bucket.items()
+            if len(bitmap) == 1:
+                self._buckets[deadline] = sealed = sid << 64 | bitmap.min()
+                self._sealed_bytes += sys.getsizeof(sealed)
+                return
+        parts = []
+        for sid, bitmap in bucket.items():
+            bitmap.run_optimize()
+            data = bitmap.serialize()
+            parts.append(_RECORD.pack(sid << 1 | (type(bitmap) is BitMap64), len(data)))
+            parts.append(data)
+        self._buckets[deadline] = sealed = b"".join(parts)
+        self._sealed_bytes += sys.getsizeof(sealed)
+
+    def seal_all(self) -> None:
+        """Seal every open bucket (e.g. before measuring memory). O(open buckets)."""
+        for deadline in list(self._open):
+            self._seal(deadline)
+
+    def _bitmaps(self, bucket: _Bucket) -> Iterator[tuple[_Stream, _Bitmap]]:
+        """``(stream, bitmap)`` pairs of a bucket in any form; sealed ones are decoded."""
+        streams = self._streams
+        if type(bucket) is dict:
+            for sid, bitmap in bucket.items():
+                yield streams[sid], bitmap  # type: ignore[misc]
+        elif type(bucket) is int:
+            value = bucket & _U64_MASK
+            yield streams[bucket >> 64], (BitMap([value]) if value < _U32 else BitMap64([value]))  # type: ignore[misc]
+        else:
+            view = memoryview(bucket)  # type: ignore[arg-type]
+            offset = 0
+            while offset < len(view):
+                tagged_sid, length = _RECORD.unpack_from(view, offset)
+                offset += _RECORD.size
+                cls = BitMap64 if tagged_sid & 1 else BitMap
+                yield streams[tagged_sid >> 1], cls.deserialize(bytes(view[offset : offset + length]))  # type: ignore[misc]
+                offset += length
+
+    def _drop_bucket(self, deadline: int, bucket: _Bucket) -> None:
+        """Account for a bucket removed from ``_buckets``: open set, streams, bytes."""
+        if type(bucket) is dict:
+            del self._open[deadline]
+            sids = list(bucket)
+            if deadline == self._hot_deadline:
+                self._forget_hot()
+        else:
+            self._sealed_bytes -= sys.getsizeof(bucket)
+            if type(bucket) is int:
+                sids = [bucket >> 64]
+            else:
+                sids = []
+                offset = 0
+                while offset < len(bucket):  # type: ignore[arg-type]
+                    tagged_sid, length = _RECORD.unpack_from(bucket, offset)  # type: ignore[arg-type]
+                    sids.append(tagged_sid >> 1)
+                    offset += _RECORD.size + length
+        for sid in sids:
+            self._stream_refs[sid] -= 1
+            if not self._stream_refs[sid]:
+                del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]
+                self._streams[sid] = None
+                self._free_sids.append(sid)
+
+    def _new_sid(self, stream: _Stream) -> int:
+        """Give *stream* an id, reusing a freed one when possible."""
+        if self._free_sids:
+            sid = self._free_sids.pop()
+            self._streams[sid] = stream
+        else:
+            sid = len(self._streams)
+            self._streams.append(stream)
+            self._stream_refs.append(0)
+        self._stream_ids[stream] = sid
+        return sid
+
+    def _forget_hot(self) -> None:
+        self._hot_deadline, self._hot_topic, self._hot_ledger, self._hot_bitmap = -1, None, -1, None
+
+    # ------------------------------------------------------------------ memory
+
+    def memory_bytes(self) -> int:
+        """Estimate of the heap bytes this structure holds.
+
+        Method: ``sys.getsizeof`` of the sorted map (its dict table, its key list and the
+        key ints), of every sealed bucket (tracked as buckets are sealed), and of the
+        stream table; for the few open buckets, the dict plus each bitmap's container
+        bytes from ``BitMap.get_statistics()`` and a fixed per-bitmap overhead.
+        Allocator slack is not counted; the memory benchmark compares this estimate
+        with the process RSS delta.
+
+        Runtime complexity: O(open buckets + streams + b / 1000).
+        """
+        buckets = self._buckets
+        total = sys.getsizeof(buckets) + self._sealed_bytes
+        keys = buckets.keys()
+        if keys:
+            total += len(keys) * (sys.getsizeof(keys[-1]) + 8)  # key int + its list slot
+        for deadline in self._open:
+            bucket = buckets[deadline]
+            total += sys.getsizeof(bucket)
+            for bitmap in bucket.values():
+                stats = bitmap.get_statistics()
+                total += _BITMAP_OVERHEAD + 8 * stats["n_containers"]
+                total += stats["n_bytes_array_containers"] + stats["n_bytes_run_containers"]
+                total += stats["n_bytes_bitset_containers"]
+        total += sys.getsizeof(self._stream_ids) + sys.getsizeof(self._streams)
+        total += sys.getsizeof(self._stream_refs) + sys.getsizeof(self._free_sids)
+        total += sum(sys.getsizeof(s) for s in self._streams if s is not None)
+        return total
+
+    # ------------------------------------------------------------------ checks
+
+    def _check(self) -> None:
+        """Assert every invariant. O(n); for tests."""
+        keys = list(self._buckets.keys())
+        # Bucket deadlines are sorted, distinct, and aligned to the precision.
+        assert keys == sorted(set(keys))
+        assert all(k & self._low_mask == 0 for k in keys)
+        # Exactly the open buckets are dicts, and there are not too many of them.
+        assert set(self._open) == {k for k in keys if type(self._buckets[k]) is dict}
+        assert len(self._open) <= self.max_open_buckets
+        refs = [0] * len(self._streams)
+        messages = entries = sealed = 0
+        for deadline in keys:
+            bucket = self._buckets[deadline]
+            assert type(bucket) in (dict, bytes, int)
+            if type(bucket) is not dict:
+                sealed += sys.getsizeof(bucket)
+            pairs = list(self._bitmaps(bucket))
+            # No empty bucket and no empty bitmap.
+            assert pairs and all(len(bitmap) for _, bitmap in pairs)
+            sids = [self._stream_ids[stream] for stream, _ in pairs]
+            # A stream appears once per bucket.
+            assert len(sids) == len(set(sids))
+            for (stream, bitmap), sid in zip(pairs, sids):
+                refs[sid] += 1
+                messages += len(bitmap)
+                entries += _count_entries(stream[2], bitmap)
+                # A 32-bit bitmap is used whenever it can be (open buckets upgrade lazily).
+                if type(bucket) is not dict and type(bitmap) is BitMap64:
+                    assert bitmap.max() >= _U32 or len(bitmap) == 1
+                for key in _decode(stream, bitmap):
+                    # Every stored value decodes to a valid key of its own stream.
+                    assert validate_key(key) == key and _encode(key)[0] == stream
+        # Reference counts, free list and stream table agree.
+        assert refs == self._stream_refs
+        assert all(self._streams[s] is None and refs[s] == 0 for s in self._free_sids)
+        assert {s: i for i, s in enumerate(self._streams) if s is not None} == self._stream_ids
+        assert all(refs[i] > 0 for i, s in enumerate(self._streams) if s is not None)
+        # Counters match the content.
+        assert (messages, entries, sealed) == (self._messages, self._entries, self._sealed_bytes)
+        # The hot bitmap, if any, is the live bitmap of an open bucket.
+        if self._hot_bitmap is not None:
+            sid = self._stream_ids[(self._hot_topic, self._hot_ledger, _Kind.PLAIN, -1)]  # type: ignore[index]
+            assert self._buckets[self._hot_deadline][sid] is self._hot_bitmap
+
+
+_BITMAP_OVERHEAD = 96
+"""Bytes per live bitmap besides its containers: the Python object and roaring header."""

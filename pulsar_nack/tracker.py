@@ -1,0 +1,164 @@
+"""`NegativeAcksTracker`: time buckets + an earliest-deadline timer + backoff.
+
+This is PIP-393's tracker for Python: pending messages are held in
+:class:`~pulsar_nack.buckets.TimeBuckets` (a few bytes each), and one
+:class:`~pulsar_nack.timer.DeadlineTimer` thread wakes only for the earliest bucket and
+hands everything due to a ``redeliver`` callback, grouped by topic. No pulsar import:
+the callback decides what redelivery means (the consumer layer hands the ids to the
+Pulsar client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
+from .backoff import RedeliveryBackoff
+from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
+from .keys import MessageKey
+from .timer import DeadlineTimer, monotonic_ms
+
+__all__ = ["NegativeAcksTracker", "TrackerStats", "DueKeys"]
+
+class NegativeAcksTracker(BaseTracker):
+    """Track negatively acknowledged messages and release each when its delay is over.
+
+    Parameters
+    ----------
+    redeliver : callable, optional
+        ``redeliver({topic: [key, ...]})``, called on the timer thread with no lock held
+        when buckets fall due. If it raises, the error is logged and the keys are tracked
+        again for ``retry_delay_ms``. Without it there is no thread: call
+        :meth:`pop_due` yourself (manual mode).
+    delay_ms : int
+        Delay when neither a per-call delay nor a backoff applies. Default 60 s, as
+        pulsar's ``negative_ack_redelivery_delay_ms``.
+    precision_bits : int
+        Deadlines are trimmed by this many bits (``negative_ack_precision_bit_cnt``);
+        0-30, default 8 (256 ms buckets).
+    round_up : bool
+        False (default): up to ``2**precision_bits - 1`` ms early, never late (Java).
+        True: never early.
+    backoff : RedeliveryBackoff, optional
+        Delay by redelivery count, e.g. :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`.
+    clock : callable
+        Monotonic milliseconds; inject a fake one in tests.
+    lead_ms : int
+        Fire buckets this many ms before their deadline (to compensate a known handoff
+        delay downstream). Default 0.
+    default_topic : str
+        Topic for bare message ids, which carry none.
+    retry_delay_ms : int
+        Delay before retrying keys whose ``redeliver`` call failed. Default 1000.
+    max_open_buckets : int
+        See :class:`~pulsar_nack.buckets.TimeBuckets`.
+
+    >>> clock = iter(range(0, 10**6, 100)).__next__
+    >>> tracker = NegativeAcksTracker(delay_ms=1000, precision_bits=0, clock=clock)
+    >>> tracker.add(("t", 1, 2, -1))
+    1000
+    >>> tracker.pop_due(999)
+    {}
+    >>> tracker.pop_due(1000)
+    {'t': [('t', 1, 2, -1)]}
+    """
+
+    precision_bits: int
+    lead_ms: int
+    _buckets: TimeBuckets
+    _timer: DeadlineTimer | None
+
+    def __init__(
+        self,
+        redeliver: Redeliver | None = None,
+        *,
+        delay_ms: int = 60_000,
+        precision_bits: int = DEFAULT_PRECISION_BITS,
+        round_up: bool = False,
+        backoff: RedeliveryBackoff | None = None,
+        clock: Callable[[], int] = monotonic_ms,
+        lead_ms: int = 0,
+        default_topic: str = "",
+        retry_delay_ms: int = 1000,
+        max_open_buckets: int = 16,
+    ) -> None:
+        super().__init__(
+            redeliver,
+            delay_ms=delay_ms,
+            backoff=backoff,
+            clock=clock,
+            default_topic=default_topic,
+            retry_delay_ms=retry_delay_ms,
+        )
+        self._buckets = TimeBuckets(precision_bits, round_up=round_up, max_open_buckets=max_open_buckets)
+        self.precision_bits = precision_bits
+        # The hot path: adds go straight into the buckets, which return the bucket deadline.
+        self._store = self._buckets.add  # type: ignore[method-assign]
+        self._timer = None
+        if redeliver is not None:
+            self._timer = DeadlineTimer(self._on_due, clock=clock, lead_ms=lead_ms, name="pulsar-nack-tracker")
+        self.lead_ms = lead_ms
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def peek_deadline(self) -> int | None:
+        """Earliest bucket deadline, or None. O(1)."""
+        with self._lock:
+            return self._buckets.peek_deadline()
+
+    def _store(self, key: MessageKey, deadline_ms: int) -> int:
+        return self._buckets.add(key, deadline_ms)  # replaced by the bound method in __init__
+
+    def _arm(self, wake_by_ms: int) -> None:
+        if self._timer is not None:
+            self._timer.request(wake_by_ms)
+
+    def _pop(self, now_ms: int) -> DueKeys:
+        return self._buckets.pop_due(now_ms)
+
+    def _drain(self) -> DueKeys:
+        self._armed = NEVER
+        return self._buckets.clear()
+
+    def _on_due(self, now_ms: int) -> int | None:
+        """Timer callback: release what is due (with the lead), return the next deadline."""
+        with self._lock:
+            due = self._buckets.pop_due(now_ms + self.lead_ms)
+            self._redeliveries += sum(map(len, due.values()))
+        self._release(due)
+        with self._lock:
+            following = self._buckets.peek_deadline()
+            self._armed = NEVER if following is None else following
+        return following
+
+    def _structure_stats(self) -> tuple[int, int, int, int]:
+        b = self._buckets
+        return len(b), b.entries, b.bucket_count, b.memory_bytes()
+
+    def _timer_stats(self) -> tuple[int, int | None]:
+        if self._timer is None:
+            return 0, None
+        return self._timer.wakeups, self._timer.last_lateness_ms
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until nothing is pending and no callback runs; False on timeout.
+
+        Useful in tests and at shutdown. Returns at once in manual mode.
+        """
+        if self._timer is None:
+            return not len(self)
+        return self._timer.wait_idle(timeout_s) and not len(self)
+
+    def _check(self) -> None:
+        """Assert the invariants of the buckets and of the timer arming. For tests."""
+        with self._lock:
+            self._buckets._check()
+            earliest = self._buckets.peek_deadline()
+            # The timer has been asked for a deadline no later than the earliest bucket.
+            if earliest is not None and self._timer is not None:
+                assert self._armed <= earliest

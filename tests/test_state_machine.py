@@ -1,0 +1,122 @@
+"""Hypothesis state machine: the tracker against a reference model and the baseline.
+
+On an injected clock, with adds, clock advances and pops interleaved:
+
+* every added (key, bucket) comes out of ``pop_due`` exactly once;
+* never before its trimmed deadline, and never left behind once ``now`` has passed it;
+* the baseline (exact deadlines) never releases a key the tracker still holds;
+* ``_check()`` holds after every step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+
+TOPICS = ["a", "b", "persistent://tenant/ns/x-partition-3"]
+_EDGES = [0, 1, 2**16 - 1, 2**16, 2**16 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**53, 2**63 - 2, 2**63 - 1]
+
+
+def ids() -> st.SearchStrategy[int]:
+    """Ids near roaring container boundaries (multiples of 2**16) and 32/63-bit limits."""
+    near_container = st.builds(lambda k, d: max(0, k * 2**16 + d), st.integers(0, 8), st.integers(-2, 2))
+    return st.one_of(st.sampled_from(_EDGES), near_container, st.integers(0, 300), st.integers(0, 2**63 - 1))
+
+
+batch_indexes = st.one_of(
+    st.just(-1), st.integers(0, 12), st.sampled_from([1023, 1024, 2**16, 2**31 - 1])
+)
+keys = st.tuples(st.sampled_from(TOPICS), ids(), ids(), batch_indexes)
+delays = st.one_of(st.sampled_from([0, 1, 255, 256, 257, 1023, 1024, 1025]), st.integers(0, 5000))
+
+
+class TrackerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_000_000
+        self.model: dict[int, set] = {}  # trimmed bucket -> keys
+        self.baseline_pending: set = set()
+        self.released_by_tracker: Counter = Counter()
+        self.tracker: NegativeAcksTracker
+        self.baseline: HashMapNegativeAcksTracker
+
+    def clock(self) -> int:
+        return self.now
+
+    @initialize(
+        bits=st.sampled_from([0, 1, 4, 8, 10]),
+        round_up=st.booleans(),
+        max_open=st.sampled_from([1, 2, 16]),
+    )
+    def setup(self, bits: int, round_up: bool, max_open: int) -> None:
+        self.bits, self.round_up = bits, round_up
+        self.tracker = NegativeAcksTracker(
+            precision_bits=bits, round_up=round_up, max_open_buckets=max_open, clock=self.clock, delay_ms=100
+        )
+        self.baseline = HashMapNegativeAcksTracker(clock=self.clock, delay_ms=100)
+
+    def bucket_of(self, deadline: int) -> int:
+        low = (1 << self.bits) - 1
+        return (deadline + low if self.round_up else deadline) & ~low
+
+    @rule(key=keys, delay=delays)
+    def add(self, key, delay) -> None:
+        deadline = self.tracker.add(key, delay_ms=delay)
+        assert deadline == self.now + delay
+        self.model.setdefault(self.bucket_of(deadline), set()).add(key)
+        if key not in self.baseline_pending:  # the baseline replaces; keep its keys unique
+            self.baseline.add(key, delay_ms=delay)
+            self.baseline_pending.add(key)
+
+    @rule(ms=st.one_of(st.integers(0, 300), st.sampled_from([255, 256, 1024, 5000])))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    @rule()
+    def pop(self) -> None:
+        due = self.tracker.pop_due()
+        got = Counter(k for topic, ks in due.items() for k in ks if k[0] == topic)
+        assert sum(got.values()) == sum(map(len, due.values())), "a key is filed under the wrong topic"
+        expected = Counter()
+        for bucket in [b for b in self.model if b <= self.now]:
+            expected.update(self.model.pop(bucket))
+        assert got == expected
+        self.released_by_tracker.update(got)
+        for keys_ in self.baseline.pop_due().values():
+            for key in keys_:
+                self.baseline_pending.discard(key)
+                # Floor mode is never late: the baseline (exact deadlines) releases only
+                # keys the tracker released already. (Round-up mode may be late by design.)
+                if not self.round_up:
+                    assert self.released_by_tracker[key] > 0, f"tracker still holds {key} past its deadline"
+
+    @invariant()
+    def consistent(self) -> None:
+        self.tracker._check()
+        assert len(self.tracker) == sum(map(len, self.model.values()))
+        earliest = min(self.model, default=None)
+        assert self.tracker.peek_deadline() == earliest
+
+    def teardown(self) -> None:
+        self.tracker.close(flush=False)
+        self.baseline.close(flush=False)
+
+
+TrackerMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_tracker_state_machine = TrackerMachine.TestCase
+
+
+def test_pop_order_is_by_deadline_within_a_topic():
+    now = [0]
+    tracker = NegativeAcksTracker(precision_bits=0, clock=lambda: now[0])
+    for i, delay in enumerate([50, 10, 30, 20, 40]):
+        tracker.add(("t", 1, i, -1), delay_ms=delay)
+    due = tracker.pop_due(100)["t"]
+    assert [k[2] for k in due] == [1, 3, 2, 4, 0]
