@@ -43,7 +43,7 @@ class TrackerStats(TypedDict):
     last_lateness_ms: int | None
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
+def check_int(name: str, value: object, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be int, not {type(value).__name__}")
     if value < minimum:
@@ -88,8 +88,8 @@ class BaseTracker(ABC):
             raise TypeError("clock must be callable")
         if not isinstance(default_topic, str):
             raise TypeError(f"default_topic must be str, not {type(default_topic).__name__}")
-        self.delay_ms = _check_int("delay_ms", delay_ms, 0)
-        self.retry_delay_ms = _check_int("retry_delay_ms", retry_delay_ms, 0)
+        self.delay_ms = check_int("delay_ms", delay_ms, 0)
+        self.retry_delay_ms = check_int("retry_delay_ms", retry_delay_ms, 0)
         self.backoff = backoff
         self.default_topic = default_topic
         self._redeliver = redeliver
@@ -143,13 +143,13 @@ class BaseTracker(ABC):
     def _delay_for(self, obj: object, delay_ms: int | None, redelivery_count: int | None) -> int:
         """Resolve the delay: explicit, else backoff by redelivery count, else fixed."""
         if delay_ms is not None:
-            return _check_int("delay_ms", delay_ms, 0)
+            return check_int("delay_ms", delay_ms, 0)
         if redelivery_count is not None:
-            _check_int("redelivery_count", redelivery_count, 0)
+            check_int("redelivery_count", redelivery_count, 0)
         if self.backoff is None:
             return self.delay_ms
         count = redelivery_count if redelivery_count is not None else redelivery_count_of(obj)
-        return _check_int("backoff delay", self.backoff.next_delay_ms(count), 0)
+        return check_int("backoff delay", self.backoff.next_delay_ms(count), 0)
 
     def add(self, key_or_message: object, delay_ms: int | None = None, redelivery_count: int | None = None) -> int:
         """Track a message for redelivery; return its (untrimmed) deadline in ms.
@@ -195,7 +195,7 @@ class BaseTracker(ABC):
 
         The manual mode: use it with no ``redeliver`` callback (no timer thread).
         """
-        now = self._clock() if now_ms is None else _check_int("now_ms", now_ms, 0)
+        now = self._clock() if now_ms is None else check_int("now_ms", now_ms, 0)
         with self._lock:
             due = self._pop(now)
             self._redeliveries += sum(map(len, due.values()))
@@ -205,6 +205,11 @@ class BaseTracker(ABC):
     def _refuse_closed(key: object, deadline_ms: int) -> int:
         """Stands in for ``_store`` after close, so :meth:`add` needs no closed check."""
         raise RuntimeError("the tracker is closed")
+
+    def drain(self) -> DueKeys:
+        """Remove and return every pending key without releasing it. O(n)."""
+        with self._lock:
+            return self._drain()
 
     def _release(self, due: DueKeys) -> None:
         """Hand due keys to ``redeliver``; on error, log and track them again.

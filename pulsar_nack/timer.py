@@ -8,6 +8,7 @@ a configurable lead:
 * a request for a *later* deadline changes nothing, so a steady stream of adds never
   postpones a due deadline;
 * with nothing requested it blocks without a timeout, so an idle timer makes no wakeups;
+* with ``min_gap_ms``, two fires are never closer than that (bursts are coalesced);
 * an exception from the callback is logged and the thread lives on;
 * :meth:`close` is idempotent and joins the thread.
 """
@@ -42,6 +43,9 @@ class DeadlineTimer:
     lead_ms : int
         Fire this many ms before the deadline (e.g. to compensate for a known handoff
         delay). Default 0.
+    min_gap_ms : int
+        Never fire twice within this many ms; a deadline that falls sooner waits for the
+        gap. Default 0.
     name : str
         Thread name.
 
@@ -56,6 +60,7 @@ class DeadlineTimer:
     """
 
     lead_ms: int
+    min_gap_ms: int
     wakeups: int
     """Times the thread woke up (from a timeout or a request)."""
     fires: int
@@ -68,6 +73,7 @@ class DeadlineTimer:
     _next: int | None
     _busy: bool
     _closed: bool
+    _last_fire: int | None
     _thread: threading.Thread
 
     def __init__(
@@ -76,14 +82,18 @@ class DeadlineTimer:
         *,
         clock: Callable[[], int] = monotonic_ms,
         lead_ms: int = 0,
+        min_gap_ms: int = 0,
         name: str = "pulsar-nack-timer",
     ) -> None:
         if not callable(on_due) or not callable(clock):
             raise TypeError("on_due and clock must be callable")
-        if not isinstance(lead_ms, int) or isinstance(lead_ms, bool):
-            raise TypeError(f"lead_ms must be int, not {type(lead_ms).__name__}")
-        if lead_ms < 0:
-            raise ValueError(f"lead_ms must be >= 0, got {lead_ms}")
+        for label, value in (("lead_ms", lead_ms), ("min_gap_ms", min_gap_ms)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{label} must be int, not {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{label} must be >= 0, got {value}")
+        self.min_gap_ms = min_gap_ms
+        self._last_fire = None
         self._on_due = on_due
         self._clock = clock
         self.lead_ms = lead_ms
@@ -146,7 +156,10 @@ class DeadlineTimer:
                     if self._next is None:
                         cond.wait()
                     else:
-                        wait_ms = self._next - self.lead_ms - self._clock()
+                        fire_at = self._next - self.lead_ms
+                        if self._last_fire is not None:
+                            fire_at = max(fire_at, self._last_fire + self.min_gap_ms)
+                        wait_ms = fire_at - self._clock()
                         if wait_ms <= 0:
                             break
                         cond.wait(min(wait_ms / 1000.0, threading.TIMEOUT_MAX))
@@ -154,7 +167,7 @@ class DeadlineTimer:
                 if self._closed:
                     return
                 deadline, self._next, self._busy = self._next, None, True
-            now = self._clock()
+            now = self._last_fire = self._clock()
             self.fires += 1
             self.last_lateness_ms = now - (deadline - self.lead_ms)  # type: ignore[operator]
             try:

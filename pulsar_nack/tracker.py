@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
+from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats, check_int
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
 from .keys import MessageKey
@@ -46,6 +46,10 @@ class NegativeAcksTracker(BaseTracker):
     lead_ms : int
         Fire buckets this many ms before their deadline (to compensate a known handoff
         delay downstream). Default 0.
+    coalesce_ms : int
+        Release bursts at least this many ms apart: each release also takes the buckets
+        due within the next ``coalesce_ms``, and the timer never fires twice within it.
+        Default 0 (one release per bucket).
     default_topic : str
         Topic for bare message ids, which carry none.
     retry_delay_ms : int
@@ -65,6 +69,7 @@ class NegativeAcksTracker(BaseTracker):
 
     precision_bits: int
     lead_ms: int
+    coalesce_ms: int
     _buckets: TimeBuckets
     _timer: DeadlineTimer | None
 
@@ -78,6 +83,7 @@ class NegativeAcksTracker(BaseTracker):
         backoff: RedeliveryBackoff | None = None,
         clock: Callable[[], int] = monotonic_ms,
         lead_ms: int = 0,
+        coalesce_ms: int = 0,
         default_topic: str = "",
         retry_delay_ms: int = 1000,
         max_open_buckets: int = 16,
@@ -90,14 +96,19 @@ class NegativeAcksTracker(BaseTracker):
             default_topic=default_topic,
             retry_delay_ms=retry_delay_ms,
         )
+        lead_ms = check_int("lead_ms", lead_ms, 0)
+        coalesce_ms = check_int("coalesce_ms", coalesce_ms, 0)
         self._buckets = TimeBuckets(precision_bits, round_up=round_up, max_open_buckets=max_open_buckets)
         self.precision_bits = precision_bits
         # The hot path: adds go straight into the buckets, which return the bucket deadline.
         self._store = self._buckets.add  # type: ignore[method-assign]
         self._timer = None
         if redeliver is not None:
-            self._timer = DeadlineTimer(self._on_due, clock=clock, lead_ms=lead_ms, name="pulsar-nack-tracker")
+            self._timer = DeadlineTimer(
+                self._on_due, clock=clock, lead_ms=lead_ms, min_gap_ms=coalesce_ms, name="pulsar-nack-tracker"
+            )
         self.lead_ms = lead_ms
+        self.coalesce_ms = coalesce_ms
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -124,7 +135,7 @@ class NegativeAcksTracker(BaseTracker):
     def _on_due(self, now_ms: int) -> int | None:
         """Timer callback: release what is due (with the lead), return the next deadline."""
         with self._lock:
-            due = self._buckets.pop_due(now_ms + self.lead_ms)
+            due = self._buckets.pop_due(now_ms + self.lead_ms + self.coalesce_ms)
             self._redeliveries += sum(map(len, due.values()))
         self._release(due)
         with self._lock:
