@@ -8,14 +8,18 @@ Handoff to the client
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
     ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100) and our buckets fire
-    early by ``handoff_lead_ms`` to make up for it. Each due entry is handed over as
+    early by that much. The client redelivers 100-133 ms after a handoff (its timer
+    ticks every delay/3), so a message arrives between its bucket deadline and about
+    33 ms after it: never earlier than the bucket. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
 Bursts, not a trickle
     Every ``negative_acknowledge`` into the C++ client re-arms its ~33 ms timer, so
     handoffs closer together than that starve it. The tracker coalesces: one burst per
-    due bucket, never two bursts less than ``coalesce_ms`` (50) apart.
+    due bucket, never two bursts less than ``coalesce_ms`` (50) apart; a bucket falling
+    due sooner waits for the gap (it matters only below 6 precision bits, where
+    buckets are closer than 64 ms).
 
 Batch-index awareness
     The broker redelivers whole entries. For every batched entry in flight we keep one
@@ -51,8 +55,6 @@ _log = logging.getLogger(__name__)
 
 HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
-HANDOFF_LEAD_MS = 117
-"""Measured mean time from a handoff to the redelivery: the delay plus half a timer tick."""
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
 SETTLED_MEMORY = 4096
@@ -190,9 +192,9 @@ class NackingConsumer:
         Delay by the message's redelivery count.
     never_early : bool
         Round deadlines up instead of down.
-    handoff_delay_ms, handoff_lead_ms, coalesce_ms : int
-        The consumer's own nack delay, how early to hand off to make up for it, and
-        the minimum gap between handoff bursts. Leave the defaults unless you measured.
+    handoff_delay_ms, coalesce_ms : int
+        The consumer's own nack delay (we hand off that much early) and the minimum gap
+        between handoff bursts. Leave the defaults unless you measured.
     """
 
     tracker: NegativeAcksTracker
@@ -214,7 +216,6 @@ class NackingConsumer:
         redelivery_backoff: RedeliveryBackoff | None = None,
         never_early: bool = False,
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
-        handoff_lead_ms: int = HANDOFF_LEAD_MS,
         coalesce_ms: int = COALESCE_MS,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
@@ -243,7 +244,7 @@ class NackingConsumer:
             precision_bits=negative_ack_precision_bit_cnt,
             round_up=never_early,
             backoff=redelivery_backoff,
-            lead_ms=handoff_lead_ms,
+            lead_ms=handoff_delay_ms,
             coalesce_ms=coalesce_ms,
             default_topic=topic_list[0] if len(topic_list) == 1 else "",
         )
@@ -282,8 +283,7 @@ class NackingConsumer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        lead = kwargs.pop("handoff_lead_ms", handoff_delay_ms + (HANDOFF_LEAD_MS - HANDOFF_DELAY_MS))
-        return cls(consumer, topics, handoff_delay_ms=handoff_delay_ms, handoff_lead_ms=lead, **kwargs)
+        return cls(consumer, topics, handoff_delay_ms=handoff_delay_ms, **kwargs)
 
     # ------------------------------------------------------------------ receiving
 

@@ -47,9 +47,9 @@ class NegativeAcksTracker(BaseTracker):
         Fire buckets this many ms before their deadline (to compensate a known handoff
         delay downstream). Default 0.
     coalesce_ms : int
-        Release bursts at least this many ms apart: each release also takes the buckets
-        due within the next ``coalesce_ms``, and the timer never fires twice within it.
-        Default 0 (one release per bucket).
+        Release bursts at least this many ms apart: the timer never fires twice within
+        it, so buckets falling due sooner wait and go out together (up to this much
+        late, never early). Default 0 (one release per bucket).
     default_topic : str
         Topic for bare message ids, which carry none.
     retry_delay_ms : int
@@ -135,7 +135,7 @@ class NegativeAcksTracker(BaseTracker):
     def _on_due(self, now_ms: int) -> int | None:
         """Timer callback: release what is due (with the lead), return the next deadline."""
         with self._lock:
-            due = self._buckets.pop_due(now_ms + self.lead_ms + self.coalesce_ms)
+            due = self._buckets.pop_due(now_ms + self.lead_ms)
             self._redeliveries += sum(map(len, due.values()))
         self._release(due)
         with self._lock:
