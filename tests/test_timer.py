@@ -7,17 +7,10 @@ import threading
 import time
 
 import pytest
+from helpers import wait_for
 
 from pulsar_nack.timer import DeadlineTimer, monotonic_ms
 
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 class Recorder:
@@ -168,3 +161,16 @@ def test_bad_arguments(kwargs, error):
         DeadlineTimer(lambda now: None, **kwargs)
     with pytest.raises(TypeError):
         DeadlineTimer(None)  # type: ignore[arg-type]
+
+
+def test_min_gap_spaces_fires_without_dropping_deadlines():
+    fires: list[int] = []
+    timer = DeadlineTimer(lambda now: fires.append(now), min_gap_ms=100)
+    try:
+        timer.request(monotonic_ms())
+        assert wait_for(lambda: len(fires) == 1)
+        timer.request(monotonic_ms())  # due at once, but within the gap: waits for it
+        assert wait_for(lambda: len(fires) == 2)
+        assert fires[1] - fires[0] >= 100
+    finally:
+        timer.close()

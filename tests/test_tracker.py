@@ -10,19 +10,12 @@ import time
 
 import _pulsar
 import pytest
+from helpers import wait_for
 
 from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker
 
 TRACKERS = [NegativeAcksTracker, HashMapNegativeAcksTracker]
 
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 class FakeClock:
