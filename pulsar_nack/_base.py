@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from time import monotonic_ns as _monotonic_ns
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TypedDict
@@ -179,7 +180,8 @@ class BaseTracker(ABC):
             delay = self.delay_ms
         else:
             delay = self._delay_for(key_or_message, delay_ms, redelivery_count)
-        deadline = self._clock() + delay
+        clock = self._clock
+        deadline = (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay
         self._lock.acquire()  # cheaper than `with` on this hot path
         try:
             wake_by = self._store(key, deadline)  # type: ignore[arg-type]  # raises once closed

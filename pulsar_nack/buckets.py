@@ -243,6 +243,19 @@ class TimeBuckets:
             As :func:`validate_key`, or for a deadline that is not a non-negative int.
             Nothing is stored on error.
         """
+        if type(deadline_ms) is not int:
+            if not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool):
+                raise TypeError(f"deadline_ms must be int, not {type(deadline_ms).__name__}")
+            deadline_ms = int(deadline_ms)
+        if deadline_ms < 0:
+            raise ValueError(f"deadline_ms must be >= 0, got {deadline_ms}")
+        return self.add_at(key, deadline_ms)
+
+    def add_at(self, key: MessageKey, deadline_ms: int) -> int:
+        """:meth:`add` for a deadline the caller guarantees to be a non-negative int.
+
+        The tracker's hot path (it computes deadlines itself); the key is still checked.
+        """
         if type(key) is not tuple or len(key) != 4:
             key = validate_key(key)
         topic, ledger_id, entry_id, batch_index = key
@@ -254,12 +267,6 @@ class TimeBuckets:
             or not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID and -1 <= batch_index <= MAX_BATCH_INDEX)
         ):
             key = validate_key(key)
-        if type(deadline_ms) is not int:
-            if not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool):
-                raise TypeError(f"deadline_ms must be int, not {type(deadline_ms).__name__}")
-            deadline_ms = int(deadline_ms)
-        if deadline_ms < 0:
-            raise ValueError(f"deadline_ms must be >= 0, got {deadline_ms}")
         if self.round_up:
             bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
         else:

@@ -46,7 +46,7 @@ import pulsar
 from ._base import DueKeys
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
-from .keys import MessageKey, key_of, redelivery_count_of
+from .keys import MessageKey, redelivery_count_of
 from .tracker import NegativeAcksTracker, TrackerStats
 
 __all__ = ["NackingConsumer", "subscribe", "BatchIndexState", "ConsumerStats", "ConsumerClosedError"]
@@ -386,7 +386,7 @@ class NackingConsumer:
         if delay_ms is not None and delay_ms < 0:
             raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
         key = self._key(message, raw)
-        if raw.batch_index() >= 0:
+        if key[3] >= 0:
             with self._lock:
                 entry = self._batch_entry(key)
                 self._transition(entry, key[3], BatchIndexState.NACKED)
@@ -559,7 +559,7 @@ class NackingConsumer:
         topic = self._topic_of(message)
         if topic not in self._topics and _PARTITION_SUFFIX.sub("", topic) not in self._topics:
             raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({sorted(self._topics)})")
-        return key_of((topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()))
+        return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index())  # checked by the tracker
 
 
 def _full_topic_name(topic: str) -> str:

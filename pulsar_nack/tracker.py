@@ -101,7 +101,7 @@ class NegativeAcksTracker(BaseTracker):
         self._buckets = TimeBuckets(precision_bits, round_up=round_up, max_open_buckets=max_open_buckets)
         self.precision_bits = precision_bits
         # The hot path: adds go straight into the buckets, which return the bucket deadline.
-        self._store = self._buckets.add  # type: ignore[method-assign]
+        self._store = self._buckets.add_at  # type: ignore[method-assign]
         self._timer = None
         if redeliver is not None:
             self._timer = DeadlineTimer(
@@ -119,7 +119,7 @@ class NegativeAcksTracker(BaseTracker):
             return self._buckets.peek_deadline()
 
     def _store(self, key: MessageKey, deadline_ms: int) -> int:
-        return self._buckets.add(key, deadline_ms)  # replaced by the bound method in __init__
+        return self._buckets.add_at(key, deadline_ms)  # replaced by the bound method in __init__
 
     def _arm(self, wake_by_ms: int) -> None:
         if self._timer is not None:

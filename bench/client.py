@@ -1,0 +1,178 @@
+"""pulsar-client's built-in tracker vs pulsar-nack, on a real consumer of the embedded broker.
+
+Two measurements, each system in a fresh worker process:
+
+* **memory**: process RSS delta after ``n`` ``negative_acknowledge(MessageId)`` calls
+  with a one-hour delay (nothing is redelivered during the run), per pending id. The
+  built-in client holds them in the C++ tracker; ``NackingConsumer`` in its buckets
+  (consecutive entry ids, one ledger per 50,000, as a consumer would see them).
+* **call cost**: time per ``negative_acknowledge`` call (median of repetitions) for the
+  built-in consumer, for ``NackingConsumer.negative_acknowledge`` and for
+  ``NegativeAcksTracker.add`` alone (what a nack costs in the tracker itself).
+
+Run: ``python -m bench.client [--quick] [--ids N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from ._common import REPO, fmt_bytes, print_table, rss_bytes, trim_heap, write_result
+
+ENTRIES_PER_LEDGER = 50_000
+HOUR_MS = 3_600_000
+
+
+def _ids(n: int, first_ledger: int = 1000):
+    """(ledger, entry) pairs as a consumer sees them: consecutive, 50,000 per ledger."""
+    for i in range(n):
+        yield first_ledger + i // ENTRIES_PER_LEDGER, i % ENTRIES_PER_LEDGER
+
+
+def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
+    """Runs in a fresh process: memory for *n* pending ids, then call cost."""
+    import _pulsar
+    import pulsar
+
+    import pulsar_nack
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    topic = f"persistent://public/default/bench-client-{uuid.uuid4().hex[:8]}"
+    shared = pulsar.ConsumerType.Shared
+    if system == "built-in":
+        consumer: Any = client.subscribe(topic, "bench", consumer_type=shared, negative_ack_redelivery_delay_ms=HOUR_MS)
+        nack = consumer.negative_acknowledge
+    else:
+        consumer = pulsar_nack.subscribe(client, topic, "bench", consumer_type=shared, negative_ack_redelivery_delay_ms=HOUR_MS)
+        nack = consumer.negative_acknowledge
+    # Ids are made one at a time and dropped: only what the tracker keeps stays in RSS.
+    make_id = _pulsar.MessageId
+    gc.collect()
+    trim_heap()
+    before = rss_bytes()
+    start = time.perf_counter()
+    for ledger, entry in _ids(n):
+        nack(make_id(-1, ledger, entry, -1))
+    elapsed = time.perf_counter() - start
+    gc.collect()
+    trim_heap()
+    after = rss_bytes()
+    result: dict[str, Any] = {
+        "system": system,
+        "ids": n,
+        "rss_delta_bytes": after - before,
+        "bytes_per_id": (after - before) / n,
+        "fill_s": elapsed,
+        "fill_us_per_call_with_id_creation": elapsed / n * 1e6,
+    }
+    if system == "pulsar-nack":
+        result["memory_bytes_estimate"] = consumer.tracker.stats()["memory_bytes"]
+    # Call cost on a small, fresh id range (the tracker's state stays small and comparable).
+    samples = []
+    batch = 20_000
+    for rep in range(call_reps + 1):
+        ids = [_pulsar.MessageId(-1, 10**6 + rep, entry, -1) for entry in range(batch)]
+        start = time.perf_counter()
+        for message_id in ids:
+            nack(message_id)
+        if rep:  # the first repetition is the warmup
+            samples.append((time.perf_counter() - start) / batch * 1e6)
+    result["call_us"] = {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
+    if system == "pulsar-nack":
+        tracker = pulsar_nack.NegativeAcksTracker(delay_ms=HOUR_MS)
+        add_samples = []
+        for rep in range(call_reps + 1):
+            keys = [(topic, 10**6 + rep, entry, -1) for entry in range(batch)]
+            add = tracker.add
+            start = time.perf_counter()
+            for key in keys:
+                add(key)
+            if rep:
+                add_samples.append((time.perf_counter() - start) / batch * 1e6)
+        result["tracker_add_us"] = {
+            "min": min(add_samples),
+            "median": statistics.median(add_samples),
+            "max": max(add_samples),
+        }
+        tracker.close(flush=False)
+        consumer.close(redeliver_pending=False)
+    else:
+        consumer.close()
+    client.close()
+    return result
+
+
+def run(n: int, call_reps: int) -> dict[str, Any]:
+    from pulsar_nack.embedded import EmbeddedBroker
+
+    results = []
+    with EmbeddedBroker() as broker:
+        for system in ("built-in", "pulsar-nack"):
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.client", "--worker", broker.url, system, str(n), str(call_reps)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=1800,
+            )
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    built_in, ours = results
+    return {
+        "cases": results,
+        "ratios": {
+            "memory_built_in_over_pulsar_nack": built_in["bytes_per_id"] / max(ours["bytes_per_id"], 1e-9),
+            "call_built_in_over_tracker_add": built_in["call_us"]["median"] / ours["tracker_add_us"]["median"],
+            "call_built_in_over_nacking_consumer": built_in["call_us"]["median"] / ours["call_us"]["median"],
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--worker":
+        url, system, n, reps = argv[1], argv[2], int(argv[3]), int(argv[4])
+        print(json.dumps(_worker(url, system, n, reps)))
+        return None
+    parser = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200,000 ids, 3 repetitions")
+    parser.add_argument("--ids", type=int, default=None, help="pending ids for the memory figure (default 1,000,000)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    n = args.ids or (200_000 if args.quick else 1_000_000)
+    payload = run(n, 3 if args.quick else 7)
+    rows = []
+    for case in payload["cases"]:
+        rows.append(
+            [
+                case["system"],
+                f"{case['ids']:,}",
+                fmt_bytes(case["rss_delta_bytes"]),
+                f"{case['bytes_per_id']:.1f}",
+                f"{case['call_us']['median']:.2f}",
+                f"{case['tracker_add_us']['median']:.2f}" if "tracker_add_us" in case else "-",
+            ]
+        )
+    print_table(
+        ["system", "pending ids", "RSS delta", "bytes/id", "nack call µs (median)", "tracker.add µs"],
+        rows,
+        title="Built-in client tracker vs pulsar-nack (same broker, fresh process each)",
+    )
+    for name, value in payload["ratios"].items():
+        print(f"{name}: {value:.1f}x")
+    path = write_result(args.out or ("client-quick" if args.quick else "client"), payload)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
