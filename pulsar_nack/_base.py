@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TypedDict
 
+from ._validate import check_bool, check_int
 from .backoff import RedeliveryBackoff
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
@@ -42,14 +43,6 @@ class TrackerStats(TypedDict):
     redeliver_errors: int
     timer_wakeups: int
     last_lateness_ms: int | None
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class BaseTracker(ABC):
@@ -244,8 +237,7 @@ class BaseTracker(ABC):
         without a callback, returns them. ``flush=False`` returns them unreleased, for
         the caller to deal with (e.g. leave them unacked). Nothing is dropped silently.
         """
-        if not isinstance(flush, bool):
-            raise TypeError(f"flush must be bool, not {type(flush).__name__}")
+        check_bool("flush", flush)
         with self._lock:
             already = self._closed
             self._closed = True

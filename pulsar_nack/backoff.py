@@ -10,21 +10,9 @@ from __future__ import annotations
 import math
 from typing import Protocol, runtime_checkable
 
+from ._validate import check_int
+
 __all__ = ["RedeliveryBackoff", "FixedDelay", "MultiplierRedeliveryBackoff"]
-
-
-def _check_delay(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be int, not {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
-
-
-def _check_count(redelivery_count: object) -> int:
-    if not isinstance(redelivery_count, int) or isinstance(redelivery_count, bool):
-        raise TypeError(f"redelivery_count must be int, not {type(redelivery_count).__name__}")
-    return int(redelivery_count)
 
 
 @runtime_checkable
@@ -44,11 +32,11 @@ class FixedDelay:
     delay_ms: int
 
     def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = _check_delay("delay_ms", delay_ms)
+        self.delay_ms = check_int("delay_ms", delay_ms, 0)
 
     def next_delay_ms(self, redelivery_count: int) -> int:
         """Return ``delay_ms``. O(1)."""
-        _check_count(redelivery_count)
+        check_int("redelivery_count", redelivery_count)
         return self.delay_ms
 
     def __repr__(self) -> str:
@@ -77,8 +65,8 @@ class MultiplierRedeliveryBackoff:
     multiplier: float
 
     def __init__(self, min_delay_ms: int = 10_000, max_delay_ms: int = 600_000, multiplier: float = 2.0) -> None:
-        self.min_delay_ms = _check_delay("min_delay_ms", min_delay_ms)
-        self.max_delay_ms = _check_delay("max_delay_ms", max_delay_ms)
+        self.min_delay_ms = check_int("min_delay_ms", min_delay_ms, 0)
+        self.max_delay_ms = check_int("max_delay_ms", max_delay_ms, 0)
         if self.max_delay_ms < self.min_delay_ms:
             raise ValueError(f"max_delay_ms ({max_delay_ms}) must be >= min_delay_ms ({min_delay_ms})")
         if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool):
@@ -89,7 +77,7 @@ class MultiplierRedeliveryBackoff:
 
     def next_delay_ms(self, redelivery_count: int) -> int:
         """Delay before the next redelivery of a message redelivered *count* times. O(1)."""
-        count = _check_count(redelivery_count)
+        count = check_int("redelivery_count", redelivery_count)
         if count <= 0 or self.min_delay_ms == 0:
             return self.min_delay_ms
         try:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ._base import NEVER, BaseTracker, DueKeys, Redeliver
 from .backoff import RedeliveryBackoff
+from ._validate import check_int
 from .keys import MessageKey, validate_key
 from .timer import monotonic_ms
 
@@ -67,11 +68,7 @@ class HashMapNegativeAcksTracker(BaseTracker):
         )
         if interval_ms is None:
             interval_ms = max(self.delay_ms // 3, 1)
-        if not isinstance(interval_ms, int) or isinstance(interval_ms, bool):
-            raise TypeError(f"interval_ms must be int, not {type(interval_ms).__name__}")
-        if interval_ms < 1:
-            raise ValueError(f"interval_ms must be >= 1, got {interval_ms}")
-        self.interval_ms = interval_ms
+        self.interval_ms = check_int("interval_ms", interval_ms, 1)
         self._deadlines = {}
         self._wake = threading.Condition(self._lock)
         self._wakeups = 0

@@ -46,6 +46,7 @@ from typing import Union
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
+from ._validate import check_bool, check_int
 from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
 __all__ = ["TimeBuckets", "DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS"]
@@ -161,19 +162,9 @@ class TimeBuckets:
         round_up: bool = False,
         max_open_buckets: int = 16,
     ) -> None:
-        if not isinstance(precision_bits, int) or isinstance(precision_bits, bool):
-            raise TypeError(f"precision_bits must be int, not {type(precision_bits).__name__}")
-        if not 0 <= precision_bits <= MAX_PRECISION_BITS:
-            raise ValueError(f"precision_bits must be in [0, {MAX_PRECISION_BITS}], got {precision_bits}")
-        if not isinstance(round_up, bool):
-            raise TypeError(f"round_up must be bool, not {type(round_up).__name__}")
-        if not isinstance(max_open_buckets, int) or isinstance(max_open_buckets, bool):
-            raise TypeError(f"max_open_buckets must be int, not {type(max_open_buckets).__name__}")
-        if max_open_buckets < 1:
-            raise ValueError(f"max_open_buckets must be >= 1, got {max_open_buckets}")
-        self.precision_bits = precision_bits
-        self.round_up = round_up
-        self.max_open_buckets = max_open_buckets
+        self.precision_bits = check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
+        self.round_up = check_bool("round_up", round_up)
+        self.max_open_buckets = check_int("max_open_buckets", max_open_buckets, 1)
         self._low_mask = (1 << precision_bits) - 1
         self._buckets = SortedDict()
         self._open = {}
@@ -243,13 +234,7 @@ class TimeBuckets:
             As :func:`validate_key`, or for a deadline that is not a non-negative int.
             Nothing is stored on error.
         """
-        if type(deadline_ms) is not int:
-            if not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool):
-                raise TypeError(f"deadline_ms must be int, not {type(deadline_ms).__name__}")
-            deadline_ms = int(deadline_ms)
-        if deadline_ms < 0:
-            raise ValueError(f"deadline_ms must be >= 0, got {deadline_ms}")
-        return self.add_at(key, deadline_ms)
+        return self.add_at(key, check_int("deadline_ms", deadline_ms, 0))
 
     def add_at(self, key: MessageKey, deadline_ms: int) -> int:
         """:meth:`add` for a deadline the caller guarantees to be a non-negative int.

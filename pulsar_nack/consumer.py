@@ -44,6 +44,7 @@ import _pulsar
 import pulsar
 
 from ._base import DueKeys
+from ._validate import check_bool, check_int
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
 from .keys import MessageKey, redelivery_count_of
@@ -223,11 +224,8 @@ class NackingConsumer:
         topic_list = [topics] if isinstance(topics, str) else list(topics)
         if not topic_list or not all(isinstance(t, str) and t for t in topic_list):
             raise ValueError("topics must be a non-empty list of topic names")
-        for name, value in (("handoff_delay_ms", handoff_delay_ms), ("coalesce_ms", coalesce_ms)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be int, not {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        check_int("handoff_delay_ms", handoff_delay_ms, 0)
+        check_int("coalesce_ms", coalesce_ms, 0)
         self._consumer = consumer
         self._topics = frozenset(_full_topic_name(t) for t in topic_list)
         self._batches = {}
@@ -295,10 +293,8 @@ class NackingConsumer:
         client does when nothing arrives within *timeout_millis*.
         """
         self._check_open()
-        if timeout_millis is not None and (not isinstance(timeout_millis, int) or isinstance(timeout_millis, bool)):
-            raise TypeError(f"timeout_millis must be int or None, not {type(timeout_millis).__name__}")
-        if timeout_millis is not None and timeout_millis < 0:
-            raise ValueError(f"timeout_millis must be >= 0, got {timeout_millis}")
+        if timeout_millis is not None:
+            check_int("timeout_millis", timeout_millis, 0)
         deadline = None if timeout_millis is None else _now_ms() + timeout_millis
         while True:
             if deadline is None:
@@ -381,10 +377,8 @@ class NackingConsumer:
         """
         self._check_open()
         raw = _raw_id(message)
-        if delay_ms is not None and (not isinstance(delay_ms, int) or isinstance(delay_ms, bool)):
-            raise TypeError(f"delay_ms must be int or None, not {type(delay_ms).__name__}")
-        if delay_ms is not None and delay_ms < 0:
-            raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
+        if delay_ms is not None:
+            check_int("delay_ms", delay_ms, 0)
         key = self._key(message, raw)
         if key[3] >= 0:
             with self._lock:
@@ -507,8 +501,7 @@ class NackingConsumer:
         consumers). ``False`` leaves them unacked: the broker redelivers them when this
         consumer is gone. Either way they come back, earlier than their delay.
         """
-        if not isinstance(redeliver_pending, bool):
-            raise TypeError(f"redeliver_pending must be bool, not {type(redeliver_pending).__name__}")
+        check_bool("redeliver_pending", redeliver_pending)
         if self._closed:
             return
         self._mark_closed()

@@ -61,6 +61,8 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pulsar
 
+from ._validate import check_int
+
 __all__ = [
     "LOG_LEVELS",
     "EmbeddedBroker",
@@ -127,16 +129,6 @@ def _check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
     return seconds
-
-
-def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
-    """Return ``value`` if it is an int in ``[lo, hi]``, else raise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < lo or (hi is not None and value > hi):
-        upper = "" if hi is None else f" and <= {hi}"
-        raise ValueError(f"{name} must be >= {lo}{upper}, got {value!r}")
-    return value
 
 
 def _free_loopback_port() -> int:
@@ -520,7 +512,7 @@ class EmbeddedBroker:
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise TypeError(f"data_dir must be a str, os.PathLike or None, got {type(data_dir).__name__}")
         if port is not None:
-            _check_int("port", port, 1, 65535)
+            check_int("port", port, 1, 65535)
         if not isinstance(log_level, str):
             raise TypeError(f"log_level must be a str, got {type(log_level).__name__}")
         if log_level.lower() not in LOG_LEVELS:
@@ -1021,8 +1013,8 @@ def reserve_consumer_ids_for_embedded_broker(
 
     if not isinstance(client, pulsar.Client):
         raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
-    _check_int("slot", slot, 0, _MAX_SLOTS - 1)
-    _check_int("consumers_per_client", consumers_per_client, 1)
+    check_int("slot", slot, 0, _MAX_SLOTS - 1)
+    check_int("consumers_per_client", consumers_per_client, 1)
     if not isinstance(scratch_topic, str):
         raise TypeError(f"scratch_topic must be a str, got {type(scratch_topic).__name__}")
     if not scratch_topic:

@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ._validate import check_int
+
 __all__ = ["DeadlineTimer", "monotonic_ms"]
 
 _log = logging.getLogger(__name__)
@@ -87,16 +89,11 @@ class DeadlineTimer:
     ) -> None:
         if not callable(on_due) or not callable(clock):
             raise TypeError("on_due and clock must be callable")
-        for label, value in (("lead_ms", lead_ms), ("min_gap_ms", min_gap_ms)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{label} must be int, not {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{label} must be >= 0, got {value}")
-        self.min_gap_ms = min_gap_ms
+        self.lead_ms = check_int("lead_ms", lead_ms, 0)
+        self.min_gap_ms = check_int("min_gap_ms", min_gap_ms, 0)
         self._last_fire = None
         self._on_due = on_due
         self._clock = clock
-        self.lead_ms = lead_ms
         self.wakeups = 0
         self.fires = 0
         self.last_lateness_ms = None

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats, check_int
+from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
+from ._validate import check_int
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
 from .keys import MessageKey

@@ -1,0 +1,65 @@
+"""``pulsar-nack bench``: every benchmark, side by side with its baselines, in one command.
+
+Parts (each writes ``bench/results/<part>.json``, or ``<part>-quick.json`` with
+``--quick``):
+
+* ``memory``    paper grid + patterns, tracker vs hash-map baseline (bench/memory.py)
+* ``core``      add / pop / find-due / timer wakeups and lateness (bench/core_perf.py)
+* ``client``    built-in pulsar-client tracker: memory per id and call cost (bench/client.py)
+* ``e2e``       redelivery lateness on the embedded broker, ours vs built-in (bench/e2e.py)
+* ``scaling``   memory and add cost from 10^4 to 10^7 pending (bench/scaling.py)
+
+``--quick`` runs reduced sizes in under two minutes; the full run takes much longer
+(10M-message memory cases). ``--plot`` redraws docs/img/ from the committed JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+PARTS = {
+    "memory": ("bench.memory", []),
+    "core": ("bench.core_perf", []),
+    "client": ("bench.client", []),
+    "e2e": ("bench.e2e", []),
+    "scaling": ("bench.scaling", []),
+}
+# Quick mode: small enough that all parts together finish in under two minutes.
+QUICK_ARGS = {
+    "memory": ["--quick", "--messages", "200000", "--cases", "consec-x8-y10,rand10-x8-y10,y0-x1"],
+    "core": ["--quick"],
+    "client": ["--quick", "--ids", "100000"],
+    "e2e": ["--quick", "--modes", "stream"],
+    "scaling": ["--quick"],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="reduced sizes, under two minutes")
+    parser.add_argument("--only", default=None, help=f"comma-separated parts: {','.join(PARTS)}")
+    parser.add_argument("--plot", action="store_true", help="redraw docs/img/ from bench/results/*.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from . import plot
+
+        plot.main([])
+        return 0
+    parts = args.only.split(",") if args.only else list(PARTS)
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"unknown part(s): {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    start = time.monotonic()
+    status = 0
+    for part in parts:
+        module_name, extra = PARTS[part]
+        module = importlib.import_module(module_name)
+        print(f"\n=== {part} ===", flush=True)
+        result = module.main((QUICK_ARGS[part] if args.quick else []) + extra)
+        if isinstance(result, int) and result:
+            status = result
+    print(f"\nbench finished in {time.monotonic() - start:.0f} s")
+    return status
