@@ -24,7 +24,8 @@ Values below ``2**32`` use :class:`pyroaring.BitMap`; a stream upgrades itself t
 
 Only a few buckets receive adds at any time (deadlines grow with the clock).  At most
 ``max_open_buckets`` buckets are kept *open* (mutable bitmaps, least recently written
-first out); every other bucket is *sealed*: its bitmaps are run-length optimised and
+first out; when a new bucket opens, the previous one's runs are compressed in place);
+every other bucket is *sealed*: its bitmaps are run-length optimised and
 serialized into one ``bytes`` object, or, when the bucket holds a single message,
 packed into one ``int``.  Sealed buckets carry none of the fixed cost of a dict and
 bitmap objects, so a bucket with one message costs less than a hash-map entry, and
@@ -351,6 +352,13 @@ class TimeBuckets:
             return bucket
         if bucket is None:
             opened: _OpenBucket = {}
+            if self._open:
+                # A new bucket usually means the clock moved on: the most recently written
+                # one is likely complete. Compress its runs now (O(its containers)); it
+                # stays open, but consecutive ids no longer hold 8 KB bitset containers.
+                for bitmap in self._buckets[next(reversed(self._open))].values():
+                    bitmap.run_optimize()
+                    bitmap.shrink_to_fit()
         else:
             self._sealed_bytes -= sys.getsizeof(bucket)
             opened = {}
