@@ -60,7 +60,7 @@ def bytes_per_message(memory: dict[str, Any], client: dict[str, Any] | None, out
     ax.set_ylabel("bytes per pending message (RSS delta, log)")
     n = memory["parameters"]["messages"]
     ax.set_title(f"Memory per pending retry, {n:,} nacks per case (lower is better)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

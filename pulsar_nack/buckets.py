@@ -60,6 +60,7 @@ _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _BATCHED_ENTRY_LIMIT = 1 << (63 - _BATCH_BITS)  # packed values stay below 2**63
 _U32 = 1 << 32
+_PLAIN = -1  # batch_index of a non-batched message
 _U64_MASK = (1 << 64) - 1
 _RECORD = struct.Struct("<II")  # (sid << 1 | is_64_bit, length of the roaring bytes)
 
@@ -240,30 +241,31 @@ class TimeBuckets:
     def add_at(self, key: MessageKey, deadline_ms: int) -> int:
         """:meth:`add` for a deadline the caller guarantees to be a non-negative int.
 
-        The tracker's hot path (it computes deadlines itself); the key is still checked.
+        The tracker's hot path (it computes deadlines itself); the key is still checked:
+        the common case (a plain message into the bucket, topic and ledger of the previous
+        add) checks only what it uses, everything else goes through :func:`validate_key`.
         """
-        if type(key) is not tuple or len(key) != 4:
-            key = validate_key(key)
-        topic, ledger_id, entry_id, batch_index = key
-        if (
-            type(topic) is not str
-            or type(ledger_id) is not int
-            or type(entry_id) is not int
-            or type(batch_index) is not int
-            or not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID and -1 <= batch_index <= MAX_BATCH_INDEX)
-        ):
+        try:
+            topic, ledger_id, entry_id, batch_index = key  # not a 4-tuple: validate_key says why
+        except (TypeError, ValueError):
+            topic, ledger_id, entry_id, batch_index = key = validate_key(key)
+        if type(key) is not tuple:
             key = validate_key(key)
         if self.round_up:
             bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
         else:
             bucket_deadline = deadline_ms & ~self._low_mask
-        # Hot path: same bucket, topic and ledger as the previous add, plain message.
+        # Hot path. `batch_index is _PLAIN` holds only for the int -1 (a cached small int in
+        # CPython; anything else takes the checked path). The ledger and topic equal those
+        # of an already validated key; the entry id is checked here.
         if (
-            batch_index == -1
+            batch_index is _PLAIN
             and bucket_deadline == self._hot_deadline
+            and type(ledger_id) is int
             and ledger_id == self._hot_ledger
             and topic == self._hot_topic
-            and entry_id < _U32
+            and type(entry_id) is int
+            and 0 <= entry_id < _U32
         ):
             try:
                 self._hot_bitmap.add_checked(entry_id)  # type: ignore[union-attr]
@@ -272,6 +274,14 @@ class TimeBuckets:
             self._messages += 1
             self._entries += 1
             return bucket_deadline
+        if (
+            type(topic) is not str
+            or type(ledger_id) is not int
+            or type(entry_id) is not int
+            or type(batch_index) is not int
+            or not (0 <= ledger_id <= MAX_ID and 0 <= entry_id <= MAX_ID and -1 <= batch_index <= MAX_BATCH_INDEX)
+        ):
+            key = validate_key(key)
         self._add_slow(key, bucket_deadline)
         return bucket_deadline
 
