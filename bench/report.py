@@ -16,7 +16,20 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-DOCS = {"README.md": ["results-table"], "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"]}
+DOCS = {
+    "README.md": ["results-table"],
+    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"],
+    "docs/design.md": ["space"],
+}
+
+# Space model constants (bytes), from CPython 3.11 and the roaring portable format.
+SLOT = 75  # per bucket in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
+BYTES_OBJ = 33  # header of a `bytes` object
+RECORD = 8  # our per-stream record header (sid, length)
+ROARING_HEADER = 8  # cookie + container count
+CONTAINER = 4  # per container: key + cardinality
+RUN = 4  # per run (start, length), plus 2 bytes run count per container
+PACKED_INT = 36  # a single-message bucket: sid << 64 | value
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -205,7 +218,45 @@ def meta_table() -> str:
     return "\n".join(lines)
 
 
+def _model_bytes_per_msg(case: dict[str, Any], entries_per_ledger: int) -> float:
+    """Predicted bytes per message of a sealed layout (see the table's notes)."""
+    x, y, p, pattern = case["x"], case["y"], case["fraction"], case["pattern"]
+    messages = x * 2**y  # messages per bucket
+    if pattern == "consec" and messages == 1:
+        return SLOT + PACKED_INT
+    ledgers = 1 + messages / entries_per_ledger  # streams per bucket (ledger switches)
+    if pattern == "consec":
+        per_stream = RECORD + ROARING_HEADER + CONTAINER + 2 + RUN  # one run per ledger
+        return (SLOT + BYTES_OBJ + ledgers * per_stream) / messages
+    if pattern == "random":
+        values = messages * p
+        containers = ledgers * max(1, min(values, messages / 65536 + 1))
+        per_bucket = SLOT + BYTES_OBJ + ledgers * (RECORD + ROARING_HEADER) + containers * (CONTAINER + 4)
+        return 2 + per_bucket / values  # array containers: 2 bytes per value
+    raise ValueError(pattern)
+
+
+def space_table() -> str:
+    memory = _load("memory")
+    per_ledger = memory["parameters"]["entries_per_ledger"]
+    lines = [
+        "| case | messages per bucket M = x·2^y | model B/msg | measured RSS B/msg | `memory_bytes()` B/msg |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for c in memory["cases"]:
+        case = c["case"]
+        if case["pattern"] not in ("consec", "random"):
+            continue
+        model = _model_bytes_per_msg(case, per_ledger)
+        lines.append(
+            f"| `{case['name']}` | {case['x'] * 2 ** case['y']:,} | {_b(model)} | "
+            f"{_b(c['tracker']['rss_bytes_per_msg'])} | {_b(c['tracker']['estimate_bytes_per_msg'])} |"
+        )
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "space": space_table,
     "results-table": results_table,
     "goals": goals_table,
     "memory": memory_table,
