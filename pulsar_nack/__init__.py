@@ -25,6 +25,9 @@ _LAZY = {
     "NackingConsumer": "consumer",
     "subscribe": "consumer",
     "EmbeddedBroker": "embedded",
+    "ConsumerConfig": "spark",
+    "TaskBudget": "spark",
+    "run_consumer_tasks": "spark",
 }
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .consumer import NackingConsumer, subscribe
     from .embedded import EmbeddedBroker
+    from .spark import ConsumerConfig, TaskBudget, run_consumer_tasks
 
 
 def __getattr__(name: str) -> Any:

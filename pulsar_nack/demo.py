@@ -1,0 +1,416 @@
+"""``pulsar-nack demo``: a Spark pipeline that retries failed messages on schedule, end to end.
+
+What it does:
+
+1. starts the embedded pulsar-lite broker (unless ``--service-url``);
+2. produces a stream of events ``0 .. N-1`` with a batched producer, on a thread, while
+   Spark starts;
+3. runs ``--tasks`` consumer tasks per round on a local SparkSession (``local[2]``) with
+   :func:`pulsar_nack.spark.run_consumer_tasks`, until a round finds nothing left. The
+   handler fails transiently for ``--failure-rate`` of the events -- chosen by a hash of
+   the payload, and only on first delivery, so the retry succeeds -- and the tasks nack
+   those with exponential backoff (1 s, 2 s, ...);
+4. stops Spark (its Python workers exit), then checks independently that nothing was
+   lost: every produced event id is in the handler's record of acked events, and a
+   fresh consumer finds the subscription empty;
+5. prints a summary; ``--json`` prints it as one JSON object on the last stdout line.
+
+Progress goes to stderr (a tqdm bar, on a terminal only), fed by the executors over
+UDP on 127.0.0.1 -- good for local mode only. The exit code is 1 if anything was lost
+or left behind, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+import zlib
+from typing import Any
+
+__all__ = ["add_arguments", "run", "SIZES", "TransientError", "DemoHandler"]
+
+SIZES: dict[str, int] = {"small": 10_000, "default": 100_000, "large": 1_000_000}
+"""Named sizes for ``--messages``. The default takes about 25 s on 2 cores."""
+
+SUBSCRIPTION = "pulsar-nack-demo"
+BATCH_SIZE = 10
+"""Producer batch size. Larger batches produce faster but give more duplicates: when a
+batched entry is redelivered to another worker, that worker sees all its messages."""
+MIN_BACKOFF_MS = 500
+MAX_BACKOFF_MS = 10_000
+
+
+class TransientError(Exception):
+    """What the demo handler raises for a message it 'cannot process yet'."""
+
+
+class DemoHandler:
+    """Fails on the first delivery of ``failure_rate`` of the events, by payload hash.
+
+    Deterministic: the same payload always fails (first time) or never does. A
+    redelivered message (``redelivery_count() > 0``) always succeeds.
+
+    >>> class Message:
+    ...     def __init__(self, data, count): self._d, self._c = data, count
+    ...     def data(self): return self._d
+    ...     def redelivery_count(self): return self._c
+    >>> handler = DemoHandler(1.0)
+    >>> handler(Message(b"7", 1)) is None
+    True
+    >>> handler(Message(b"7", 0))
+    Traceback (most recent call last):
+    ...
+    pulsar_nack.demo.TransientError: event b'7' failed (first attempt)
+    """
+
+    def __init__(self, failure_rate: float) -> None:
+        self.threshold = int(failure_rate * 1_000_000)
+
+    def fails(self, payload: bytes) -> bool:
+        """True if *payload* fails on its first delivery. O(len(payload))."""
+        return zlib.crc32(payload) % 1_000_000 < self.threshold
+
+    def __call__(self, message: Any) -> None:
+        if message.redelivery_count() == 0 and self.fails(message.data()):
+            raise TransientError(f"event {message.data()!r} failed (first attempt)")
+
+
+def event_id(message: Any) -> int:
+    """The event id carried by a demo message (its payload is the decimal id)."""
+    return int(message.data())
+
+
+# --------------------------------------------------------------------------- progress
+
+
+_PROGRESS_SOCKETS: dict[int, socket.socket] = {}
+
+
+class UdpProgress:
+    """Executor side: send each progress delta as a JSON datagram to the driver."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+
+    def __call__(self, delta: dict[str, int]) -> None:
+        sock = _PROGRESS_SOCKETS.get(os.getpid())
+        if sock is None:
+            sock = _PROGRESS_SOCKETS[os.getpid()] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            sock.sendto(json.dumps(delta).encode(), self.address)
+
+
+class _ProgressListener:
+    """Driver side: a UDP socket on 127.0.0.1 and a thread that updates a tqdm bar."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.address: tuple[str, int] = self.sock.getsockname()
+        self.counts = {"received": 0, "acked": 0, "nacked": 0, "redelivered": 0}
+        self.bar = tqdm(total=total, unit="msg", desc="acked", file=sys.stderr, disable=None, smoothing=0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            try:
+                delta = json.loads(data)
+            except ValueError:
+                continue
+            for key in self.counts:
+                self.counts[key] += int(delta.get(key, 0))
+            self.bar.update(int(delta.get("acked", 0)))
+            self.bar.set_postfix(nacked=self.counts["nacked"], redelivered=self.counts["redelivered"], refresh=False)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+        self.bar.close()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _size(text: str) -> int:
+    if text in SIZES:
+        return SIZES[text]
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or one of {sorted(SIZES)}, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("--messages must be >= 1")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError("--failure-rate must be in [0, 1)")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the demo's options to *parser*."""
+    sizes = ", ".join(f"{k}={v:,}" for k, v in SIZES.items())
+    parser.add_argument(
+        "--messages", type=_size, default=SIZES["default"], metavar="N|SIZE",
+        help=f"events to produce: a number or a size name ({sizes}); default: default",
+    )
+    parser.add_argument(
+        "--failure-rate", type=_rate, default=0.1, metavar="R",
+        help="share of events whose first processing fails (default 0.1)",
+    )
+    parser.add_argument("--tasks", type=_positive, default=4, help="consumer tasks per round (default 4)")
+    parser.add_argument(
+        "--service-url", default=None, metavar="URL",
+        help="use this Pulsar cluster instead of starting the embedded broker",
+    )
+    parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def _status(text: str) -> None:
+    """A phase line on stderr, on a terminal only (the demo is quiet otherwise)."""
+    if sys.stderr.isatty():
+        print(f"pulsar-nack demo: {text}", file=sys.stderr, flush=True)
+
+
+class _Producer:
+    """Produce events 0..n-1 on a thread; remember which sends the broker confirmed."""
+
+    def __init__(self, client: Any, topic: str, n: int) -> None:
+        self.client, self.topic, self.n = client, topic, n
+        self.confirmed: list[int] = []
+        self.failed = 0
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name="demo-producer", daemon=True)
+
+    def _run(self) -> None:
+        import pulsar
+
+        start = time.monotonic()
+        try:
+            producer = self.client.create_producer(
+                self.topic,
+                batching_enabled=True,
+                batching_max_messages=BATCH_SIZE,
+                batching_max_publish_delay_ms=5,
+                block_if_queue_full=True,
+            )
+            confirmed, lock = self.confirmed, threading.Lock()
+
+            def done(event: int) -> Any:
+                def callback(result: Any, _message_id: Any) -> None:
+                    if result == pulsar.Result.Ok:
+                        with lock:
+                            confirmed.append(event)
+                    else:
+                        self.failed += 1
+
+                return callback
+
+            for event in range(self.n):
+                producer.send_async(str(event).encode(), done(event))
+            producer.flush()
+            producer.close()
+        except BaseException as error:  # reported by run()
+            self.error = error
+        self.seconds = time.monotonic() - start
+
+
+def _left_in_subscription(client: Any, url: str, topic: str) -> int:
+    """Messages a fresh consumer still gets from the subscription (should be 0)."""
+    import pulsar
+
+    from .embedded import apply_embedded_broker_consumer_id_shim, is_embedded_broker_url
+
+    if is_embedded_broker_url(url):
+        # pulsar-lite only: make this process's consumer id unique on the subscription.
+        apply_embedded_broker_consumer_id_shim(client, url)
+    consumer = client.subscribe(topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared)
+    left = 0
+    timeout_ms = 2000  # unacked messages return at once when the workers' connections close
+    try:
+        while True:
+            consumer.receive(timeout_ms)
+            left += 1
+            timeout_ms = 500
+    except pulsar.Timeout:
+        pass
+    finally:
+        consumer.close()  # leaves them unacked
+    return left
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; return the exit code (1 if anything was lost or left behind)."""
+    from .backoff import MultiplierRedeliveryBackoff
+    from .embedded import EmbeddedBroker, quiet_client
+    from .spark import ConsumerConfig, TaskBudget, local_session, run_consumer_tasks, stop_session
+
+    started = time.monotonic()
+    broker = None
+    client = None
+    spark = None
+    progress = None
+    try:
+        if args.service_url:
+            url = args.service_url
+        else:
+            _status("starting the embedded broker")
+            broker = EmbeddedBroker().start()
+            url = broker.url
+        client = quiet_client(url)
+        topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
+        producer = _Producer(client, topic, args.messages)
+        producer.thread.start()  # the stream runs while Spark starts
+        _status(f"producing {args.messages:,} events to {topic}; starting Spark ({args.master})")
+        spark_started = time.monotonic()
+        spark = local_session(args.master, "pulsar-nack demo")
+        spark_start_s = time.monotonic() - spark_started
+        config = ConsumerConfig(
+            url,
+            topic,
+            SUBSCRIPTION,
+            backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+            retryable=(TransientError,),
+        )
+        budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
+        progress = _ProgressListener(args.messages)
+        consume_started = time.monotonic()
+        stats = run_consumer_tasks(
+            spark,
+            config,
+            DemoHandler(args.failure_rate),
+            args.tasks,
+            budget,
+            until_drained=True,
+            record_timings=True,
+            collect=event_id,
+            progress=UdpProgress(progress.address),
+        )
+        consume_s = time.monotonic() - consume_started
+        progress.close()
+        progress = None
+        producer.thread.join()
+        if producer.error is not None:
+            raise producer.error
+        _status("stopping Spark; checking the subscription")
+        stop_session(spark)
+        spark = None
+        left = _left_in_subscription(client, url, topic)
+    finally:
+        if progress is not None:
+            progress.close()
+        if spark is not None:
+            stop_session(spark)
+        if client is not None:
+            client.close()
+        if broker is not None:
+            broker.stop()
+    wall_s = time.monotonic() - started
+
+    produced = set(producer.confirmed)
+    acked_ids = stats["collected"]
+    seen = set(acked_ids)
+    lost = len(produced - seen)
+    summary = {
+        "messages": args.messages,
+        "produced": len(produced),
+        "produce_failed": producer.failed,
+        "processed": stats["received"],
+        "acked": stats["acked"],
+        "nacked": stats["nacked"],
+        "redelivered": stats["redelivered"],
+        "lost": lost,
+        "left_in_subscription": left,
+        "duplicates": len(acked_ids) - len(seen),
+        "swallowed_batch_duplicates": stats["swallowed"],
+        "handler_errors": stats["handler_errors"],
+        "failure_rate": args.failure_rate,
+        "redelivery_lateness_ms": {k: stats["lateness_ms"][k] for k in ("count", "min", "p50", "p99", "max")},
+        "peak_pending_nacks": stats["peak_pending_nacks"],
+        "peak_tracker_memory_bytes": stats["peak_tracker_memory_bytes"],
+        "tasks": stats["tasks"],
+        "rounds": stats["rounds"],
+        "workers": stats["workers"],
+        "consumers": stats["consumers"],
+        "max_tasks_per_consumer": stats["max_tasks_per_consumer"],
+        "spark_start_s": round(spark_start_s, 2),
+        "produce_s": round(producer.seconds, 2),
+        "consume_s": round(consume_s, 2),
+        "wall_s": round(wall_s, 2),
+        "messages_per_s": round(len(produced) / consume_s, 1) if consume_s > 0 else 0.0,
+        "master": args.master,
+        "broker": "embedded pulsar-lite" if broker is not None else url,
+        "ok": lost == 0 and left == 0,
+    }
+    if args.json:
+        print(json.dumps(summary, sort_keys=False))
+    else:
+        _print_summary(summary)
+    return 0 if summary["ok"] else 1
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    late = s["redelivery_lateness_ms"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f} ms"
+
+    rows = [
+        ("produced", f"{s['produced']:,}"),
+        ("processed (handler calls)", f"{s['processed']:,}"),
+        ("acked", f"{s['acked']:,}"),
+        ("nacked (transient failures)", f"{s['nacked']:,}"),
+        ("redelivered", f"{s['redelivered']:,}"),
+        ("duplicates seen by the handler", f"{s['duplicates']:,}"),
+        ("batch copies swallowed", f"{s['swallowed_batch_duplicates']:,}"),
+        ("lost", f"{s['lost']:,}" + ("" if s["lost"] else "  (every produced event was acked)")),
+        ("left in the subscription", f"{s['left_in_subscription']:,}"),
+        ("retry lateness p50 / p99 / max", f"{ms(late['p50'])} / {ms(late['p99'])} / {ms(late['max'])}"),
+        ("peak pending nacks (one worker)", f"{s['peak_pending_nacks']:,}"),
+        ("peak tracker memory (one worker)", f"{s['peak_tracker_memory_bytes']:,} bytes"),
+        ("tasks / rounds / workers", f"{s['tasks']} / {s['rounds']} / {s['workers']}"),
+        ("Spark start / consume / total", f"{s['spark_start_s']:.1f} s / {s['consume_s']:.1f} s / {s['wall_s']:.1f} s"),
+        ("throughput", f"{s['messages_per_s']:,.0f} messages/s"),
+        ("result", "OK: nothing lost" if s["ok"] else "FAILED: messages lost or left behind"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print(f"pulsar-nack demo: {s['messages']:,} events, {s['failure_rate']:.0%} failing once, {s['master']}, {s['broker']}")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
