@@ -590,9 +590,10 @@ def subscribe(
     consumer itself is subscribed with the 100 ms handoff delay. A ``message_listener``
     receives the :class:`NackingConsumer` and only the messages it should see.
 
-    >>> import pulsar_nack  # doctest: +SKIP
-    >>> consumer = pulsar_nack.subscribe(client, "orders", "billing",  # doctest: +SKIP
-    ...     consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
+    Example (needs a broker; ``examples/wrap_consumer.py`` runs one)::
+
+        consumer = pulsar_nack.subscribe(client, "orders", "billing",
+            consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
     if not isinstance(client, pulsar.Client):
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")

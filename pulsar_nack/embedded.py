@@ -877,6 +877,28 @@ def _close_slot_leases() -> None:
             _SLOT_LEASES.pop().close()
 
 
+_SLOT_ROTATION = 64
+"""Claims start at a rotating offset among the first 64 slots: a slot freed by a killed
+process (whose consumer pulsar-lite may still hold, see docs/spark.md) is not handed out
+again at once, while slot numbers, and so the shim's throwaway consumers, stay small."""
+
+
+def _next_slot_start(slots_dir: Path) -> int:
+    """The next rotating start slot, from a counter file shared by every process (flock)."""
+    import fcntl
+
+    with open(slots_dir / "next-start", "a+", encoding="utf-8") as counter:
+        fcntl.flock(counter.fileno(), fcntl.LOCK_EX)
+        counter.seek(0)
+        text = counter.read().strip()
+        start = int(text) % _SLOT_ROTATION if text.isdigit() else 0
+        counter.seek(0)
+        counter.truncate(0)
+        counter.write(f"{(start + 1) % _SLOT_ROTATION}\n")
+        counter.flush()
+    return start
+
+
 def claim_embedded_broker_consumer_slot(service_url: str) -> int:
     """Claim a consumer-id slot number, unique among live processes.
 
@@ -928,7 +950,8 @@ def claim_embedded_broker_consumer_slot(service_url: str) -> int:
     slots_dir.mkdir(exist_ok=True)
     with _SLOT_LEASES_LOCK:
         _prune_slot_leases()
-        for slot in range(_MAX_SLOTS):
+        start = _next_slot_start(slots_dir)
+        for slot in [*range(start, _MAX_SLOTS), *range(start)]:
             lease = open(slots_dir / f"slot-{slot}.lock", "a+", encoding="utf-8")  # noqa: SIM115
             try:
                 fcntl.flock(lease.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
