@@ -7,7 +7,8 @@ Two measurements, each system in a fresh worker process:
   built-in client holds them in the C++ tracker; ``NackingConsumer`` in its buckets
   (consecutive entry ids, one ledger per 50,000, as a consumer would see them).
 * **call cost**: time per ``negative_acknowledge`` call (median of repetitions) for the
-  built-in consumer, for ``NackingConsumer.negative_acknowledge`` and for
+  built-in consumer and for ``NackingConsumer.negative_acknowledge``, on hand-built
+  ``MessageId`` objects and on received messages (the application's path), and for
   ``NegativeAcksTracker.add`` alone (what a nack costs in the tracker itself).
 
 Run: ``python -m bench.client [--quick] [--ids N]``.
@@ -35,6 +36,26 @@ def _ids(n: int, first_ledger: int = 1000):
     """(ledger, entry) pairs as a consumer sees them: consecutive, 50,000 per ledger."""
     for i in range(n):
         yield first_ledger + i // ENTRIES_PER_LEDGER, i % ENTRIES_PER_LEDGER
+
+
+def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -> dict[str, float]:
+    """Median µs per ``negative_acknowledge(message)`` on received messages (the app's path)."""
+    batch = 5_000
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    samples = []
+    for rep in range(reps + 1):
+        for i in range(batch):
+            producer.send_async(b"x", None)
+        producer.flush()
+        messages = [consumer.receive(30_000) for _ in range(batch)]
+        nack = consumer.negative_acknowledge
+        start = time.perf_counter()
+        for message in messages:
+            nack(message)
+        if rep:  # the first repetition is the warmup
+            samples.append((time.perf_counter() - start) / batch * 1e6)
+    producer.close()
+    return {"min": min(samples), "median": statistics.median(samples), "max": max(samples), "batch": batch}
 
 
 def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
@@ -86,6 +107,7 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
         if rep:  # the first repetition is the warmup
             samples.append((time.perf_counter() - start) / batch * 1e6)
     result["call_us"] = {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
+    result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps)
     if system == "pulsar-nack":
         tracker = pulsar_nack.NegativeAcksTracker(delay_ms=HOUR_MS)
         add_samples = []
@@ -132,6 +154,10 @@ def run(n: int, call_reps: int) -> dict[str, Any]:
             "memory_built_in_over_pulsar_nack": built_in["bytes_per_id"] / max(ours["bytes_per_id"], 1e-9),
             "call_built_in_over_tracker_add": built_in["call_us"]["median"] / ours["tracker_add_us"]["median"],
             "call_built_in_over_nacking_consumer": built_in["call_us"]["median"] / ours["call_us"]["median"],
+            "message_call_built_in_over_tracker_add": built_in["call_message_us"]["median"]
+            / ours["tracker_add_us"]["median"],
+            "message_call_built_in_over_nacking_consumer": built_in["call_message_us"]["median"]
+            / ours["call_message_us"]["median"],
         },
     }
 
@@ -159,11 +185,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 fmt_bytes(case["rss_delta_bytes"]),
                 f"{case['bytes_per_id']:.1f}",
                 f"{case['call_us']['median']:.2f}",
+                f"{case['call_message_us']['median']:.2f}",
                 f"{case['tracker_add_us']['median']:.2f}" if "tracker_add_us" in case else "-",
             ]
         )
     print_table(
-        ["system", "pending ids", "RSS delta", "bytes/id", "nack call µs (median)", "tracker.add µs"],
+        ["system", "pending ids", "RSS delta", "bytes/id", "nack(id) µs", "nack(message) µs", "tracker.add µs"],
         rows,
         title="Built-in client tracker vs pulsar-nack (same broker, fresh process each)",
     )

@@ -385,16 +385,22 @@ class NackingConsumer:
                 entry = self._batch_entry(key)
                 self._transition(entry, key[3], BatchIndexState.NACKED)
                 try:
-                    self.tracker.add(key, delay_ms=delay_ms, redelivery_count=redelivery_count_of(message))
+                    self.tracker.add(key, delay_ms, self._redelivery_count(message, delay_ms))
                 except BaseException:
                     entry.states[key[3]] = BatchIndexState.IN_FLIGHT
                     raise
                 entry.irregular = True
                 self._counts["nacked"] += 1
             return
-        self.tracker.add(key, delay_ms=delay_ms, redelivery_count=redelivery_count_of(message))
+        self.tracker.add(key, delay_ms, self._redelivery_count(message, delay_ms))
         with self._lock:
             self._counts["nacked"] += 1
+
+    def _redelivery_count(self, message: Any, delay_ms: int | None) -> int | None:
+        """The count the backoff needs, or None when no backoff applies (saves a client call)."""
+        if delay_ms is not None or self.tracker.backoff is None:
+            return None
+        return redelivery_count_of(message)
 
     def _settle(self, message: Any, raw: Any, state: BatchIndexState) -> _pulsar.MessageId | None:
         """Mark a batch index settled; return the entry id to ack when the entry is done."""

@@ -34,3 +34,39 @@ def pulsar_client(session_broker) -> Iterator[object]:
 @pytest.fixture
 def topic() -> str:
     return f"persistent://public/default/t-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if a test left a broker, a Spark JVM or a pyspark worker behind.
+
+    Only processes started by this test session (descendants of this process) count.
+    """
+    import os
+    import time
+
+    try:
+        import psutil
+    except ImportError:  # psutil comes with the test extra
+        return
+    me = psutil.Process(os.getpid())
+    patterns = ("pulsar-lite", "org.apache.spark.deploy.SparkSubmit", "pyspark.daemon")
+
+    def leftovers():
+        found = []
+        for child in me.children(recursive=True):
+            try:
+                cmdline = " ".join(child.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if any(p in cmdline for p in patterns):
+                found.append(f"{child.pid} {cmdline[:120]}")
+        return found
+
+    end = time.monotonic() + 15  # processes being stopped get a moment to exit
+    left = leftovers()
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = leftovers()
+    if left:
+        session.exitstatus = 1
+        print("\nprocesses left running by the tests:\n" + "\n".join(left))
