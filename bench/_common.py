@@ -15,6 +15,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import time
 import platform
 import shlex
 import statistics
@@ -325,3 +326,14 @@ def _looks_numeric(cell: str) -> bool:
     except ValueError:
         return cell in ("-", "nan")
     return True
+
+
+def timed_pop_all(tracker: Any, n: int, end_of_time: int) -> float:
+    """Seconds for ``tracker.pop_due(end_of_time)``; raises unless exactly *n* keys came out."""
+    start = time.perf_counter()
+    due = tracker.pop_due(end_of_time)
+    elapsed = time.perf_counter() - start
+    popped = sum(map(len, due.values()))
+    if popped != n or len(tracker):
+        raise AssertionError(f"popped {popped} of {n}; {len(tracker)} left")
+    return elapsed

@@ -46,7 +46,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ._common import REPO, fmt_rate, percentile, print_table, start_context, summarize, write_result
+from ._common import REPO, fmt_rate, percentile, print_table, start_context, summarize, timed_pop_all, write_result
 
 TOPIC = "persistent://public/default/core-perf"
 ENTRIES_PER_LEDGER = 50_000
@@ -135,13 +135,8 @@ def bench_pop_all(n: int, warmup: int, reps: int) -> dict[str, Any]:
             if name == "tracker":
                 buckets = tracker.stats()["buckets"]
             gc.collect()
-            start = time.perf_counter()
-            due = tracker.pop_due(END_OF_TIME)
-            elapsed = time.perf_counter() - start
-            got = sum(map(len, due.values()))
-            if got != n or len(tracker):
-                raise AssertionError(f"{name}: popped {got} of {n}")
-            del due, tracker
+            elapsed = timed_pop_all(tracker, n, END_OF_TIME)
+            del tracker
             if rep >= warmup:
                 times[name].append(elapsed)
     out: dict[str, Any] = {"messages": n, "tracker_buckets": buckets, "warmup": warmup, "repetitions": reps}

@@ -61,6 +61,7 @@ from typing import Any
 
 from ._common import (
     REPO,
+    timed_pop_all,
     core_fingerprint,
     fmt_bytes,
     fmt_rate,
@@ -384,13 +385,7 @@ def worker(case_name: str, system: str, n: int) -> dict[str, Any]:
         result["estimate_sealed_bytes"] = tracker.stats()["memory_bytes"]
     del stats
 
-    start = time.perf_counter()
-    due = tracker.pop_due(END_OF_TIME)
-    pop_s = time.perf_counter() - start
-    popped = sum(map(len, due.values()))
-    if popped != n or len(tracker):
-        raise AssertionError(f"popped {popped} of {n}; {len(tracker)} left")
-    del due
+    pop_s = timed_pop_all(tracker, n, END_OF_TIME)
     result["pop_s"] = pop_s
     result["pop_rate"] = n / pop_s
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -48,6 +48,7 @@ from ._validate import check_bool, check_int
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
 from .keys import MessageKey, redelivery_count_of
+from .timer import monotonic_ms
 from .tracker import NegativeAcksTracker, TrackerStats
 
 __all__ = ["NackingConsumer", "subscribe", "BatchIndexState", "ConsumerStats", "ConsumerClosedError"]
@@ -295,12 +296,12 @@ class NackingConsumer:
         self._check_open()
         if timeout_millis is not None:
             check_int("timeout_millis", timeout_millis, 0)
-        deadline = None if timeout_millis is None else _now_ms() + timeout_millis
+        deadline = None if timeout_millis is None else monotonic_ms() + timeout_millis
         while True:
             if deadline is None:
                 message = self._consumer.receive()
             else:
-                message = self._consumer.receive(max(deadline - _now_ms(), 0))
+                message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
             if self._admit(message):
                 return message
 
@@ -569,12 +570,6 @@ def _full_topic_name(topic: str) -> str:
     if len(parts) == 1:
         return f"persistent://public/default/{topic}"
     return f"persistent://{topic}"
-
-
-def _now_ms() -> int:
-    from .timer import monotonic_ms
-
-    return monotonic_ms()
 
 
 def subscribe(
