@@ -51,8 +51,8 @@ class BaseTracker(ABC):
     See :class:`~pulsar_nack.tracker.NegativeAcksTracker` for the parameters.
     """
 
-    delay_ms: int
-    backoff: RedeliveryBackoff | None
+    _delay_ms: int
+    _backoff: RedeliveryBackoff | None
     default_topic: str
     retry_delay_ms: int
     _redeliver: Redeliver | None
@@ -84,9 +84,9 @@ class BaseTracker(ABC):
             raise TypeError("clock must be callable")
         if not isinstance(default_topic, str):
             raise TypeError(f"default_topic must be str, not {type(default_topic).__name__}")
-        self.delay_ms = check_int("delay_ms", delay_ms, 0)
+        self._delay_ms = check_int("delay_ms", delay_ms, 0)
         self.retry_delay_ms = check_int("retry_delay_ms", retry_delay_ms, 0)
-        self.backoff = backoff
+        self._backoff = backoff
         self.default_topic = default_topic
         self._redeliver = redeliver
         self._clock = clock
@@ -137,16 +137,26 @@ class BaseTracker(ABC):
 
     # ------------------------------------------------------------------ public API
 
+    @property
+    def delay_ms(self) -> int:
+        """The fixed delay (read-only)."""
+        return self._delay_ms
+
+    @property
+    def backoff(self) -> RedeliveryBackoff | None:
+        """The redelivery backoff, if any (read-only)."""
+        return self._backoff
+
     def _delay_for(self, obj: object, delay_ms: int | None, redelivery_count: int | None) -> int:
         """Resolve the delay: explicit, else backoff by redelivery count, else fixed."""
         if delay_ms is not None:
             return check_int("delay_ms", delay_ms, 0)
         if redelivery_count is not None:
             check_int("redelivery_count", redelivery_count, 0)
-        if self.backoff is None:
-            return self.delay_ms
+        if self._backoff is None:
+            return self._delay_ms
         count = redelivery_count if redelivery_count is not None else redelivery_count_of(obj)
-        return check_int("backoff delay", self.backoff.next_delay_ms(count), 0)
+        return check_int("backoff delay", self._backoff.next_delay_ms(count), 0)
 
     def add(self, key_or_message: object, delay_ms: int | None = None, redelivery_count: int | None = None) -> int:
         """Track a message for redelivery; return its (untrimmed) deadline in ms.
@@ -172,21 +182,24 @@ class BaseTracker(ABC):
             key = key_or_message
         else:
             key = key_of(key_or_message, self.default_topic)
-        if delay_ms is None and redelivery_count is None and self.backoff is None:
-            delay = self.delay_ms
+        if delay_ms is None and redelivery_count is None and self._backoff is None:
+            delay = self._delay_ms
         else:
             delay = self._delay_for(key_or_message, delay_ms, redelivery_count)
         clock = self._clock
-        deadline = (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay
+        return self._track(key, (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay)  # type: ignore[arg-type]
+
+    def _track(self, key: MessageKey, deadline_ms: int) -> int:
+        """Store *key* due at *deadline_ms* (not yet validated) and arm the timer; return the deadline."""
         self._acquire()  # cheaper than `with self._lock` on this hot path
         try:
-            wake_by = self._store(key, deadline)  # type: ignore[arg-type]  # raises once closed
+            wake_by = self._store(key, deadline_ms)  # raises once closed
             if wake_by < self._armed:
                 self._armed = wake_by
                 self._arm(wake_by)
         finally:
             self._release_lock()
-        return deadline
+        return deadline_ms
 
     def pop_due(self, now_ms: int | None = None) -> DueKeys:
         """Remove and return the keys due at *now_ms* (default: the clock's now).

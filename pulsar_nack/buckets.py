@@ -47,6 +47,7 @@ from typing import Union
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
+from . import _accel
 from ._validate import check_bool, check_int
 from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
@@ -151,11 +152,9 @@ class TimeBuckets:
     _messages: int
     _entries: int
     _sealed_bytes: int
-    # Cache of the last bitmap written: the hot path of add() skips every lookup.
-    _hot_deadline: int
-    _hot_topic: str | None
-    _hot_ledger: int
-    _hot_bitmap: BitMap | None
+    # The bitmap the previous plain add went to: the hot path of add() skips every
+    # lookup, and its adds are counted as the bitmap's growth when the slot is cleared.
+    _hot: _accel.PyHotSlot
 
     def __init__(
         self,
@@ -177,18 +176,18 @@ class TimeBuckets:
         self._messages = 0
         self._entries = 0
         self._sealed_bytes = 0
-        self._forget_hot()
+        self._hot = _accel.HotSlot()
 
     # ------------------------------------------------------------------ queries
 
     def __len__(self) -> int:
         """Number of pending messages. O(1)."""
-        return self._messages
+        return self._messages + self._hot.growth()
 
     @property
     def entries(self) -> int:
         """Pending entries (a batch counts once per bucket it appears in). O(1)."""
-        return self._entries
+        return self._entries + self._hot.growth()
 
     @property
     def bucket_count(self) -> int:
@@ -258,21 +257,17 @@ class TimeBuckets:
         # Hot path. `batch_index is _PLAIN` holds only for the int -1 (a cached small int in
         # CPython; anything else takes the checked path). The ledger and topic equal those
         # of an already validated key; the entry id is checked here.
+        hot = self._hot
         if (
             batch_index is _PLAIN
-            and bucket_deadline == self._hot_deadline
+            and bucket_deadline == hot.deadline
             and type(ledger_id) is int
-            and ledger_id == self._hot_ledger
-            and topic == self._hot_topic
+            and ledger_id == hot.ledger
+            and topic == hot.topic
             and type(entry_id) is int
             and 0 <= entry_id < _U32
         ):
-            try:
-                self._hot_bitmap.add_checked(entry_id)  # type: ignore[union-attr]
-            except KeyError:
-                return bucket_deadline
-            self._messages += 1
-            self._entries += 1
+            hot.bitmap.add(entry_id)  # counted by the slot's growth
             return bucket_deadline
         if (
             type(topic) is not str
@@ -287,6 +282,7 @@ class TimeBuckets:
 
     def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
         """Add a validated key through the full lookup: bucket, stream, bitmap."""
+        self._forget_hot()  # count what went through the slot before touching any bitmap
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -316,10 +312,7 @@ class TimeBuckets:
         self._messages += 1
         self._entries += new_entry
         if kind is _Kind.PLAIN and type(bitmap) is BitMap:
-            self._hot_deadline, self._hot_topic, self._hot_ledger = bucket_deadline, key[0], key[1]
-            self._hot_bitmap = bitmap
-        else:
-            self._forget_hot()
+            self._hot.set(bucket_deadline, key[0], key[1], bitmap)
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.
@@ -334,6 +327,8 @@ class TimeBuckets:
             deadline = buckets.keys()[0]
             if deadline > now_ms:
                 break
+            if deadline == self._hot.deadline:
+                self._forget_hot()
             bucket = buckets.pop(deadline)
             for stream, bitmap in self._bitmaps(bucket):
                 self._messages -= len(bitmap)
@@ -384,7 +379,7 @@ class TimeBuckets:
         """Replace the open bucket at *deadline* by its compact form."""
         bucket: _OpenBucket = self._buckets[deadline]
         del self._open[deadline]
-        if deadline == self._hot_deadline:
+        if deadline == self._hot.deadline:
             self._forget_hot()
         sealed: bytes | int
         if len(bucket) == 1:
@@ -431,8 +426,6 @@ class TimeBuckets:
         if type(bucket) is dict:
             del self._open[deadline]
             sids = list(bucket)
-            if deadline == self._hot_deadline:
-                self._forget_hot()
         else:
             self._sealed_bytes -= sys.getsizeof(bucket)
             if type(bucket) is int:
@@ -464,7 +457,10 @@ class TimeBuckets:
         return sid
 
     def _forget_hot(self) -> None:
-        self._hot_deadline, self._hot_topic, self._hot_ledger, self._hot_bitmap = -1, None, -1, None
+        """Empty the hot slot, counting the adds that went through it. O(1)."""
+        grown = self._hot.clear()
+        self._messages += grown
+        self._entries += grown
 
     # ------------------------------------------------------------------ memory
 
@@ -538,11 +534,15 @@ class TimeBuckets:
         assert {s: i for i, s in enumerate(self._streams) if s is not None} == self._stream_ids
         assert all(refs[i] > 0 for i, s in enumerate(self._streams) if s is not None)
         # Counters match the content.
-        assert (messages, entries, sealed) == (self._messages, self._entries, self._sealed_bytes)
-        # The hot bitmap, if any, is the live bitmap of an open bucket.
-        if self._hot_bitmap is not None:
-            sid = self._stream_ids[(self._hot_topic, self._hot_ledger, _Kind.PLAIN, -1)]  # type: ignore[index]
-            assert self._buckets[self._hot_deadline][sid] is self._hot_bitmap
+        assert (messages, entries, sealed) == (len(self), self.entries, self._sealed_bytes)
+        # The hot bitmap, if any, is the live 32-bit bitmap of a plain stream in an open bucket.
+        hot = self._hot
+        if hot.bitmap is not None:
+            sid = self._stream_ids[(hot.topic, hot.ledger, _Kind.PLAIN, -1)]
+            assert self._buckets[hot.deadline][sid] is hot.bitmap and type(hot.bitmap) is BitMap
+            assert len(hot.bitmap) >= hot.base
+        else:
+            assert (hot.deadline, hot.topic, hot.ledger, hot.base) == (-1, None, -1, 0)
 
 
 _BITMAP_OVERHEAD = 96

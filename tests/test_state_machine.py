@@ -6,6 +6,9 @@ On an injected clock, with adds, clock advances and pops interleaved:
 * never before its trimmed deadline, and never left behind once ``now`` has passed it;
 * the baseline (exact deadlines) never releases a key the tracker still holds;
 * ``_check()`` holds after every step.
+
+Each run builds the tracker with or without the C hot path (``pulsar_nack._speedups``),
+and the ``add_run`` rule makes the plain ``add(key)`` calls that path serves.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+from helpers import PurePythonTracker
+
+from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker, _accel
 
 TOPICS = ["a", "b", "persistent://tenant/ns/x-partition-3"]
 _EDGES = [0, 1, 2**16 - 1, 2**16, 2**16 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**53, 2**63 - 2, 2**63 - 1]
@@ -52,10 +57,12 @@ class TrackerMachine(RuleBasedStateMachine):
         bits=st.sampled_from([0, 1, 4, 8, 10]),
         round_up=st.booleans(),
         max_open=st.sampled_from([1, 2, 16]),
+        speedups=st.booleans(),
     )
-    def setup(self, bits: int, round_up: bool, max_open: int) -> None:
+    def setup(self, bits: int, round_up: bool, max_open: int, speedups: bool) -> None:
         self.bits, self.round_up = bits, round_up
-        self.tracker = NegativeAcksTracker(
+        cls = NegativeAcksTracker if speedups and _accel.SPEEDUPS else PurePythonTracker
+        self.tracker = cls(
             precision_bits=bits, round_up=round_up, max_open_buckets=max_open, clock=self.clock, delay_ms=100
         )
         self.baseline = HashMapNegativeAcksTracker(clock=self.clock, delay_ms=100)
@@ -66,11 +73,22 @@ class TrackerMachine(RuleBasedStateMachine):
 
     @rule(key=keys, delay=delays)
     def add(self, key, delay) -> None:
-        deadline = self.tracker.add(key, delay_ms=delay)
-        assert deadline == self.now + delay
+        self._add(key, delay)
+
+    @rule(topic=st.sampled_from(TOPICS), ledger=ids(), first=ids(), count=st.integers(1, 40), step=st.integers(0, 3))
+    def add_run(self, topic, ledger, first, count, step) -> None:
+        """Plain keys of one ledger with the fixed delay: ``add(key)``, the hot path's call."""
+        for i in range(count):
+            entry = first + i * step
+            if entry < 2**63:
+                self._add((topic, ledger, entry, -1), None)
+
+    def _add(self, key, delay) -> None:
+        deadline = self.tracker.add(key) if delay is None else self.tracker.add(key, delay_ms=delay)
+        assert deadline == self.now + (100 if delay is None else delay)
         self.model.setdefault(self.bucket_of(deadline), set()).add(key)
         if key not in self.baseline_pending:  # the baseline replaces; keep its keys unique
-            self.baseline.add(key, delay_ms=delay)
+            self.baseline.add(key, delay_ms=deadline - self.now)
             self.baseline_pending.add(key)
 
     @rule(ms=st.one_of(st.integers(0, 300), st.sampled_from([255, 256, 1024, 5000])))

@@ -1,0 +1,213 @@
+"""The C hot path (``pulsar_nack._speedups``): same behaviour as the pure-Python code.
+
+The state machine in test_state_machine.py runs both; these tests cover what it does
+not reach: unusual keys and clock values, lock contention, the real clock, garbage
+collection, and when the C path is (not) installed. They skip when the extension was
+not built (no C compiler); ``.ci/run`` checks that it was.
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import threading
+import weakref
+
+import pytest
+from helpers import PurePythonTracker
+
+from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
+from pulsar_nack.timer import monotonic_ms
+
+pytestmark = pytest.mark.skipif(not _accel.SPEEDUPS, reason="pulsar_nack._speedups is not built")
+
+
+class Clock:
+    def __init__(self, now: object = 10_000) -> None:
+        self.now = now
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return self.now
+
+
+class Ledger(enum.IntEnum):
+    SEVEN = 7
+
+
+class Topic(str):
+    pass
+
+
+def pair(now: object = 10_000, **kwargs):
+    """The same tracker twice, each on its own fake clock: with the C hot path and without."""
+    fast, pure = NegativeAcksTracker(clock=Clock(now), **kwargs), PurePythonTracker(clock=Clock(now), **kwargs)
+    assert "add" in vars(fast) and "add" not in vars(pure)
+    return fast, pure
+
+
+def outcome(tracker, *args, **kwargs):
+    try:
+        return tracker.add(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - compared between the two trackers
+        return type(error), str(error)
+
+
+UNUSUAL_CALLS = [
+    (("t", 7, 2**32 - 1, -1),),
+    (("t", 7, 2**32, -1),),
+    (("t", 7, 2**63 - 1, -1),),
+    (("t", 7, 2**64, -1),),
+    (("t", 7, -1, -1),),
+    (("t", True, 3, -1),),
+    (("t", Ledger.SEVEN, 4, -1),),
+    ((Topic("t"), 7, 5, -1),),
+    (("u", 7, 6, -1),),
+    (("t", 8, 6, -1),),
+    (("t", 7, 6, 0),),
+    (("t", 7, 6, 2**70),),
+    (("t", 7, 6.0, -1),),
+    ((b"t", 7, 6, -1),),
+    (("t", 7, 6),),
+    (("t", 7, 6, -1, 0),),
+    (["t", 7, 9, -1],),
+    ("not a key",),
+    (("t", 7, 10, -1), 50),
+    (("t", 7, 11, -1), None, None),
+    (("t", 7, 12, -1), -5),
+]
+
+
+@pytest.mark.parametrize("call", UNUSUAL_CALLS, ids=repr)
+def test_unusual_calls_behave_as_in_pure_python(call):
+    fast, pure = pair(delay_ms=100, precision_bits=4)
+    for tracker in (fast, pure):
+        tracker.add(("t", 7, 1, -1))  # makes (t, 7) the hot slot
+        tracker._check()
+    assert outcome(fast, *call) == outcome(pure, *call)
+    for tracker in (fast, pure):
+        tracker._check()
+    assert list(fast._buckets) == list(pure._buckets) and len(fast) == len(pure)
+    assert outcome(fast, *call, delay_ms=7) == outcome(pure, *call, delay_ms=7)
+
+
+@pytest.mark.parametrize("now", [-5, 2**62, 2**80, "soon", None, 10.5])
+def test_unusual_clock_values_behave_as_in_pure_python(now):
+    fast, pure = pair(now, delay_ms=100)
+    assert outcome(fast, ("t", 1, 2, -1)) == outcome(pure, ("t", 1, 2, -1))
+    assert list(fast._buckets) == list(pure._buckets)
+    # The C path reads the clock once per call, as the Python path does.
+    assert fast._clock.calls == pure._clock.calls == 1
+
+
+def test_a_failing_clock_propagates_and_stores_nothing():
+    def broken() -> int:
+        raise OSError("clock gone")
+
+    fast = NegativeAcksTracker(clock=broken)
+    with pytest.raises(OSError, match="clock gone"):
+        fast.add(("t", 1, 2, -1))
+    assert len(fast) == 0
+
+
+def test_the_native_clock_is_monotonic_ms():
+    tracker = NegativeAcksTracker(delay_ms=0, precision_bits=0)
+    for entry in range(1000):
+        before = monotonic_ms()
+        deadline = tracker.add(("t", 1, entry, -1))
+        assert before <= deadline <= monotonic_ms()
+    assert len(tracker) == 1000
+    tracker._check()
+
+
+def test_hot_adds_are_counted_once_and_duplicates_not_at_all():
+    tracker = NegativeAcksTracker(delay_ms=10_000, clock=Clock())
+    for entry in [1, 2, 3, 2, 1, 4]:
+        tracker.add(("t", 1, entry, -1))
+    assert len(tracker) == 4 and tracker.stats()["pending_entries"] == 4
+    tracker._check()
+    assert tracker._buckets._hot.growth() == 3  # the first add set the slot up
+    assert tracker.pop_due(20_000) == {"t": [("t", 1, e, -1) for e in (1, 2, 3, 4)]}
+    assert len(tracker) == 0
+
+
+def test_an_add_waits_while_another_thread_holds_the_lock():
+    tracker = NegativeAcksTracker(delay_ms=10_000, clock=Clock())
+    tracker.add(("t", 1, 1, -1))
+    done = threading.Event()
+
+    def add() -> None:
+        tracker.add(("t", 1, 2, -1))  # the hot slot's key, but the lock is taken
+        done.set()
+
+    with tracker._lock:
+        thread = threading.Thread(target=add)
+        thread.start()
+        assert not done.wait(0.2), "add went past a held lock"
+        assert len(tracker._buckets) == 1
+    thread.join(10)
+    assert done.is_set() and len(tracker) == 2
+    tracker._check()
+
+
+def test_not_installed_with_backoff_a_huge_delay_or_an_overridden_add():
+    class Counting(NegativeAcksTracker):
+        calls = 0
+
+        def add(self, *args, **kwargs):
+            Counting.calls += 1
+            return super().add(*args, **kwargs)
+
+    assert "add" not in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, 100, 2)))
+    assert "add" not in vars(NegativeAcksTracker(delay_ms=2**61))
+    tracker = Counting(delay_ms=10)
+    tracker.add(("t", 1, 1, -1))
+    assert "add" not in vars(tracker) and Counting.calls == 1
+
+
+def test_a_closed_tracker_refuses_adds():
+    tracker = NegativeAcksTracker(delay_ms=10_000)
+    tracker.add(("t", 1, 1, -1))
+    assert tracker.close(flush=False) == {"t": [("t", 1, 1, -1)]}
+    with pytest.raises(RuntimeError, match="closed"):
+        tracker.add(("t", 1, 2, -1))
+
+
+def test_a_tracker_with_the_c_path_is_garbage_collected():
+    tracker = NegativeAcksTracker(lambda due: None, delay_ms=10_000)
+    tracker.add(("t", 1, 1, -1))
+    tracker.close(flush=False)
+    ref = weakref.ref(tracker)
+    del tracker
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("slot_type", [_accel.PyHotSlot, _accel.HotSlot], ids=["python", "c"])
+def test_hot_slot_interface(slot_type):
+    from pyroaring import BitMap
+
+    slot = slot_type()
+    assert (slot.deadline, slot.topic, slot.ledger, slot.bitmap, slot.growth()) == (-1, None, -1, None, 0)
+    bitmap = BitMap([5])
+    slot.set(256, "t", 3, bitmap)
+    assert (slot.deadline, slot.topic, slot.ledger, slot.bitmap, slot.base) == (256, "t", 3, bitmap, 1)
+    bitmap.update([6, 7, 5])
+    assert slot.growth() == 2
+    assert slot.clear() == 2 and slot.bitmap is None and slot.clear() == 0
+
+
+def test_c_hot_slot_refuses_bad_arguments():
+    from pyroaring import BitMap
+
+    slot = _accel.HotSlot()
+    with pytest.raises(TypeError):
+        slot.set(1, "t", 2)
+    with pytest.raises(TypeError):
+        slot.set(1, b"t", 2, BitMap())
+    with pytest.raises(TypeError):
+        slot.set(1, "t", 2, object())
+    with pytest.raises(TypeError):
+        _accel.HotSlot(1)
+    assert slot.bitmap is None
