@@ -51,6 +51,8 @@ RESULTS = REPO / "bench" / "results"
 _PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "tqdm", "numpy")
 _CORE_MODULES = (
     "buckets.py",
+    "_accel.py",
+    "_speedups.c",
     "tracker.py",
     "baseline.py",
     "_base.py",
@@ -123,6 +125,13 @@ def core_fingerprint() -> dict[str, str]:
     }
 
 
+def _speedups_built() -> bool:
+    """Whether this process's ``NegativeAcksTracker.add`` can use the C hot path."""
+    from pulsar_nack import _accel
+
+    return _accel.SPEEDUPS
+
+
 def start_context() -> dict[str, Any]:
     """What to compare at the end of a run: the commit and the core fingerprint now."""
     return {"git_commit": _git("rev-parse", "HEAD"), "core_sha256": core_fingerprint()}
@@ -150,6 +159,7 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
             "switch_interval_s": sys.getswitchinterval(),
         },
         "packages": {name: _version(name) for name in _PACKAGES},
+        "speedups_built": _speedups_built(),
         "git": {
             "commit": _git("rev-parse", "HEAD"),
             "dirty": bool(status) if status is not None else None,

@@ -9,7 +9,8 @@ Two measurements, each system in a fresh worker process:
 * **call cost**: time per ``negative_acknowledge`` call (median of repetitions) for the
   built-in consumer and for ``NackingConsumer.negative_acknowledge``, on hand-built
   ``MessageId`` objects and on received messages (the application's path), and for
-  ``NegativeAcksTracker.add`` alone (what a nack costs in the tracker itself).
+  ``NegativeAcksTracker.add`` alone (what a nack costs in the tracker itself), with the
+  C hot path (``pulsar_nack._speedups``) and in pure Python (``speedups=False``).
 
 Run: ``python -m bench.client [--quick] [--ids N]``.
 """
@@ -56,6 +57,26 @@ def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -
             samples.append((time.perf_counter() - start) / batch * 1e6)
     producer.close()
     return {"min": min(samples), "median": statistics.median(samples), "max": max(samples), "batch": batch}
+
+
+def _tracker_add_us(topic: str, reps: int, batch: int, speedups: bool) -> dict[str, float]:
+    """Median µs per ``NegativeAcksTracker.add(key)`` (consecutive entries of one ledger)."""
+    import pulsar_nack
+
+    tracker = pulsar_nack.NegativeAcksTracker(delay_ms=HOUR_MS, speedups=speedups)
+    samples = []
+    for rep in range(reps + 1):
+        keys = [(topic, 10**6 + rep, entry, -1) for entry in range(batch)]
+        add = tracker.add
+        start = time.perf_counter()
+        for key in keys:
+            add(key)
+        if rep:  # the first repetition is the warmup
+            samples.append((time.perf_counter() - start) / batch * 1e6)
+    if len(tracker) != (reps + 1) * batch:
+        raise AssertionError(f"tracker holds {len(tracker)} keys")
+    tracker.close(flush=False)
+    return {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
 
 
 def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
@@ -109,22 +130,11 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     result["call_us"] = {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
     result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps)
     if system == "pulsar-nack":
-        tracker = pulsar_nack.NegativeAcksTracker(delay_ms=HOUR_MS)
-        add_samples = []
-        for rep in range(call_reps + 1):
-            keys = [(topic, 10**6 + rep, entry, -1) for entry in range(batch)]
-            add = tracker.add
-            start = time.perf_counter()
-            for key in keys:
-                add(key)
-            if rep:
-                add_samples.append((time.perf_counter() - start) / batch * 1e6)
-        result["tracker_add_us"] = {
-            "min": min(add_samples),
-            "median": statistics.median(add_samples),
-            "max": max(add_samples),
-        }
-        tracker.close(flush=False)
+        from pulsar_nack import _accel
+
+        result["speedups_built"] = _accel.SPEEDUPS
+        result["tracker_add_us"] = _tracker_add_us(topic, call_reps, batch, speedups=True)
+        result["tracker_add_pure_python_us"] = _tracker_add_us(topic, call_reps, batch, speedups=False)
         consumer.close(redeliver_pending=False)
     else:
         consumer.close()
@@ -153,6 +163,8 @@ def run(n: int, call_reps: int) -> dict[str, Any]:
         "ratios": {
             "memory_built_in_over_pulsar_nack": built_in["bytes_per_id"] / max(ours["bytes_per_id"], 1e-9),
             "call_built_in_over_tracker_add": built_in["call_us"]["median"] / ours["tracker_add_us"]["median"],
+            "call_built_in_over_tracker_add_pure_python": built_in["call_us"]["median"]
+            / ours["tracker_add_pure_python_us"]["median"],
             "call_built_in_over_nacking_consumer": built_in["call_us"]["median"] / ours["call_us"]["median"],
             "message_call_built_in_over_tracker_add": built_in["call_message_us"]["median"]
             / ours["tracker_add_us"]["median"],
@@ -187,10 +199,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 f"{case['call_us']['median']:.2f}",
                 f"{case['call_message_us']['median']:.2f}",
                 f"{case['tracker_add_us']['median']:.2f}" if "tracker_add_us" in case else "-",
+                f"{case['tracker_add_pure_python_us']['median']:.2f}" if "tracker_add_us" in case else "-",
             ]
         )
     print_table(
-        ["system", "pending ids", "RSS delta", "bytes/id", "nack(id) µs", "nack(message) µs", "tracker.add µs"],
+        [
+            "system",
+            "pending ids",
+            "RSS delta",
+            "bytes/id",
+            "nack(id) µs",
+            "nack(message) µs",
+            "tracker.add µs",
+            "pure Python µs",
+        ],
         rows,
         title="Built-in client tracker vs pulsar-nack (same broker, fresh process each)",
     )

@@ -6,12 +6,14 @@ plain key that belongs in the same bucket, topic and ledger as the previous add:
 
 * :class:`HotSlot` (C or Python, same interface) is the bitmap that add went to. It is
   owned by :class:`~pulsar_nack.buckets.TimeBuckets`.
-* :data:`FastAdd` (C only) is the tracker's ``add`` for that call: about 0.15 µs instead
-  of about 0.6 µs. Every other call goes to the Python code, which it calls back.
+* :data:`FastAdd` (C only) is the tracker's ``add`` for that call, several times cheaper
+  (``bench/client.py`` measures both). Every other call goes to the Python code, which
+  it calls back.
 
 The extension is built by ``pip install`` when a C compiler is present; without one the
 package installs and runs in pure Python (``SPEEDUPS`` is False). Setting the
-environment variable ``PULSAR_NACK_PURE_PYTHON=1`` before import forces pure Python.
+environment variable ``PULSAR_NACK_PURE_PYTHON=1`` before import forces pure Python
+everywhere; ``NegativeAcksTracker(speedups=False)`` does so for one tracker.
 """
 
 from __future__ import annotations

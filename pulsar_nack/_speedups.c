@@ -9,8 +9,8 @@
  *   ledger, bitmap), kept by TimeBuckets. Adds through the slot are not counted one by
  *   one: TimeBuckets counts them as the bitmap's growth since set() (clear() returns it).
  *
- * FastAdd: NegativeAcksTracker.add for the common call, add(key) with a plain key
- *   tuple, a fixed delay and the default clock (or any clock for tests). It computes
+ * FastAdd: NegativeAcksTracker.add for the common call, add(key) (or add(key, None,
+ *   None)) with a plain key tuple, a fixed delay and the default clock (or any clock for tests). It computes
  *   the deadline and, holding the tracker's lock, adds the entry id to the slot's bitmap
  *   when the key belongs there. Anything else goes to the tracker's Python code:
  *   track(key, deadline) for other keys, general(*args) for other calls. It never arms
@@ -304,7 +304,9 @@ add_to_slot(FastAdd *self, PyObject *key, long long bucket)
 static PyObject *
 FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs != 1 || kwnames != NULL || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 4)
+    /* add(key), or add(key, None, None) as NackingConsumer calls it */
+    if (nargs < 1 || nargs > 3 || kwnames != NULL || (nargs > 1 && args[1] != Py_None)
+        || (nargs > 2 && args[2] != Py_None) || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 4)
         return PyObject_Vectorcall(self->general, args, (size_t)nargs, kwnames);
     PyObject *key = args[0];
     long long now;

@@ -125,6 +125,9 @@ class TimeBuckets:
     max_open_buckets : int
         Buckets kept mutable; the least recently written beyond this are sealed. Raise
         it if adds spread over many distinct buckets at once (many different delays).
+    speedups : bool
+        Keep the hot slot in C when ``pulsar_nack._speedups`` is built (default); False
+        keeps it in Python. Same behaviour either way.
 
     >>> b = TimeBuckets(precision_bits=8)
     >>> b.add(("t", 7, 1, -1), 1000)
@@ -162,6 +165,7 @@ class TimeBuckets:
         *,
         round_up: bool = False,
         max_open_buckets: int = 16,
+        speedups: bool = True,
     ) -> None:
         self.precision_bits = check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
         self.round_up = check_bool("round_up", round_up)
@@ -176,7 +180,7 @@ class TimeBuckets:
         self._messages = 0
         self._entries = 0
         self._sealed_bytes = 0
-        self._hot = _accel.HotSlot()
+        self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
 
     # ------------------------------------------------------------------ queries
 

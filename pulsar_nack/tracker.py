@@ -63,6 +63,9 @@ class NegativeAcksTracker(BaseTracker):
         Delay before retrying keys whose ``redeliver`` call failed. Default 1000.
     max_open_buckets : int
         See :class:`~pulsar_nack.buckets.TimeBuckets`.
+    speedups : bool
+        Use the C hot path for ``add(key)`` when ``pulsar_nack._speedups`` is built
+        (default). False: pure Python, to debug or to compare. Behaviour is the same.
 
     >>> clock = iter(range(0, 10**6, 100)).__next__
     >>> tracker = NegativeAcksTracker(delay_ms=1000, precision_bits=0, clock=clock)
@@ -94,6 +97,7 @@ class NegativeAcksTracker(BaseTracker):
         default_topic: str = "",
         retry_delay_ms: int = 1000,
         max_open_buckets: int = 16,
+        speedups: bool = True,
     ) -> None:
         super().__init__(
             redeliver,
@@ -105,7 +109,9 @@ class NegativeAcksTracker(BaseTracker):
         )
         lead_ms = check_int("lead_ms", lead_ms, 0)
         coalesce_ms = check_int("coalesce_ms", coalesce_ms, 0)
-        self._buckets = TimeBuckets(precision_bits, round_up=round_up, max_open_buckets=max_open_buckets)
+        self._buckets = TimeBuckets(
+            precision_bits, round_up=round_up, max_open_buckets=max_open_buckets, speedups=speedups
+        )
         self.precision_bits = precision_bits
         # The hot path: adds go straight into the buckets, which return the bucket deadline.
         self._store = self._buckets.add_at  # type: ignore[method-assign]
@@ -116,7 +122,8 @@ class NegativeAcksTracker(BaseTracker):
             )
         self.lead_ms = lead_ms
         self.coalesce_ms = coalesce_ms
-        self._install_fast_add()
+        if speedups:
+            self._install_fast_add()
 
     def _install_fast_add(self) -> None:
         """Bind ``add`` to the C hot path when it is built and no backoff is set.

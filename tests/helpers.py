@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 from pulsar_nack import NegativeAcksTracker, _accel
 
@@ -21,17 +19,9 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, poll_s: f
     return bool(condition())
 
 
-@contextlib.contextmanager
-def pure_python() -> Iterator[None]:
-    """Trackers built inside use no C code, as with ``PULSAR_NACK_PURE_PYTHON=1``."""
-    with mock.patch.object(_accel, "HotSlot", _accel.PyHotSlot), mock.patch.object(_accel, "FastAdd", None):
-        yield
-
-
 class PurePythonTracker(NegativeAcksTracker):
-    """A NegativeAcksTracker without the C hot path (the same code as a build without a compiler)."""
+    """A NegativeAcksTracker with ``speedups=False``: the code a build without a compiler runs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        with pure_python():
-            super().__init__(*args, **kwargs)
+        super().__init__(*args, speedups=False, **kwargs)
         assert type(self._buckets._hot) is _accel.PyHotSlot and "add" not in vars(self)

@@ -148,6 +148,11 @@ def test_bad_configuration(cls, kwargs, error):
         cls(**kwargs)
 
 
+def test_bad_speedups_flag():
+    with pytest.raises(TypeError, match="speedups"):
+        NegativeAcksTracker(speedups=1)  # type: ignore[arg-type]
+
+
 def test_bad_precision_bits():
     with pytest.raises(ValueError):
         NegativeAcksTracker(precision_bits=31)
