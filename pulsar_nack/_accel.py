@@ -54,8 +54,10 @@ class PyHotSlot:
 
     def clear(self) -> int:
         """Empty the slot; return :meth:`growth`. O(1)."""
-        grown = self.growth()
-        self.__init__()  # type: ignore[misc]
+        if self.bitmap is None:
+            return 0
+        grown = len(self.bitmap) - self.base
+        self.deadline, self.topic, self.ledger, self.bitmap, self.base = -1, None, -1, None, 0
         return grown
 
 

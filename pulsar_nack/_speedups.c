@@ -261,19 +261,35 @@ FastAdd_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
+/* Whether *key* goes into the slot's bitmap at *bucket*: a plain key (exact ints and
+ * str; bool, IntEnum and the like go through validate_key) of the slot's topic and
+ * ledger, with a 32-bit entry id. Runs no Python code. */
+static int
+belongs_to_slot(HotSlot *slot, PyObject *key, long long bucket)
+{
+    PyObject *topic = PyTuple_GET_ITEM(key, 0), *ledger = PyTuple_GET_ITEM(key, 1);
+    PyObject *entry = PyTuple_GET_ITEM(key, 2), *batch_index = PyTuple_GET_ITEM(key, 3);
+    int overflow;
+    if (slot->add == NULL || bucket != slot->deadline || !PyLong_CheckExact(ledger) || !PyLong_CheckExact(entry)
+        || !PyLong_CheckExact(batch_index) || !PyUnicode_CheckExact(topic))
+        return 0;
+    if (PyLong_AsLongLongAndOverflow(batch_index, &overflow) != -1 || overflow)
+        return 0;
+    if (PyLong_AsLongLongAndOverflow(ledger, &overflow) != slot->ledger || overflow)
+        return 0;
+    long long entry_id = PyLong_AsLongLongAndOverflow(entry, &overflow);
+    if (overflow || entry_id < 0 || entry_id >= U32_LIMIT)
+        return 0;
+    return topic == slot->topic || PyUnicode_Compare(topic, slot->topic) == 0;
+}
+
 /* Add the key to the slot's bitmap if it belongs there, holding the lock.
- * 1: added; 0: not the slot's (nothing changed); -1: error. */
+ * 1: added; 0: not the slot's, or the lock is taken (nothing changed); -1: error. */
 static int
 add_to_slot(FastAdd *self, PyObject *key, long long bucket)
 {
-    HotSlot *slot = self->slot;
-    PyObject *topic = PyTuple_GET_ITEM(key, 0), *ledger = PyTuple_GET_ITEM(key, 1);
-    PyObject *entry = PyTuple_GET_ITEM(key, 2), *batch_index = PyTuple_GET_ITEM(key, 3);
-    int overflow, belongs = 0;
-    /* Exact ints only: bool, IntEnum and the like go through validate_key. */
-    if (!PyLong_CheckExact(ledger) || !PyLong_CheckExact(entry) || !PyLong_CheckExact(batch_index)
-        || !PyUnicode_CheckExact(topic))
-        return 0;
+    if (!belongs_to_slot(self->slot, key, bucket))
+        return 0; /* a miss costs no lock round trip */
     PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
     if (got == NULL)
         return -1;
@@ -281,15 +297,9 @@ add_to_slot(FastAdd *self, PyObject *key, long long bucket)
     Py_DECREF(got);
     if (!locked)
         return 0; /* contended: the Python path waits for the lock */
-    if (slot->add != NULL && bucket == slot->deadline
-        && PyLong_AsLongLongAndOverflow(batch_index, &overflow) == -1 && !overflow
-        && PyLong_AsLongLongAndOverflow(ledger, &overflow) == slot->ledger && !overflow) {
-        long long entry_id = PyLong_AsLongLongAndOverflow(entry, &overflow);
-        if (!overflow && entry_id >= 0 && entry_id < U32_LIMIT) {
-            belongs = topic == slot->topic || PyUnicode_Compare(topic, slot->topic) == 0;
-        }
-    }
-    PyObject *added = belongs ? PyObject_CallOneArg(slot->add, entry) : Py_NewRef(Py_None);
+    /* Checked again under the lock (cheap): only lock holders change the slot. */
+    int belongs = belongs_to_slot(self->slot, key, bucket);
+    PyObject *added = belongs ? PyObject_CallOneArg(self->slot->add, PyTuple_GET_ITEM(key, 2)) : Py_NewRef(Py_None);
     PyObject *released = PyObject_CallNoArgs(self->release);
     if (added == NULL || released == NULL) {
         Py_XDECREF(added);
@@ -299,6 +309,14 @@ add_to_slot(FastAdd *self, PyObject *key, long long bucket)
     Py_DECREF(added);
     Py_DECREF(released);
     return belongs;
+}
+
+/* self.track(key, deadline): the Python path, once the deadline is known. */
+static PyObject *
+call_track(FastAdd *self, PyObject *key, PyObject *deadline)
+{
+    PyObject *args[2] = {key, deadline};
+    return PyObject_Vectorcall(self->track, args, 2, NULL);
 }
 
 static PyObject *
@@ -326,7 +344,7 @@ FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
             Py_DECREF(now_obj);
             if (deadline == NULL)
                 return NULL;
-            PyObject *result = PyObject_CallFunctionObjArgs(self->track, key, deadline, NULL);
+            PyObject *result = call_track(self, key, deadline);
             Py_DECREF(deadline);
             return result;
         }
@@ -340,7 +358,7 @@ FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     PyObject *deadline_obj = PyLong_FromLongLong(deadline);
     if (added || deadline_obj == NULL)
         return deadline_obj;
-    PyObject *result = PyObject_CallFunctionObjArgs(self->track, key, deadline_obj, NULL);
+    PyObject *result = call_track(self, key, deadline_obj);
     Py_DECREF(deadline_obj);
     return result;
 }

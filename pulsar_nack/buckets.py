@@ -158,6 +158,7 @@ class TimeBuckets:
     # The bitmap the previous plain add went to: the hot path of add() skips every
     # lookup, and its adds are counted as the bitmap's growth when the slot is cleared.
     _hot: _accel.PyHotSlot
+    _last_slow: _Bitmap | None  # the bitmap the previous slow add wrote (a hint only)
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class TimeBuckets:
         self._entries = 0
         self._sealed_bytes = 0
         self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
+        self._last_slow = None
 
     # ------------------------------------------------------------------ queries
 
@@ -286,7 +288,8 @@ class TimeBuckets:
 
     def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
         """Add a validated key through the full lookup: bucket, stream, bitmap."""
-        self._forget_hot()  # count what went through the slot before touching any bitmap
+        if self._hot.bitmap is not None:
+            self._forget_hot()  # count what went through the slot before touching any bitmap
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -315,8 +318,11 @@ class TimeBuckets:
             return
         self._messages += 1
         self._entries += new_entry
-        if kind is _Kind.PLAIN and type(bitmap) is BitMap:
+        # The second slow add in a row to one bitmap makes it hot: interleaved streams
+        # (several topics) then skip the slot's upkeep, runs of one stream do not.
+        if bitmap is self._last_slow and kind is _Kind.PLAIN and type(bitmap) is BitMap:
             self._hot.set(bucket_deadline, key[0], key[1], bitmap)
+        self._last_slow = bitmap
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.

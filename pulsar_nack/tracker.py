@@ -27,6 +27,7 @@ __all__ = ["NegativeAcksTracker", "TrackerStats", "DueKeys"]
 _FAST_DELAY_LIMIT = 1 << 61
 """Delays the C hot path takes (it computes deadlines in 64-bit ints)."""
 
+
 class NegativeAcksTracker(BaseTracker):
     """Track negatively acknowledged messages and release each when its delay is over.
 
@@ -130,8 +131,8 @@ class NegativeAcksTracker(BaseTracker):
 
         The C code handles ``add(key)`` for a plain key into the hot slot and calls the
         Python code (:meth:`add`, :meth:`_track`) for everything else, so behaviour is
-        the same; only the common call is about 4x cheaper. Subclasses that override
-        ``add`` keep their own.
+        the same; only the common call is cheaper. Subclasses that override ``add`` keep
+        their own.
         """
         if _accel.FastAdd is None or self._backoff is not None or self._delay_ms >= _FAST_DELAY_LIMIT:
             return
