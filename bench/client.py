@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import subprocess
 import sys
 import time
 import uuid
 from typing import Any
 
-from ._common import REPO, fmt_bytes, print_table, rss_bytes, trim_heap, write_result
+from ._common import REPO, fmt_bytes, print_table, rss_bytes, summarize, trim_heap, write_result
 
 ENTRIES_PER_LEDGER = 50_000
 HOUR_MS = 3_600_000
@@ -37,6 +36,14 @@ def _ids(n: int, first_ledger: int = 1000):
     """(ledger, entry) pairs as a consumer sees them: consecutive, 50,000 per ledger."""
     for i in range(n):
         yield first_ledger + i // ENTRIES_PER_LEDGER, i % ENTRIES_PER_LEDGER
+
+
+def _us_per_call(call: Any, items: list[Any]) -> float:
+    """Microseconds per ``call(item)`` over *items* (the loop is timed, not the list)."""
+    start = time.perf_counter()
+    for item in items:
+        call(item)
+    return (time.perf_counter() - start) / len(items) * 1e6
 
 
 def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -> dict[str, float]:
@@ -49,14 +56,11 @@ def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -
             producer.send_async(b"x", None)
         producer.flush()
         messages = [consumer.receive(30_000) for _ in range(batch)]
-        nack = consumer.negative_acknowledge
-        start = time.perf_counter()
-        for message in messages:
-            nack(message)
+        cost = _us_per_call(consumer.negative_acknowledge, messages)
         if rep:  # the first repetition is the warmup
-            samples.append((time.perf_counter() - start) / batch * 1e6)
+            samples.append(cost)
     producer.close()
-    return {"min": min(samples), "median": statistics.median(samples), "max": max(samples), "batch": batch}
+    return {**summarize(samples), "batch": batch}
 
 
 def _tracker_add_us(topic: str, reps: int, batch: int, speedups: bool) -> dict[str, float]:
@@ -66,17 +70,13 @@ def _tracker_add_us(topic: str, reps: int, batch: int, speedups: bool) -> dict[s
     tracker = pulsar_nack.NegativeAcksTracker(delay_ms=HOUR_MS, speedups=speedups)
     samples = []
     for rep in range(reps + 1):
-        keys = [(topic, 10**6 + rep, entry, -1) for entry in range(batch)]
-        add = tracker.add
-        start = time.perf_counter()
-        for key in keys:
-            add(key)
+        cost = _us_per_call(tracker.add, [(topic, 10**6 + rep, entry, -1) for entry in range(batch)])
         if rep:  # the first repetition is the warmup
-            samples.append((time.perf_counter() - start) / batch * 1e6)
+            samples.append(cost)
     if len(tracker) != (reps + 1) * batch:
         raise AssertionError(f"tracker holds {len(tracker)} keys")
     tracker.close(flush=False)
-    return {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
+    return summarize(samples)
 
 
 def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
@@ -121,13 +121,10 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     samples = []
     batch = 20_000
     for rep in range(call_reps + 1):
-        ids = [_pulsar.MessageId(-1, 10**6 + rep, entry, -1) for entry in range(batch)]
-        start = time.perf_counter()
-        for message_id in ids:
-            nack(message_id)
+        cost = _us_per_call(nack, [_pulsar.MessageId(-1, 10**6 + rep, entry, -1) for entry in range(batch)])
         if rep:  # the first repetition is the warmup
-            samples.append((time.perf_counter() - start) / batch * 1e6)
-    result["call_us"] = {"min": min(samples), "median": statistics.median(samples), "max": max(samples)}
+            samples.append(cost)
+    result["call_us"] = summarize(samples)
     result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps)
     if system == "pulsar-nack":
         from pulsar_nack import _accel
