@@ -69,14 +69,18 @@ HotSlot_dealloc(HotSlot *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Bitmap growth since set(); -1 on error. */
-static Py_ssize_t
-slot_growth(HotSlot *self)
+/* Store the bitmap's growth since set() in *grown; -1 on error. */
+static int
+slot_growth(HotSlot *self, Py_ssize_t *grown)
 {
+    *grown = 0;
     if (self->add == NULL)
         return 0;
     Py_ssize_t size = PyObject_Length(self->bitmap);
-    return size < 0 ? -1 : size - self->base;
+    if (size < 0)
+        return -1;
+    *grown = size - self->base;
+    return 0;
 }
 
 static PyObject *
@@ -88,15 +92,16 @@ HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "set(deadline, topic, ledger, bitmap) takes 4 arguments");
         return NULL;
     }
-    if (!PyLong_Check(args[0]) || !PyLong_Check(args[2]) || !PyUnicode_CheckExact(args[1])) {
+    if (!PyLong_Check(args[0]) || !PyLong_Check(args[2]) || !PyUnicode_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "set() takes an int deadline, a str topic and an int ledger");
         return NULL;
     }
     deadline = PyLong_AsLongLongAndOverflow(args[0], &overflow);
     if (!overflow)
         ledger = PyLong_AsLongLongAndOverflow(args[2], &overflow);
-    if (overflow) {
-        /* Beyond 64 bits (fake clocks only): no slot, the Python path handles such keys. */
+    if (overflow || !PyUnicode_CheckExact(args[1])) {
+        /* Beyond 64 bits (fake clocks only) or a str subclass: no slot; the Python path
+         * handles such keys. The caller has stored the key already: never fail here. */
         slot_empty(self);
         Py_RETURN_NONE;
     }
@@ -118,8 +123,8 @@ HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 HotSlot_clear(HotSlot *self, PyObject *unused)
 {
-    Py_ssize_t grown = slot_growth(self);
-    if (grown < 0)
+    Py_ssize_t grown;
+    if (slot_growth(self, &grown) < 0)
         return NULL;
     slot_empty(self);
     return PyLong_FromSsize_t(grown);
@@ -128,8 +133,8 @@ HotSlot_clear(HotSlot *self, PyObject *unused)
 static PyObject *
 HotSlot_growth(HotSlot *self, PyObject *unused)
 {
-    Py_ssize_t grown = slot_growth(self);
-    return grown < 0 ? NULL : PyLong_FromSsize_t(grown);
+    Py_ssize_t grown;
+    return slot_growth(self, &grown) < 0 ? NULL : PyLong_FromSsize_t(grown);
 }
 
 static PyMethodDef HotSlot_methods[] = {
@@ -300,13 +305,23 @@ add_to_slot(FastAdd *self, PyObject *key, long long bucket)
     /* Checked again under the lock (cheap): only lock holders change the slot. */
     int belongs = belongs_to_slot(self->slot, key, bucket);
     PyObject *added = belongs ? PyObject_CallOneArg(self->slot->add, PyTuple_GET_ITEM(key, 2)) : Py_NewRef(Py_None);
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    if (added == NULL || released == NULL) {
-        Py_XDECREF(added);
-        Py_XDECREF(released);
+    if (added == NULL) { /* release the lock, keeping the add's error */
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *error = PyErr_GetRaisedException();
+        Py_XDECREF(PyObject_CallNoArgs(self->release));
+        PyErr_SetRaisedException(error);
+#else
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        Py_XDECREF(PyObject_CallNoArgs(self->release));
+        PyErr_Restore(type, value, traceback);
+#endif
         return -1;
     }
+    PyObject *released = PyObject_CallNoArgs(self->release);
     Py_DECREF(added);
+    if (released == NULL)
+        return -1;
     Py_DECREF(released);
     return belongs;
 }
@@ -322,6 +337,10 @@ call_track(FastAdd *self, PyObject *key, PyObject *deadline)
 static PyObject *
 FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (self->general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FastAdd was cleared by the garbage collector");
+        return NULL;
+    }
     /* add(key), or add(key, None, None) as NackingConsumer calls it */
     if (nargs < 1 || nargs > 3 || kwnames != NULL || (nargs > 1 && args[1] != Py_None)
         || (nargs > 2 && args[2] != Py_None) || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 4)
@@ -337,7 +356,7 @@ FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         if (now_obj == NULL)
             return NULL;
         int overflow = 1;
-        now = PyLong_Check(now_obj) ? PyLong_AsLongLongAndOverflow(now_obj, &overflow) : 0;
+        now = PyLong_CheckExact(now_obj) ? PyLong_AsLongLongAndOverflow(now_obj, &overflow) : 0;
         if (overflow || now < 0 || now >= DEADLINE_LIMIT / 2) {
             /* An unusual clock value: the Python path decides what it means. */
             PyObject *deadline = PyNumber_Add(now_obj, self->delay);

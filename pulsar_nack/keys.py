@@ -56,7 +56,8 @@ def validate_key(key: object) -> MessageKey:
         raise ValueError(f"entry_id must be in [0, 2**63), got {entry_id}")
     if not -1 <= batch_index <= MAX_BATCH_INDEX:
         raise ValueError(f"batch_index must be -1 or in [0, 2**31), got {batch_index}")
-    return (str(topic), int(ledger_id), int(entry_id), int(batch_index))
+    # Exact types: str.__str__ copies a str subclass (whose own __str__ may not).
+    return (str.__str__(topic), int(ledger_id), int(entry_id), int(batch_index))
 
 
 def _is_message_id(obj: Any) -> bool:

@@ -153,7 +153,8 @@ class NegativeAcksTracker(BaseTracker):
         self.add = fast.add  # type: ignore[method-assign]
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        with self._lock:  # the count is two reads (counters + hot slot growth)
+            return len(self._buckets)
 
     def peek_deadline(self) -> int | None:
         """Earliest bucket deadline, or None. O(1)."""

@@ -40,6 +40,33 @@ class Topic(str):
     pass
 
 
+class SneakyTopic(str):
+    """A str subclass whose ``str()`` is still a subclass: keys must store an exact str."""
+
+    def __str__(self) -> str:
+        return Topic(self)
+
+
+class ShiftedInt(int):
+    """A clock value whose ``+`` is not int's."""
+
+    def __add__(self, other: object) -> int:
+        return int(self) + int(other) + 1  # type: ignore[call-overload]
+
+
+class FailingBitmap:
+    """Stands in for a bitmap whose ``add`` fails (out of memory): not reachable otherwise."""
+
+    def __init__(self) -> None:
+        self.size = 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, value: int) -> None:
+        raise MemoryError("no room")
+
+
 def pair(now: object = 10_000, **kwargs):
     """The same tracker twice, each on its own fake clock: with the C hot path and without."""
     fast, pure = NegativeAcksTracker(clock=Clock(now), **kwargs), PurePythonTracker(clock=Clock(now), **kwargs)
@@ -63,6 +90,8 @@ UNUSUAL_CALLS = [
     (("t", True, 3, -1),),
     (("t", Ledger.SEVEN, 4, -1),),
     ((Topic("t"), 7, 5, -1),),
+    ((SneakyTopic("t"), 7, 5, -1),),
+    ((SneakyTopic("s"), 7, 5, -1),),
     (("u", 7, 6, -1),),
     (("t", 8, 6, -1),),
     (("t", 7, 6, 0),),
@@ -92,13 +121,38 @@ def test_unusual_calls_behave_as_in_pure_python(call):
     assert outcome(fast, *call, delay_ms=7) == outcome(pure, *call, delay_ms=7)
 
 
-@pytest.mark.parametrize("now", [-5, 2**62, 2**80, "soon", None, 10.5])
+@pytest.mark.parametrize("now", [-5, 2**62, 2**80, "soon", None, 10.5, ShiftedInt(10_000)])
 def test_unusual_clock_values_behave_as_in_pure_python(now):
     fast, pure = pair(now, delay_ms=100)
     assert outcome(fast, ("t", 1, 2, -1)) == outcome(pure, ("t", 1, 2, -1))
     assert list(fast._buckets) == list(pure._buckets)
     # The C path reads the clock once per call, as the Python path does.
     assert fast._clock.calls == pure._clock.calls == 1
+
+
+def test_stored_topics_are_exact_str():
+    fast, pure = pair(delay_ms=100)
+    for tracker in (fast, pure):
+        for entry in range(3):
+            assert tracker.add((SneakyTopic("s"), 7, entry, -1)) == 10_100
+        tracker._check()
+        assert [type(key[0]) for _, key in tracker._buckets] == [str, str, str]
+    assert list(fast._buckets) == list(pure._buckets)
+
+
+def test_a_failing_bitmap_add_raises_its_own_error_and_releases_the_lock():
+    lock, slot, bitmap = threading.Lock(), _accel.HotSlot(), FailingBitmap()
+    slot.set(0, "t", 1, bitmap)
+
+    def python_path(*args):
+        raise AssertionError(f"the key belongs to the slot, not to the Python path: {args}")
+
+    fast = _accel.FastAdd(slot, lock, lambda: 0, 0, 0, False, python_path, python_path)
+    with pytest.raises(MemoryError, match="no room"):
+        fast.add(("t", 1, 2, -1))
+    assert not lock.locked()
+    bitmap.size = 0  # shrunk below its size at set(): a negative growth, not an error
+    assert slot.growth() == -1 and slot.clear() == -1 and slot.bitmap is None
 
 
 def test_a_failing_clock_propagates_and_stores_nothing():

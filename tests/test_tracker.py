@@ -276,6 +276,23 @@ def test_concurrent_adds_from_many_threads(cls):
     assert {topic: len(keys) for topic, keys in due.items()} == {f"t{n}": 5_000 for n in range(4)}
 
 
+@pytest.mark.parametrize("cls", [NegativeAcksTracker, PurePythonTracker])
+def test_len_never_goes_backwards_while_adds_run(cls):
+    """len() from another thread sees a consistent count (counters plus the hot slot's growth)."""
+    tracker = cls(delay_ms=3_600_000)
+    # Runs of one stream (hot slot) broken by other topics (slow adds that fold the slot).
+    keys = [("t" if i % 50 else "u", 1, i, -1) for i in range(100_000)]
+    thread = threading.Thread(target=lambda: [tracker.add(key) for key in keys])
+    thread.start()
+    seen = [0]
+    while thread.is_alive():
+        seen.append(len(tracker))
+    thread.join()
+    seen.append(len(tracker))
+    assert all(a <= b for a, b in zip(seen, seen[1:])), "len() went backwards"
+    assert seen[-1] == len(keys)
+
+
 def test_stats_and_memory():
     tracker = NegativeAcksTracker(delay_ms=1000, clock=FakeClock())
     for i in range(10_000):
