@@ -19,6 +19,18 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, poll_s: f
     return bool(condition())
 
 
+class FakeClock:
+    """A settable clock (``.now``) that counts how often it is read (``.calls``)."""
+
+    def __init__(self, now: Any = 10_000) -> None:
+        self.now = now
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.now
+
+
 class PurePythonTracker(NegativeAcksTracker):
     """A NegativeAcksTracker with ``speedups=False``: the code a build without a compiler runs."""
 

@@ -14,22 +14,12 @@ import threading
 import weakref
 
 import pytest
-from helpers import PurePythonTracker
+from helpers import FakeClock, PurePythonTracker
 
 from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
 from pulsar_nack.timer import monotonic_ms
 
 pytestmark = pytest.mark.skipif(not _accel.SPEEDUPS, reason="pulsar_nack._speedups is not built")
-
-
-class Clock:
-    def __init__(self, now: object = 10_000) -> None:
-        self.now = now
-        self.calls = 0
-
-    def __call__(self) -> object:
-        self.calls += 1
-        return self.now
 
 
 class Ledger(enum.IntEnum):
@@ -69,7 +59,7 @@ class FailingBitmap:
 
 def pair(now: object = 10_000, **kwargs):
     """The same tracker twice, each on its own fake clock: with the C hot path and without."""
-    fast, pure = NegativeAcksTracker(clock=Clock(now), **kwargs), PurePythonTracker(clock=Clock(now), **kwargs)
+    fast, pure = NegativeAcksTracker(clock=FakeClock(now), **kwargs), PurePythonTracker(clock=FakeClock(now), **kwargs)
     assert "add" in vars(fast) and "add" not in vars(pure)
     return fast, pure
 
@@ -176,7 +166,7 @@ def test_the_native_clock_is_monotonic_ms():
 
 
 def test_hot_adds_are_counted_once_and_duplicates_not_at_all():
-    tracker = NegativeAcksTracker(delay_ms=10_000, clock=Clock())
+    tracker = NegativeAcksTracker(delay_ms=10_000, clock=FakeClock())
     for entry in [1, 2, 3, 2, 1, 4]:
         tracker.add(("t", 1, entry, -1))
     assert len(tracker) == 4 and tracker.stats()["pending_entries"] == 4
@@ -187,7 +177,7 @@ def test_hot_adds_are_counted_once_and_duplicates_not_at_all():
 
 
 def test_an_add_waits_while_another_thread_holds_the_lock():
-    tracker = NegativeAcksTracker(delay_ms=10_000, clock=Clock())
+    tracker = NegativeAcksTracker(delay_ms=10_000, clock=FakeClock())
     tracker.add(("t", 1, 1, -1))
     done = threading.Event()
 

@@ -10,21 +10,13 @@ import time
 
 import _pulsar
 import pytest
-from helpers import PurePythonTracker, wait_for
+from helpers import FakeClock, PurePythonTracker, wait_for
 
 from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker
 
 # NegativeAcksTracker uses the C hot path when it is built; PurePythonTracker never does.
 TRACKERS = [NegativeAcksTracker, PurePythonTracker, HashMapNegativeAcksTracker]
 
-
-
-class FakeClock:
-    def __init__(self, now: int = 10_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class Collector:
