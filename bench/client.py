@@ -140,10 +140,10 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
 
 
 def run(n: int, call_reps: int) -> dict[str, Any]:
-    from pulsar_nack.embedded import EmbeddedBroker
+    from pulsar_nack.testing import PulsarLite
 
     results = []
-    with EmbeddedBroker() as broker:
+    with PulsarLite() as broker:
         for system in ("built-in", "pulsar-nack"):
             out = subprocess.run(
                 [sys.executable, "-m", "bench.client", "--worker", broker.url, system, str(n), str(call_reps)],

@@ -30,7 +30,7 @@ import pulsar
 from tqdm import tqdm
 
 import pulsar_nack
-from pulsar_nack.embedded import EmbeddedBroker, quiet_client
+from pulsar_nack.testing import PulsarLite, quiet_client
 
 from ._common import percentile, print_table, write_result
 
@@ -123,7 +123,7 @@ def run_case(client: pulsar.Client, system: str, delay_ms: int, mode: str, n: in
 
 def run(messages: int, delays: list[int], modes: list[str]) -> dict[str, Any]:
     results = []
-    with EmbeddedBroker() as broker:
+    with PulsarLite() as broker:
         client = quiet_client(broker.url)
         try:
             for delay_ms in delays:

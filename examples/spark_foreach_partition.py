@@ -49,7 +49,7 @@ def make_task(config, budget, counters):
 
 
 def produce(url: str, topic: str, n: int) -> None:
-    from pulsar_nack.embedded import quiet_client
+    from pulsar_nack.testing import quiet_client
 
     client = quiet_client(url)
     producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10, block_if_queue_full=True)
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = None
     if args.service_url is None:
-        from pulsar_nack.embedded import EmbeddedBroker
+        from pulsar_nack.testing import PulsarLite
 
-        broker = EmbeddedBroker().start()
+        broker = PulsarLite().start()
     url = args.service_url or broker.url
     spark = None
     try:

@@ -20,7 +20,7 @@ import pulsar
 
 import pulsar_nack
 from pulsar_nack import MultiplierRedeliveryBackoff
-from pulsar_nack.embedded import EmbeddedBroker, quiet_client
+from pulsar_nack.testing import PulsarLite, quiet_client
 
 
 def handle(message: pulsar.Message) -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack:
-        url = args.service_url or stack.enter_context(EmbeddedBroker()).url
+        url = args.service_url or stack.enter_context(PulsarLite()).url
         client = quiet_client(url)
         stack.callback(client.close)
         topic = f"persistent://public/default/orders-{uuid.uuid4().hex[:8]}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["check_int", "check_bool"]
+import math
+
+__all__ = ["check_int", "check_bool", "check_seconds"]
 
 
 def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -29,3 +31,18 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be bool, not {type(value).__name__}")
     return value
+
+
+def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
+    """Return *value* as a float of seconds: a finite number, > 0 (or >= 0 with *allow_zero*).
+
+    >>> check_seconds("timeout_s", 2, allow_zero=False)
+    2.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+    return seconds

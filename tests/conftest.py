@@ -1,10 +1,16 @@
-"""Fixtures: one embedded broker for the session's consumer tests, a quiet client, topics."""
+"""Fixtures: one broker per kind for the session's broker tests, a quiet client, topics.
+
+``--broker apache`` (the default) runs the broker tests on Apache Pulsar standalone
+(fetched from Maven Central on first use), ``--broker lite`` on pulsar-lite, ``--broker
+both`` on each. Tests that need a feature one broker lacks ask for ``apache_broker``.
+"""
 
 from __future__ import annotations
 
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -12,17 +18,65 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # for `import helpers`
 
 
-@pytest.fixture(scope="session")
-def session_broker() -> Iterator[object]:
-    from pulsar_nack.embedded import EmbeddedBroker
+BROKER_KINDS = ("apache", "lite")
 
-    with EmbeddedBroker() as broker:
-        yield broker
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        choices=(*BROKER_KINDS, "both"),
+        default="apache",
+        help="which broker the broker tests run on: Apache Pulsar standalone (default), pulsar-lite, or both",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "session_broker" in metafunc.fixturenames:
+        choice = metafunc.config.getoption("--broker")
+        kinds = list(BROKER_KINDS) if choice == "both" else [choice]
+        metafunc.parametrize("session_broker", kinds, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def broker_pool() -> Iterator[dict[str, Any]]:
+    """One broker of each kind per session, started on first use, stopped at the session's end."""
+    pool: dict[str, Any] = {}
+    try:
+        yield pool
+    finally:
+        while pool:
+            pool.popitem()[1].stop()
+
+
+def _shared_broker(pool: dict[str, Any], kind: str) -> Any:
+    if kind not in pool:
+        from pulsar_nack.testing import BROKERS
+
+        pool[kind] = BROKERS[kind]().start()
+    return pool[kind]
+
+
+@pytest.fixture(scope="session")
+def session_broker(request: pytest.FixtureRequest, broker_pool: dict[str, Any]) -> Any:
+    """The broker of the kind ``--broker`` chose (parametrized by pytest_generate_tests)."""
+    return _shared_broker(broker_pool, getattr(request, "param", "apache"))
+
+
+@pytest.fixture(scope="session")
+def apache_broker(broker_pool: dict[str, Any]) -> Any:
+    """Apache Pulsar standalone, whatever ``--broker`` says: for what pulsar-lite cannot do."""
+    return _shared_broker(broker_pool, "apache")
+
+
+@pytest.fixture(scope="session")
+def lite_broker(broker_pool: dict[str, Any]) -> Any:
+    """pulsar-lite: only for tests of the lite broker itself and of the demo's default."""
+    return _shared_broker(broker_pool, "lite")
 
 
 @pytest.fixture
 def pulsar_client(session_broker) -> Iterator[object]:
-    from pulsar_nack.embedded import quiet_client
+    from pulsar_nack.testing import quiet_client
 
     client = quiet_client(session_broker.url)
     try:
@@ -49,7 +103,12 @@ def pytest_sessionfinish(session, exitstatus):
     except ImportError:  # psutil comes with the test extra
         return
     me = psutil.Process(os.getpid())
-    patterns = ("pulsar-lite", "org.apache.spark.deploy.SparkSubmit", "pyspark.daemon")
+    patterns = (
+        "pulsar-lite",
+        "PulsarStandaloneStarter",
+        "org.apache.spark.deploy",
+        "pyspark.daemon",
+    )
 
     def leftovers():
         found = []

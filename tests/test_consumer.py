@@ -18,7 +18,7 @@ from helpers import wait_for
 import pulsar_nack
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.consumer import ConsumerClosedError
-from pulsar_nack.embedded import EmbeddedBroker, quiet_client
+from pulsar_nack.testing import PulsarLite, quiet_client
 
 pytestmark = pytest.mark.broker
 
@@ -270,7 +270,7 @@ def test_closing_one_of_two_consumers_with_pending_nacks_loses_nothing(pulsar_cl
 
 
 def test_broker_restart_with_pending_nacks_loses_nothing(tmp_path):
-    with EmbeddedBroker(tmp_path / "broker") as broker:
+    with PulsarLite(tmp_path / "broker") as broker:
         client = quiet_client(broker.url, operation_timeout_seconds=10)
         topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
         consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)

@@ -27,7 +27,8 @@ import pytest
 from helpers import wait_for
 
 from pulsar_nack.backoff import MultiplierRedeliveryBackoff
-from pulsar_nack.embedded import apply_embedded_broker_consumer_id_shim, quiet_client
+from pulsar_nack.testing import quiet_client
+from pulsar_nack.testing.lite_shim import apply_lite_consumer_id_shim
 from pulsar_nack.spark import (
     ConsumerConfig,
     TaskBudget,
@@ -53,9 +54,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="session")
 def spare_broker():
     """A second embedded broker, for the test that restarts its broker."""
-    from pulsar_nack.embedded import EmbeddedBroker
+    from pulsar_nack.testing import PulsarLite
 
-    with EmbeddedBroker() as broker:
+    with PulsarLite() as broker:
         yield broker
 
 
@@ -119,7 +120,7 @@ def assert_subscription_empty(url: str, topic: str, subscription: str, wait_ms: 
     """A fresh consumer gets nothing: every message of the subscription was acked."""
     client = quiet_client(url)
     try:
-        apply_embedded_broker_consumer_id_shim(client, url)  # the workers are on it too
+        apply_lite_consumer_id_shim(client, url)  # the workers are on it too
         consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared)
         try:
             message = consumer.receive(wait_ms)

@@ -1,4 +1,4 @@
-"""Tests for ``pulsar_nack.embedded`` against a real pulsar-lite broker and client.
+"""Tests for ``pulsar_nack.testing.lite`` and its shim, against a real pulsar-lite broker and client.
 
 Every test uses its own topic names. Waits are condition polls with generous
 deadlines, never bare sleeps.
@@ -23,14 +23,13 @@ import pytest
 pulsar = pytest.importorskip("pulsar")
 _pulsar = pytest.importorskip("_pulsar")
 
-from pulsar_nack.embedded import (  # noqa: E402
-    EmbeddedBroker,
-    EmbeddedBrokerError,
-    apply_embedded_broker_consumer_id_shim,
-    claim_embedded_broker_consumer_slot,
-    is_embedded_broker_url,
-    quiet_client,
-    reserve_consumer_ids_for_embedded_broker,
+from pulsar_nack.errors import BrokerError  # noqa: E402
+from pulsar_nack.testing import PulsarLite, quiet_client  # noqa: E402
+from pulsar_nack.testing.lite import is_lite_broker_url  # noqa: E402
+from pulsar_nack.testing.lite_shim import (  # noqa: E402
+    apply_lite_consumer_id_shim,
+    claim_lite_consumer_slot,
+    reserve_consumer_ids_for_lite,
 )
 
 pytestmark = pytest.mark.broker
@@ -89,8 +88,8 @@ def reap(proc: subprocess.Popen[str], timeout_s: float = 15) -> None:
 
 
 @pytest.fixture
-def broker() -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker()
+def broker() -> Iterator[PulsarLite]:
+    b = PulsarLite()
     b.start()
     try:
         yield b
@@ -99,7 +98,7 @@ def broker() -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture
-def client(broker: EmbeddedBroker) -> Iterator[pulsar.Client]:
+def client(broker: PulsarLite) -> Iterator[pulsar.Client]:
     c = quiet_client(broker.url, operation_timeout_seconds=10)
     try:
         yield c
@@ -113,7 +112,7 @@ def client(broker: EmbeddedBroker) -> Iterator[pulsar.Client]:
 
 
 def test_start_stop_process_gone_and_tempdir_removed() -> None:
-    b = EmbeddedBroker()
+    b = PulsarLite()
     assert not b.is_running()
     assert b.pid is None
     b.start()
@@ -136,7 +135,7 @@ def test_start_stop_process_gone_and_tempdir_removed() -> None:
     b.stop(timeout_s=0)
 
 
-def test_listens_only_on_its_loopback_port(broker: EmbeddedBroker) -> None:
+def test_listens_only_on_its_loopback_port(broker: PulsarLite) -> None:
     psutil = pytest.importorskip("psutil")
     listening = [
         c.laddr
@@ -148,7 +147,7 @@ def test_listens_only_on_its_loopback_port(broker: EmbeddedBroker) -> None:
 
 def test_context_manager_and_persistent_data_dir(tmp_path: Path) -> None:
     data_dir = tmp_path / "broker"
-    with EmbeddedBroker(data_dir) as b:
+    with PulsarLite(data_dir) as b:
         pid = b.pid
         assert pid is not None and b.is_running()
         assert b.data_dir == data_dir
@@ -157,13 +156,13 @@ def test_context_manager_and_persistent_data_dir(tmp_path: Path) -> None:
     assert (data_dir / "db.rocksdb").is_dir()  # a given directory is kept
 
 
-def test_start_twice_raises(broker: EmbeddedBroker) -> None:
-    with pytest.raises(EmbeddedBrokerError, match="already running"):
+def test_start_twice_raises(broker: PulsarLite) -> None:
+    with pytest.raises(BrokerError, match="already running"):
         broker.start()
 
 
 def test_start_after_stop_gets_fresh_broker() -> None:
-    b = EmbeddedBroker()
+    b = PulsarLite()
     try:
         b.start()
         first_dir = b.data_dir
@@ -189,7 +188,7 @@ def test_round_trip(client: pulsar.Client) -> None:
     assert got == [f"m{i}".encode() for i in range(5)]
 
 
-def test_restart_keeps_data_port_and_clients_reconnect(broker: EmbeddedBroker) -> None:
+def test_restart_keeps_data_port_and_clients_reconnect(broker: PulsarLite) -> None:
     client = quiet_client(broker.url, operation_timeout_seconds=15)
     try:
         topic = topic_name("restart")
@@ -221,8 +220,8 @@ def test_restart_keeps_data_port_and_clients_reconnect(broker: EmbeddedBroker) -
 
 def test_early_exit_raises_with_log_tail(tmp_path: Path) -> None:
     (tmp_path / "db.rocksdb").write_text("not a directory")  # the broker cannot open its DB
-    b = EmbeddedBroker(tmp_path)
-    with pytest.raises(EmbeddedBrokerError, match="exited with code") as info:
+    b = PulsarLite(tmp_path)
+    with pytest.raises(BrokerError, match="exited with code") as info:
         b.start()
     assert "RocksDB" in str(info.value)
     assert not b.is_running()
@@ -233,36 +232,36 @@ def test_port_taken_by_another_socket_raises() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))  # bound, not listening: the broker's bind fails
         port = sock.getsockname()[1]
-        b = EmbeddedBroker(port=port)
-        with pytest.raises(EmbeddedBrokerError, match="AddrInUse|in use"):
+        b = PulsarLite(port=port)
+        with pytest.raises(BrokerError, match="AddrInUse|in use"):
             b.start()
         assert not b.is_running()
         b.stop()
 
 
-def test_port_of_running_broker_is_refused(broker: EmbeddedBroker) -> None:
-    other = EmbeddedBroker(port=broker.port)
-    with pytest.raises(EmbeddedBrokerError, match="in use"):
+def test_port_of_running_broker_is_refused(broker: PulsarLite) -> None:
+    other = PulsarLite(port=broker.port)
+    with pytest.raises(BrokerError, match="in use"):
         other.start()
     assert broker.is_running()
 
 
 def test_startup_timeout_raises_and_kills() -> None:
-    b = EmbeddedBroker(startup_timeout_s=1e-6)
-    with pytest.raises(EmbeddedBrokerError, match="did not accept connections"):
+    b = PulsarLite(startup_timeout_s=1e-6)
+    with pytest.raises(BrokerError, match="did not accept connections"):
         b.start()
     assert not b.is_running()
     b.stop()
 
 
 def test_restart_before_start_raises() -> None:
-    with pytest.raises(EmbeddedBrokerError):
-        EmbeddedBroker().restart()
+    with pytest.raises(BrokerError):
+        PulsarLite().restart()
 
 
 def test_url_before_start_raises() -> None:
-    with pytest.raises(EmbeddedBrokerError):
-        EmbeddedBroker().url  # noqa: B018
+    with pytest.raises(BrokerError):
+        PulsarLite().url  # noqa: B018
 
 
 @pytest.mark.parametrize(
@@ -287,11 +286,11 @@ def test_url_before_start_raises() -> None:
 )
 def test_constructor_rejects_bad_input(kwargs: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
-        EmbeddedBroker(**kwargs)  # type: ignore[arg-type]
+        PulsarLite(**kwargs)  # type: ignore[arg-type]
 
 
 def test_stop_rejects_bad_timeout() -> None:
-    b = EmbeddedBroker()
+    b = PulsarLite()
     with pytest.raises(TypeError):
         b.stop(timeout_s="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -305,8 +304,8 @@ def test_stop_rejects_bad_timeout() -> None:
 _START_AND_REPORT = textwrap.dedent(
     """
     import sys
-    from pulsar_nack.embedded import EmbeddedBroker
-    broker = EmbeddedBroker().start()
+    from pulsar_nack.testing.lite import PulsarLite
+    broker = PulsarLite().start()
     print(broker.pid, broker.port, broker.data_dir, flush=True)
     if sys.argv[1] == "block":
         sys.stdin.read()
@@ -337,7 +336,7 @@ def test_interpreter_exit_stops_forgotten_broker() -> None:
         reap(proc)
     wait_for(lambda: process_gone(pid), 10, f"broker {pid} to stop at interpreter exit")
     assert not data_dir.exists()
-    assert not is_embedded_broker_url(f"pulsar://127.0.0.1:{port}")
+    assert not is_lite_broker_url(f"pulsar://127.0.0.1:{port}")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -345,7 +344,7 @@ def test_broker_dies_when_parent_is_killed() -> None:
     proc, pid, port, data_dir = _spawn_reporter("block")
     try:
         assert not process_gone(pid)
-        assert is_embedded_broker_url(f"pulsar://127.0.0.1:{port}")
+        assert is_lite_broker_url(f"pulsar://127.0.0.1:{port}")
         os.kill(proc.pid, signal.SIGKILL)  # no atexit hook can run
         proc.wait(timeout=30)
         wait_for(lambda: process_gone(pid), 10, f"broker {pid} to die with its parent")
@@ -355,9 +354,9 @@ def test_broker_dies_when_parent_is_killed() -> None:
         reap(proc)
     # Its marker is stale now: never trusted, and the next start removes it
     # together with the temporary data directory nobody was left to delete.
-    assert not is_embedded_broker_url(f"pulsar://127.0.0.1:{port}")
+    assert not is_lite_broker_url(f"pulsar://127.0.0.1:{port}")
     assert data_dir.exists()
-    with EmbeddedBroker():
+    with PulsarLite():
         assert not data_dir.exists()
 
 
@@ -366,64 +365,64 @@ def test_broker_dies_when_parent_is_killed() -> None:
 # --------------------------------------------------------------------------
 
 
-def test_is_embedded_broker_url(broker: EmbeddedBroker) -> None:
-    assert is_embedded_broker_url(broker.url)
-    assert is_embedded_broker_url(f"pulsar://localhost:{broker.port}")
-    assert is_embedded_broker_url(broker.url + "/")
-    assert not is_embedded_broker_url("pulsar://pulsar.example.com:6650")
-    assert not is_embedded_broker_url(f"pulsar+ssl://127.0.0.1:{broker.port}")
-    assert not is_embedded_broker_url(f"http://127.0.0.1:{broker.port}")
-    assert not is_embedded_broker_url("pulsar://127.0.0.1:1")
-    assert not is_embedded_broker_url(f"pulsar://127.0.0.1:{broker.port},127.0.0.1:1")
-    assert not is_embedded_broker_url("not a url")
+def test_is_embedded_broker_url(broker: PulsarLite) -> None:
+    assert is_lite_broker_url(broker.url)
+    assert is_lite_broker_url(f"pulsar://localhost:{broker.port}")
+    assert is_lite_broker_url(broker.url + "/")
+    assert not is_lite_broker_url("pulsar://pulsar.example.com:6650")
+    assert not is_lite_broker_url(f"pulsar+ssl://127.0.0.1:{broker.port}")
+    assert not is_lite_broker_url(f"http://127.0.0.1:{broker.port}")
+    assert not is_lite_broker_url("pulsar://127.0.0.1:1")
+    assert not is_lite_broker_url(f"pulsar://127.0.0.1:{broker.port},127.0.0.1:1")
+    assert not is_lite_broker_url("not a url")
     with pytest.raises(TypeError):
-        is_embedded_broker_url(None)  # type: ignore[arg-type]
+        is_lite_broker_url(None)  # type: ignore[arg-type]
 
 
 def test_url_is_no_longer_embedded_after_stop() -> None:
-    b = EmbeddedBroker().start()
+    b = PulsarLite().start()
     url = b.url
-    assert is_embedded_broker_url(url)
+    assert is_lite_broker_url(url)
     b.stop()
-    assert not is_embedded_broker_url(url)
+    assert not is_lite_broker_url(url)
 
 
-def test_shim_refuses_other_urls(broker: EmbeddedBroker, client: pulsar.Client) -> None:
+def test_shim_refuses_other_urls(broker: PulsarLite, client: pulsar.Client) -> None:
     real = "pulsar://pulsar.example.com:6650"
     with pytest.raises(ValueError, match="refusing"):
-        reserve_consumer_ids_for_embedded_broker(client, 1, service_url=real)
+        reserve_consumer_ids_for_lite(client, 1, service_url=real)
     with pytest.raises(ValueError):
-        claim_embedded_broker_consumer_slot(real)
-    assert apply_embedded_broker_consumer_id_shim(client, real) is None
+        claim_lite_consumer_slot(real)
+    assert apply_lite_consumer_id_shim(client, real) is None
 
 
-def test_shim_rejects_bad_input(broker: EmbeddedBroker, client: pulsar.Client) -> None:
+def test_shim_rejects_bad_input(broker: PulsarLite, client: pulsar.Client) -> None:
     with pytest.raises(TypeError):
-        reserve_consumer_ids_for_embedded_broker(object(), 1, service_url=broker.url)  # type: ignore[arg-type]
+        reserve_consumer_ids_for_lite(object(), 1, service_url=broker.url)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        reserve_consumer_ids_for_embedded_broker(client, "1", service_url=broker.url)  # type: ignore[arg-type]
+        reserve_consumer_ids_for_lite(client, "1", service_url=broker.url)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        reserve_consumer_ids_for_embedded_broker(client, -1, service_url=broker.url)
+        reserve_consumer_ids_for_lite(client, -1, service_url=broker.url)
     with pytest.raises(ValueError):
-        reserve_consumer_ids_for_embedded_broker(client, 1, service_url=broker.url, consumers_per_client=0)
+        reserve_consumer_ids_for_lite(client, 1, service_url=broker.url, consumers_per_client=0)
     with pytest.raises(TypeError):
-        apply_embedded_broker_consumer_id_shim(object(), broker.url)  # type: ignore[arg-type]
+        apply_lite_consumer_id_shim(object(), broker.url)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         quiet_client(b"pulsar://127.0.0.1:1")  # type: ignore[arg-type]
 
 
-def test_slots_are_distinct_within_a_process(broker: EmbeddedBroker) -> None:
-    slots = {claim_embedded_broker_consumer_slot(broker.url) for _ in range(5)}
+def test_slots_are_distinct_within_a_process(broker: PulsarLite) -> None:
+    slots = {claim_lite_consumer_slot(broker.url) for _ in range(5)}
     assert len(slots) == 5
 
 
-def test_two_clients_in_one_process_share_subscription_with_shim(broker: EmbeddedBroker) -> None:
+def test_two_clients_in_one_process_share_subscription_with_shim(broker: PulsarLite) -> None:
     topic = topic_name("shim-one-process")
     clients = [quiet_client(broker.url, operation_timeout_seconds=10) for _ in range(2)]
     try:
         consumers = []
         for c in clients:
-            assert apply_embedded_broker_consumer_id_shim(c, broker.url) is not None
+            assert apply_lite_consumer_id_shim(c, broker.url) is not None
             consumers.append(c.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared))
         producer = clients[0].create_producer(topic)
         producer.send(b"x")
@@ -446,13 +445,14 @@ _SHARED_WORKER = textwrap.dedent(
     """
     import os, sys
     import pulsar
-    from pulsar_nack.embedded import apply_embedded_broker_consumer_id_shim, quiet_client
+    from pulsar_nack.testing import quiet_client
+    from pulsar_nack.testing.lite_shim import apply_lite_consumer_id_shim
 
     url, topic, use_shim, stop_file = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
     client = quiet_client(url, operation_timeout_seconds=3)
     try:
         if use_shim:
-            apply_embedded_broker_consumer_id_shim(client, url)
+            apply_lite_consumer_id_shim(client, url)
         try:
             consumer = client.subscribe(
                 topic, "shared-sub", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1
@@ -484,7 +484,7 @@ def _spawn_worker(url: str, topic: str, use_shim: bool, stop_file: Path) -> subp
     )
 
 
-def test_without_shim_second_process_is_refused(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_without_shim_second_process_is_refused(broker: PulsarLite, tmp_path: Path) -> None:
     """Documents the pulsar-lite limitation the shim exists for.
 
     If this starts failing, pulsar-lite stopped keying consumers by the
@@ -531,7 +531,7 @@ class _LineReader:
 
 
 def test_shim_lets_two_processes_share_one_subscription(
-    broker: EmbeddedBroker, client: pulsar.Client, tmp_path: Path
+    broker: PulsarLite, client: pulsar.Client, tmp_path: Path
 ) -> None:
     topic = topic_name("shim-two-processes")
     stop_file = tmp_path / "stop"
