@@ -1,4 +1,4 @@
-"""End-to-end redelivery lateness on the embedded broker: NackingConsumer vs built-in.
+"""End-to-end redelivery lateness on a real broker: NackingConsumer vs built-in.
 
 For each case a fresh topic gets ``n`` messages. The consumer receives each one and
 negatively acknowledges it with the case's delay, then acknowledges its redelivery.
@@ -15,7 +15,10 @@ Systems, measured in the same run on the same broker:
 * ``built-in``: ``client.subscribe(negative_ack_redelivery_delay_ms=delay)`` and the
   client's own ``negative_acknowledge``.
 
-Run: ``python -m bench.e2e [--quick] [--messages N] [--delays 1000,10000] [--modes stream,burst]``.
+The broker is Apache Pulsar standalone (``--broker apache``, the default) or pulsar-lite
+(``--broker lite``); the result records which.
+
+Run: ``python -m bench.e2e [--quick] [--broker apache|lite] [--messages N] [--delays 1000,10000] [--modes stream,burst]``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import pulsar
 from tqdm import tqdm
 
 import pulsar_nack
-from pulsar_nack.testing import PulsarLite, quiet_client
+from pulsar_nack.testing import BROKERS, quiet_client
 
 from ._common import percentile, print_table, write_result
 
@@ -69,10 +72,16 @@ def lateness_summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-def run_case(client: pulsar.Client, system: str, delay_ms: int, mode: str, n: int) -> dict[str, Any]:
-    """One (system, delay, mode) case; returns lateness stats and counts."""
+def run_case(
+    client: pulsar.Client, system: str, delay_ms: int, mode: str, n: int, subscription: str = "Shared"
+) -> dict[str, Any]:
+    """One (system, delay, mode, subscription type) case; returns lateness stats and counts.
+
+    On Failover and Exclusive the client redelivers every unacked message on a nack, so
+    ``duplicates`` counts the extra deliveries that causes (for either system).
+    """
     topic = f"persistent://public/default/e2e-{uuid.uuid4().hex[:10]}"
-    kwargs = {"consumer_type": pulsar.ConsumerType.Shared, "receiver_queue_size": 1000}
+    kwargs = {"consumer_type": getattr(pulsar.ConsumerType, subscription), "receiver_queue_size": 1000}
     if system == "pulsar-nack":
         consumer: Any = pulsar_nack.subscribe(client, topic, "bench", negative_ack_redelivery_delay_ms=delay_ms, **kwargs)
     else:
@@ -107,6 +116,7 @@ def run_case(client: pulsar.Client, system: str, delay_ms: int, mode: str, n: in
     producer.join(30)
     stats: dict[str, Any] = {
         "system": system,
+        "subscription": subscription,
         "delay_ms": delay_ms,
         "mode": mode,
         "messages": n,
@@ -121,18 +131,26 @@ def run_case(client: pulsar.Client, system: str, delay_ms: int, mode: str, n: in
     return stats
 
 
-def run(messages: int, delays: list[int], modes: list[str]) -> dict[str, Any]:
+def run(
+    messages: int, delays: list[int], modes: list[str], broker_kind: str = "apache", subscriptions: tuple[str, ...] = ("Shared",)
+) -> dict[str, Any]:
     results = []
-    with PulsarLite() as broker:
+    with BROKERS[broker_kind]() as broker:
         client = quiet_client(broker.url)
         try:
             for delay_ms in delays:
                 for mode in modes:
-                    for system in SYSTEMS:
-                        results.append(run_case(client, system, delay_ms, mode, messages))
+                    for subscription in subscriptions:
+                        for system in SYSTEMS:
+                            results.append(run_case(client, system, delay_ms, mode, messages, subscription))
         finally:
             client.close()
-    return {"cases": results}
+    return {"broker": _broker_label(broker), "cases": results}
+
+
+def _broker_label(broker: Any) -> str:
+    version = getattr(broker, "version", None)
+    return f"Apache Pulsar {version} standalone" if version else "pulsar-lite"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -141,21 +159,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--delays", default=None, help="comma-separated ms (default 1000,10000)")
     parser.add_argument("--modes", default="stream,burst")
+    parser.add_argument("--broker", choices=sorted(BROKERS), default="apache", help="which broker to start (default apache)")
+    parser.add_argument(
+        "--subscriptions", default=None, help="comma-separated consumer types (default Shared; full run adds Failover)"
+    )
     parser.add_argument("--out", default=None, help="result name (default e2e or e2e-quick)")
     args = parser.parse_args(argv)
     messages = args.messages or (200 if args.quick else 1000)
     delays = [int(d) for d in (args.delays or ("1000" if args.quick else "1000,10000")).split(",")]
     modes = args.modes.split(",")
-    payload = run(messages, delays, modes)
+    subscriptions = tuple((args.subscriptions or ("Shared" if args.quick else "Shared,Failover")).split(","))
+    payload = run(messages, delays, modes, args.broker, subscriptions)
     rows = []
     for case in payload["cases"]:
         late = case["lateness_ms"]
         rows.append(
             [
                 case["system"],
+                case.get("subscription", "Shared"),
                 case["delay_ms"],
                 case["mode"],
                 f"{case['redelivered']}/{case['messages']}",
+                case["duplicates"],
                 f"{late['p50']:.0f}" if late["n"] else "-",
                 f"{late['p99']:.0f}" if late["n"] else "-",
                 f"{late['max']:.0f}" if late["n"] else "-",
@@ -163,9 +188,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ]
         )
     print_table(
-        ["system", "delay ms", "mode", "back", "p50 ms", "p99 ms", "max ms", "min ms"],
+        ["system", "subscription", "delay ms", "mode", "back", "dups", "p50 ms", "p99 ms", "max ms", "min ms"],
         rows,
-        title="Redelivery lateness (arrival - requested), embedded broker",
+        title=f"Redelivery lateness (arrival - requested), {payload['broker']}",
     )
     path = write_result(args.out or ("e2e-quick" if args.quick else "e2e"), payload)
     print(f"wrote {path}")
