@@ -15,12 +15,12 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import time
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from importlib import metadata as _md
 from pathlib import Path
@@ -29,18 +29,18 @@ from typing import Any
 __all__ = [
     "REPO",
     "RESULTS",
-    "metadata",
     "core_fingerprint",
-    "start_context",
-    "write_result",
-    "rss_bytes",
-    "rss_anon_bytes",
-    "trim_heap",
-    "print_table",
-    "summarize",
-    "percentile",
     "fmt_bytes",
     "fmt_rate",
+    "metadata",
+    "percentile",
+    "print_table",
+    "rss_anon_bytes",
+    "rss_bytes",
+    "start_context",
+    "summarize",
+    "trim_heap",
+    "write_result",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

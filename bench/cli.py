@@ -19,7 +19,7 @@ import argparse
 import importlib
 import time
 
-PARTS = {
+PARTS: dict[str, tuple[str, list[str]]] = {
     "memory": ("bench.memory", []),
     "core": ("bench.core_perf", []),
     "client": ("bench.client", []),

@@ -52,7 +52,7 @@ def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     samples = []
     for rep in range(reps + 1):
-        for i in range(batch):
+        for _i in range(batch):
             producer.send_async(b"x", None)
         producer.flush()
         messages = [consumer.receive(30_000) for _ in range(batch)]

@@ -209,7 +209,7 @@ def bench_idle(n: int, window_s: float) -> dict[str, Any]:
     for system, label, make, per_call in tqdm(rows, desc="timer idle", leave=False, file=sys.stderr):
         released = [0]
 
-        def redeliver(due: dict[str, list[Any]]) -> None:
+        def redeliver(due: dict[str, list[Any]], released: list[int] = released) -> None:
             released[0] += sum(map(len, due.values()))
 
         tracker = make(redeliver)
@@ -259,7 +259,7 @@ def _lateness_run(system: str, precision: int | None, duration_s: float, delay_m
         firings.append((time.monotonic_ns(), due))
 
     if system == "tracker":
-        tracker: Any = NegativeAcksTracker(redeliver, delay_ms=delay_ms, precision_bits=precision)
+        tracker: Any = NegativeAcksTracker(redeliver, delay_ms=delay_ms, precision_bits=precision or 0)
     else:
         tracker = HashMapNegativeAcksTracker(redeliver, delay_ms=delay_ms)
     deadlines = [0] * count

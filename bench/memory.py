@@ -61,7 +61,6 @@ from typing import Any
 
 from ._common import (
     REPO,
-    timed_pop_all,
     core_fingerprint,
     fmt_bytes,
     fmt_rate,
@@ -69,6 +68,7 @@ from ._common import (
     rss_anon_bytes,
     rss_bytes,
     start_context,
+    timed_pop_all,
     trim_heap,
     write_result,
 )
@@ -238,7 +238,7 @@ def _drive(case: Case, n: int, add: Callable[..., Any] | None, cell: list[int], 
     i = -1
     start = time.perf_counter()
     if add is None:
-        for i, (key, t, rc) in enumerate(gen):
+        for i, (_key, t, _rc) in enumerate(gen):
             cell[0] = t
             if not i & _PROGRESS_MASK:
                 bar.update(i - bar.n)

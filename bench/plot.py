@@ -21,9 +21,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from ._common import REPO, RESULTS  # noqa: E402
+from ._common import REPO, RESULTS
 
 IMG = REPO / "docs" / "img"
 COLORS = {"pulsar-nack": "#1f77b4", "tracker": "#1f77b4", "baseline": "#ff7f0e", "built-in": "#d62728"}

@@ -308,7 +308,8 @@ def render(text: str, names: list[str]) -> str:
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
             raise ValueError(f"marker {name} not found")
-        text = pattern.sub(lambda m: m.group(1) + BLOCKS[name]() + "\n" + m.group(2), text)
+        block = BLOCKS[name]()
+        text = pattern.sub(lambda m: f"{m.group(1)}{block}\n{m.group(2)}", text)  # noqa: B023 (used at once)
     return text
 
 

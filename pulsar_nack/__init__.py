@@ -31,24 +31,33 @@ _LAZY = {
 }
 
 __all__ = [
+    "ConsumerConfig",
     "DeadlineTimer",
+    "EmbeddedBroker",
     "FixedDelay",
     "HashMapNegativeAcksTracker",
     "MessageKey",
     "MultiplierRedeliveryBackoff",
+    # the lazy names of _LAZY:
+    "NackingConsumer",
     "NegativeAcksTracker",
     "RedeliveryBackoff",
+    "TaskBudget",
     "TimeBuckets",
     "TrackerStats",
-    "key_of",
-    *_LAZY,
     "__version__",
+    "key_of",
+    "run_consumer_tasks",
+    "subscribe",
 ]
 
 if TYPE_CHECKING:
-    from .consumer import NackingConsumer, subscribe
-    from .embedded import EmbeddedBroker
-    from .spark import ConsumerConfig, TaskBudget, run_consumer_tasks
+    from .consumer import NackingConsumer as NackingConsumer
+    from .consumer import subscribe as subscribe
+    from .embedded import EmbeddedBroker as EmbeddedBroker
+    from .spark import ConsumerConfig as ConsumerConfig
+    from .spark import TaskBudget as TaskBudget
+    from .spark import run_consumer_tasks as run_consumer_tasks
 
 
 def __getattr__(name: str) -> Any:

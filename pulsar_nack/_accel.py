@@ -23,7 +23,7 @@ from typing import Any
 
 from pyroaring import BitMap
 
-__all__ = ["HotSlot", "PyHotSlot", "FastAdd", "SPEEDUPS"]
+__all__ = ["SPEEDUPS", "FastAdd", "HotSlot", "PyHotSlot"]
 
 
 class PyHotSlot:
@@ -33,7 +33,7 @@ class PyHotSlot:
     bitmap's growth since :meth:`set`, which :meth:`clear` returns.
     """
 
-    __slots__ = ("deadline", "topic", "ledger", "bitmap", "base")
+    __slots__ = ("base", "bitmap", "deadline", "ledger", "topic")
 
     deadline: int
     topic: str | None
@@ -67,7 +67,10 @@ SPEEDUPS = False
 
 if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
     try:
-        from ._speedups import FastAdd, HotSlot  # noqa: F811
+        from ._speedups import FastAdd as _CFastAdd
+        from ._speedups import HotSlot as _CHotSlot
+
+        FastAdd, HotSlot = _CFastAdd, _CHotSlot
 
         SPEEDUPS = True
     except ImportError:  # built without a C compiler: pure Python

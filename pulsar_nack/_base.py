@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from time import monotonic_ns as _monotonic_ns
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from time import monotonic_ns as _monotonic_ns
 from typing import TypedDict
 
 from ._validate import check_bool, check_int
@@ -20,7 +20,7 @@ from .backoff import RedeliveryBackoff
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
-__all__ = ["BaseTracker", "TrackerStats", "Redeliver", "DueKeys", "NEVER"]
+__all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "TrackerStats"]
 
 NEVER = 1 << 127
 """A time later than any deadline."""
@@ -187,7 +187,7 @@ class BaseTracker(ABC):
         else:
             delay = self._delay_for(key_or_message, delay_ms, redelivery_count)
         clock = self._clock
-        return self._track(key, (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay)  # type: ignore[arg-type]
+        return self._track(key, (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay)
 
     def _track(self, key: MessageKey, deadline_ms: int) -> int:
         """Store *key* due at *deadline_ms* (not yet validated) and arm the timer; return the deadline."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_int", "check_bool", "check_seconds"]
+__all__ = ["check_bool", "check_int", "check_seconds"]
 
 
 def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from ._validate import check_int
 
-__all__ = ["RedeliveryBackoff", "FixedDelay", "MultiplierRedeliveryBackoff"]
+__all__ = ["FixedDelay", "MultiplierRedeliveryBackoff", "RedeliveryBackoff"]
 
 
 @runtime_checkable

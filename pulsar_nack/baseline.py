@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 
 from ._base import NEVER, BaseTracker, DueKeys, Redeliver
-from .backoff import RedeliveryBackoff
 from ._validate import check_int
+from .backoff import RedeliveryBackoff
 from .keys import MessageKey, validate_key
 from .timer import monotonic_ms
 

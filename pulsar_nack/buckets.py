@@ -51,7 +51,7 @@ from . import _accel
 from ._validate import check_bool, check_int
 from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
-__all__ = ["TimeBuckets", "DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS"]
+__all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets"]
 
 DEFAULT_PRECISION_BITS = 8
 """Default trimming: 256 ms buckets, as Java's ``negativeAckPrecisionBitCnt``."""
@@ -75,9 +75,9 @@ class _Kind(enum.IntEnum):
 
 
 _Stream = tuple[str, int, _Kind, int]  # (topic, ledger_id, kind, entry_id if WIDE else -1)
-_Bitmap = Union[BitMap, BitMap64]
+_Bitmap = Union[BitMap, BitMap64]  # noqa: UP007 (a runtime alias: X | Y needs 3.10 types)
 _OpenBucket = dict[int, _Bitmap]
-_Bucket = Union[_OpenBucket, bytes, int]
+_Bucket = Union[_OpenBucket, bytes, int]  # noqa: UP007
 
 
 def _encode(key: MessageKey) -> tuple[_Stream, int]:
@@ -273,7 +273,7 @@ class TimeBuckets:
             and type(entry_id) is int
             and 0 <= entry_id < _U32
         ):
-            hot.bitmap.add(entry_id)  # counted by the slot's growth
+            hot.bitmap.add(entry_id)  # type: ignore[union-attr]  # (set: the deadline matched)
             return bucket_deadline
         if (
             type(topic) is not str
@@ -302,7 +302,7 @@ class TimeBuckets:
             self._stream_refs[sid] += 1
         elif value >= _U32 and type(bitmap) is BitMap:
             bitmap = BitMap64(bitmap)
-            bucket[sid] = bitmap
+            bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
         kind = stream[2]
         new_entry = (
             kind is _Kind.PLAIN
@@ -428,7 +428,7 @@ class TimeBuckets:
                 tagged_sid, length = _RECORD.unpack_from(view, offset)
                 offset += _RECORD.size
                 cls = BitMap64 if tagged_sid & 1 else BitMap
-                yield streams[tagged_sid >> 1], cls.deserialize(bytes(view[offset : offset + length]))  # type: ignore[misc]
+                yield streams[tagged_sid >> 1], cls.deserialize(bytes(view[offset : offset + length]))
                 offset += length
 
     def _drop_bucket(self, deadline: int, bucket: _Bucket) -> None:
@@ -548,6 +548,7 @@ class TimeBuckets:
         # The hot bitmap, if any, is the live 32-bit bitmap of a plain stream in an open bucket.
         hot = self._hot
         if hot.bitmap is not None:
+            assert hot.topic is not None
             sid = self._stream_ids[(hot.topic, hot.ledger, _Kind.PLAIN, -1)]
             assert self._buckets[hot.deadline][sid] is hot.bitmap and type(hot.bitmap) is BitMap
             assert len(hot.bitmap) >= hot.base

@@ -51,7 +51,7 @@ from .keys import MessageKey, redelivery_count_of
 from .timer import monotonic_ms
 from .tracker import NegativeAcksTracker, TrackerStats
 
-__all__ = ["NackingConsumer", "subscribe", "BatchIndexState", "ConsumerStats", "ConsumerClosedError"]
+__all__ = ["BatchIndexState", "ConsumerClosedError", "ConsumerStats", "NackingConsumer", "subscribe"]
 
 _log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class BatchIndexState(enum.IntEnum):
 class _BatchEntry:
     """Per-index states of one batched entry in flight. One byte per index."""
 
-    __slots__ = ("states", "irregular")
+    __slots__ = ("irregular", "states")
 
     states: bytearray
     irregular: bool  # a nack or a swallowed copy happened: settle by an entry-level ack

@@ -34,7 +34,7 @@ import uuid
 import zlib
 from typing import Any
 
-__all__ = ["add_arguments", "run", "SIZES", "TransientError", "DemoHandler"]
+__all__ = ["SIZES", "DemoHandler", "TransientError", "add_arguments", "run"]
 
 SIZES: dict[str, int] = {"small": 10_000, "default": 100_000, "large": 1_000_000}
 """Named sizes for ``--messages``. The default takes about 25 s on 2 cores."""
@@ -127,7 +127,7 @@ class _ProgressListener:
         while not self._stop.is_set():
             try:
                 data = self.sock.recv(65536)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -6,7 +6,7 @@ Bad arguments are not errors of this family: they raise the built-in ``TypeError
 
 from __future__ import annotations
 
-__all__ = ["PulsarNackError", "BrokerError"]
+__all__ = ["BrokerError", "PulsarNackError"]
 
 
 class PulsarNackError(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MessageKey", "MAX_ID", "MAX_BATCH_INDEX", "validate_key", "key_of", "redelivery_count_of"]
+__all__ = ["MAX_BATCH_INDEX", "MAX_ID", "MessageKey", "key_of", "redelivery_count_of", "validate_key"]
 
 MessageKey = tuple[str, int, int, int]
 """``(topic, ledger_id, entry_id, batch_index)``; ``batch_index == -1`` if not batched."""

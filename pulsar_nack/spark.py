@@ -104,25 +104,24 @@ from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    import pulsar
     from pyspark.sql import SparkSession
 
     from .consumer import NackingConsumer
 
 __all__ = [
+    "NON_RETRYABLE_ACTIONS",
     "ConsumerConfig",
+    "RunStats",
     "TaskBudget",
     "TaskStats",
-    "RunStats",
-    "NON_RETRYABLE_ACTIONS",
+    "aggregate_task_stats",
+    "close_executor_consumers",
     "consume_partition",
     "consumer_task",
-    "run_consumer_tasks",
-    "aggregate_task_stats",
-    "executor_consumer",
-    "close_executor_consumers",
     "dead_letter_topic",
+    "executor_consumer",
     "local_session",
+    "run_consumer_tasks",
     "stop_session",
 ]
 
@@ -473,7 +472,7 @@ class RunStats(TypedDict):
 class _Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
-    __slots__ = ("settings", "pid", "client", "consumer", "uid", "tasks", "producers", "shim_slot")
+    __slots__ = ("client", "consumer", "pid", "producers", "settings", "shim_slot", "tasks", "uid")
 
     settings: tuple[Any, ...]
     pid: int
@@ -510,7 +509,7 @@ _TASKS_RUN = 0
 def _check_fork() -> None:
     """After a fork, forget (but keep alive) what the parent built. Lock held."""
     global _REGISTRY_PID, _TASKS_RUN
-    if _REGISTRY_PID != os.getpid():
+    if os.getpid() != _REGISTRY_PID:
         # The parent's client threads do not exist here; closing or collecting its
         # objects could hang. Keep them referenced and start afresh.
         _ABANDONED.extend(_REGISTRY.values())
@@ -617,7 +616,7 @@ def _healthy(entry: _Entry) -> bool:
 
 def _register_atexit() -> None:
     global _ATEXIT_PID
-    if _ATEXIT_PID != os.getpid():
+    if os.getpid() != _ATEXIT_PID:
         atexit.register(_close_at_exit, os.getpid())
         _ATEXIT_PID = os.getpid()
 
@@ -712,7 +711,7 @@ def _flush_acks(consumer: NackingConsumer, last_ack: float | None, flush_ms: int
         time.sleep(remaining)  # the client's ack-grouping period: nothing to poll
     try:
         if consumer.is_connected():  # a broken connection would block for the operation timeout
-            consumer._consumer.get_last_message_id()  # noqa: SLF001 - a round trip, behind the acks
+            consumer._consumer.get_last_message_id()
     except Exception:  # e.g. not supported by a multi-topic consumer: the wait did it
         _log.debug("round trip after the ack flush failed", exc_info=True)
     return (time.monotonic() - start) * 1000
@@ -1311,7 +1310,7 @@ def local_session(
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    active = SparkContext._active_spark_context  # noqa: SLF001 - getOrCreate's own check
+    active = SparkContext._active_spark_context
     if active is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         # Running already, or under spark-submit: its master and settings apply.
         return SparkSession.builder.getOrCreate()
@@ -1367,12 +1366,12 @@ def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
         spark.stop()
     gateway = _SESSION_STATE.pop("gateway", None)
     log_dir = _SESSION_STATE.pop("log_dir", None)
-    if gateway is not None and SparkContext._gateway is gateway:  # noqa: SLF001
+    if gateway is not None and SparkContext._gateway is gateway:
         proc = getattr(gateway, "proc", None)
         with contextlib.suppress(Exception):
             gateway.shutdown()
-        SparkContext._gateway = None  # noqa: SLF001 - let a later session launch a new JVM
-        SparkContext._jvm = None  # noqa: SLF001
+        SparkContext._gateway = None
+        SparkContext._jvm = None
         if proc is not None:
             with contextlib.suppress(Exception):
                 proc.stdin.close()  # the JVM exits when its stdin closes

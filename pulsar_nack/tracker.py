@@ -22,7 +22,7 @@ from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
 from .keys import MessageKey
 from .timer import DeadlineTimer, monotonic_ms
 
-__all__ = ["NegativeAcksTracker", "TrackerStats", "DueKeys"]
+__all__ = ["DueKeys", "NegativeAcksTracker", "TrackerStats"]
 
 _FAST_DELAY_LIMIT = 1 << 61
 """Delays the C hot path takes (it computes deadlines in 64-bit ints)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pulsar
 import pytest
-from helpers import wait_for
 
 import pulsar_nack
+from helpers import wait_for
 from pulsar_nack.testing import quiet_client
 
 pytestmark = pytest.mark.broker

@@ -6,6 +6,7 @@ these tests check behaviour, the benchmarks measure timing.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -13,9 +14,9 @@ import uuid
 import _pulsar
 import pulsar
 import pytest
-from helpers import wait_for
 
 import pulsar_nack
+from helpers import wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.consumer import ConsumerClosedError
 from pulsar_nack.testing import PulsarLite, quiet_client
@@ -193,7 +194,7 @@ def test_handler_failing_three_times_backs_off_exponentially(pulsar_client, topi
 
     receive_until(consumer, lambda: len(deliveries) >= 4, 15, handle)
     assert [count for _, count in deliveries] == [0, 1, 2, 3]
-    gaps = [(b[0] - a[0]) * 1000 for a, b in zip(deliveries, deliveries[1:])]
+    gaps = [(b[0] - a[0]) * 1000 for a, b in itertools.pairwise(deliveries)]
     for gap, expected in zip(gaps, (300, 600, 1200)):
         assert expected - BUCKET_MS - SLACK_MS <= gap <= expected + 700, (gaps, expected)
     assert_nothing_more(consumer)

@@ -233,7 +233,7 @@ def test_port_taken_by_another_socket_raises() -> None:
         sock.bind(("127.0.0.1", 0))  # bound, not listening: the broker's bind fails
         port = sock.getsockname()[1]
         b = PulsarLite(port=port)
-        with pytest.raises(BrokerError, match="AddrInUse|in use"):
+        with pytest.raises(BrokerError, match=r"AddrInUse|in use"):
             b.start()
         assert not b.is_running()
         b.stop()

@@ -24,11 +24,9 @@ from pathlib import Path
 
 import pulsar
 import pytest
-from helpers import wait_for
 
+from helpers import wait_for
 from pulsar_nack.backoff import MultiplierRedeliveryBackoff
-from pulsar_nack.testing import quiet_client
-from pulsar_nack.testing.lite_shim import apply_lite_consumer_id_shim
 from pulsar_nack.spark import (
     ConsumerConfig,
     TaskBudget,
@@ -37,6 +35,8 @@ from pulsar_nack.spark import (
     executor_consumer,
     run_consumer_tasks,
 )
+from pulsar_nack.testing import quiet_client
+from pulsar_nack.testing.lite_shim import apply_lite_consumer_id_shim
 
 pytestmark = pytest.mark.spark
 
@@ -209,7 +209,7 @@ class KillOnce:
 
 def _summary(task) -> dict:
     keys = ("partition", "attempt", "worker_pid", "consumer_uid", "consumer_tasks", "received", "acked", "nacked")
-    return {k: task[k] for k in keys + ("redelivered", "stop_reason", "pending_nacks")}
+    return {k: task[k] for k in (*keys, "redelivered", "stop_reason", "pending_nacks")}
 
 
 def pid_gone(pid: int) -> bool:

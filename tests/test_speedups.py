@@ -14,8 +14,8 @@ import threading
 import weakref
 
 import pytest
-from helpers import FakeClock, PurePythonTracker
 
+from helpers import FakeClock, PurePythonTracker
 from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
 from pulsar_nack.timer import monotonic_ms
 
@@ -67,7 +67,7 @@ def pair(now: object = 10_000, **kwargs):
 def outcome(tracker, *args, **kwargs):
     try:
         return tracker.add(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - compared between the two trackers
+    except Exception as error:
         return type(error), str(error)
 
 

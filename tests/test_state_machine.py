@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers import PurePythonTracker
-
 from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker, _accel
 
 TOPICS = ["a", "b", "persistent://tenant/ns/x-partition-3"]

@@ -7,10 +7,9 @@ import threading
 import time
 
 import pytest
+
 from helpers import wait_for
-
 from pulsar_nack.timer import DeadlineTimer, monotonic_ms
-
 
 
 class Recorder:
@@ -113,7 +112,7 @@ def test_callback_exception_is_logged_and_timer_lives_on(caplog):
         calls.append(now)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return None
+        return
 
     timer = DeadlineTimer(on_due)
     try:
@@ -144,7 +143,7 @@ def test_close_from_the_callback_does_not_deadlock():
     def on_due(now: int):
         holder[0].close()
         done.set()
-        return None
+        return
 
     holder.append(DeadlineTimer(on_due))
     holder[0].request(monotonic_ms())
@@ -165,7 +164,7 @@ def test_bad_arguments(kwargs, error):
 
 def test_min_gap_spaces_fires_without_dropping_deadlines():
     fires: list[int] = []
-    timer = DeadlineTimer(lambda now: fires.append(now), min_gap_ms=100)
+    timer = DeadlineTimer(fires.append, min_gap_ms=100)
     try:
         timer.request(monotonic_ms())
         assert wait_for(lambda: len(fires) == 1)

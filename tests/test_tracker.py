@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 import sys
@@ -10,8 +11,8 @@ import time
 
 import _pulsar
 import pytest
-from helpers import FakeClock, PurePythonTracker, wait_for
 
+from helpers import FakeClock, PurePythonTracker, wait_for
 from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker
 
 # NegativeAcksTracker uses the C hot path when it is built; PurePythonTracker never does.
@@ -281,7 +282,7 @@ def test_len_never_goes_backwards_while_adds_run(cls):
         seen.append(len(tracker))
     thread.join()
     seen.append(len(tracker))
-    assert all(a <= b for a, b in zip(seen, seen[1:])), "len() went backwards"
+    assert all(a <= b for a, b in itertools.pairwise(seen)), "len() went backwards"
     assert seen[-1] == len(keys)
 
 

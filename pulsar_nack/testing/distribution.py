@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..errors import BrokerError
 
-__all__ = ["PulsarRelease", "RELEASES", "choose_release", "ensure_distribution", "find_jdks"]
+__all__ = ["RELEASES", "PulsarRelease", "choose_release", "ensure_distribution", "find_jdks"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ Importing this module starts nothing and does not import ``pulsar``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -209,7 +210,7 @@ def _is_pulsar_lite_process(pid: int, port: int) -> bool:
         if not argv or "pulsar-lite" not in os.path.basename(argv[0]):
             return False
         wanted = f"{LOOPBACK}:{port}"
-        return any(a == "--addr" and b == wanted for a, b in zip(argv, argv[1:]))
+        return any(a == "--addr" and b == wanted for a, b in itertools.pairwise(argv))
     try:  # no /proc: the best we can do is "a process with that PID lives"
         os.kill(pid, 0)
     except ProcessLookupError:

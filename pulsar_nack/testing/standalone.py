@@ -44,7 +44,6 @@ from typing import IO
 
 from .._validate import check_seconds
 from ..errors import BrokerError
-from .admin import PulsarAdmin
 from ._process import (
     LOOPBACK,
     accepts_connections,
@@ -53,9 +52,10 @@ from ._process import (
     read_tail,
     terminate_process,
 )
+from .admin import PulsarAdmin
 from .distribution import PulsarRelease, choose_release, ensure_distribution
 
-__all__ = ["PulsarStandalone", "DEFAULT_HEAP"]
+__all__ = ["DEFAULT_HEAP", "PulsarStandalone"]
 
 DEFAULT_HEAP = "768m"
 """The broker JVM's ``-Xmx``: enough for the tests and benchmarks, small beside Spark."""
