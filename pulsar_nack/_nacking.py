@@ -312,6 +312,10 @@ class NackingCore:
         Also remember nacked non-batched messages until their handoff, so that a copy
         delivered early by the client (its ack timeout) is swallowed. Batched messages
         are always remembered: a sibling's redelivery brings their copies.
+    count_deliveries : bool
+        Count the swallowed copies of each message, so that :meth:`deliveries` can tell
+        how often the application saw it (the broker counts redeliveries per entry,
+        swallowed copies included). For a dead-letter policy.
     """
 
     tracker: NegativeAcksTracker
@@ -320,6 +324,7 @@ class NackingCore:
     _hand_off_ids: HandOff
     _pending: PendingNacks
     _bare: dict[tuple[int, int], _pulsar.MessageId]
+    _copies: dict[tuple[int, int, int], int] | None
     _lock: threading.Lock
     _counts: dict[str, int]
 
@@ -335,6 +340,7 @@ class NackingCore:
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
         coalesce_ms: int = COALESCE_MS,
         guard_unbatched: bool = False,
+        count_deliveries: bool = False,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
@@ -345,10 +351,14 @@ class NackingCore:
         self._hand_off_ids = hand_off
         self._pending = PendingNacks()
         self._bare = {}
+        self._copies = {} if count_deliveries else None
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("swallowed", "nacked", "handed_off_entries", "handoff_bursts"), 0)
+        self._counts = dict.fromkeys(
+            ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
+        )
         self.received = itertools.count()
         self.acked = itertools.count()
+        self._nacked = itertools.count()
         self.tracker = NegativeAcksTracker(
             self._on_due,
             delay_ms=negative_ack_redelivery_delay_ms,
@@ -370,7 +380,7 @@ class NackingCore:
         id read and a bitmap lookup.
         """
         next(self.received)
-        if not self._pending:
+        if not self._pending._count:
             return True
         message_id = message.message_id()
         batch_index = message_id.batch_index()
@@ -381,7 +391,36 @@ class NackingCore:
             if item not in self._pending:
                 return True
             self._counts["swallowed"] += 1
+            if self._copies is not None:
+                self._copies[item] = self._copies.get(item, 0) + 1
         return False
+
+    def deliveries(self, message: Any) -> int:
+        """How many times the application received *message* before this delivery.
+
+        The broker's ``redelivery_count()`` minus the copies of it that were swallowed
+        (counted only with ``count_deliveries``). O(1).
+        """
+        count = redelivery_count_of(message)
+        if self._copies is None:
+            return count
+        message_id = raw_id(message)
+        with self._lock:
+            return count - self._copies.get((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), 0)
+
+    def dead_lettered(self, message: Any) -> None:
+        """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
+        self.forget(message)
+        next(self._nacked)
+        with self._lock:
+            self._counts["dead_lettered"] += 1
+
+    def forget(self, message: Any) -> None:
+        """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
+        if self._copies:
+            message_id = raw_id(message)
+            with self._lock:
+                self._copies.pop((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), None)
 
     # ------------------------------------------------------------------ settling
 
@@ -396,6 +435,13 @@ class NackingCore:
             For a message of a topic this consumer does not read, or a batch index
             outside the id's batch.
         """
+        inner = getattr(message, "_message", None)
+        if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
+            raw = inner.message_id()
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()), raw
         raw = raw_id(message)
         batch_index = raw.batch_index()
         if _is_message(message):
@@ -420,7 +466,8 @@ class NackingCore:
     def nack(self, message: Any, delay_ms: int | None = None) -> None:
         """Track a negative acknowledgement: the message comes back after its delay.
 
-        Runtime complexity: O(1) plus a bitmap insert for a batch message.
+        Runtime complexity: O(1) (the tracker's add) plus a bitmap insert for a message
+        that must be remembered (batched, guarded, or a bare id of unknown topic).
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
@@ -428,34 +475,38 @@ class NackingCore:
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        remember = key[3] >= 0 or self.guard_unbatched
+        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED:
+            self.tracker.add(key, delay_ms, count)
+            next(self._nacked)
+            return
+        item = (key[1], key[2], key[3])
         with self._lock:
-            if remember:
-                if (key[1], key[2], key[3]) in self._pending:
-                    raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-                self._pending.add(key[1], key[2], key[3])
+            if item in self._pending:
+                raise ValueError(f"message {key} is already NACKED (its nack is pending)")
+            self._pending.add(*item)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
-            self._counts["nacked"] += 1
         try:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                if remember:
-                    self._pending.discard(key[1], key[2], key[3])
-                self._counts["nacked"] -= 1
+                self._pending.discard(*item)
+                self._bare.pop((key[1], key[2]), None)
             raise
+        next(self._nacked)
 
     def before_ack(self, message: Any) -> _pulsar.MessageId:
         """Validate an acknowledgement and forget the message's pending nack; return its raw id.
 
         Raises TypeError or ValueError for bad input (nothing changes then). O(1).
         """
-        if self._pending or not _is_message(message):
+        if self._pending._count or self._copies or not _is_message(message):
             key, raw = self.key_of(message)
             if self._pending:
                 with self._lock:
                     self._pending.discard(key[1], key[2], key[3])
+            if self._copies:
+                self.forget(raw)
             return raw
         return raw_id(message)
 
@@ -495,6 +546,8 @@ class NackingCore:
             dropped = self.tracker.drain()
             self._pending.clear()
             self._bare.clear()
+            if self._copies is not None:
+                self._copies.clear()
         return dropped
 
     def close(self, redeliver_pending: bool) -> None:
@@ -516,6 +569,7 @@ class NackingCore:
             "received": received,
             "delivered": received - counts["swallowed"],
             "acked": _counter_value(self.acked),
+            "nacked": _counter_value(self._nacked),
             **counts,
             "pending_guarded": pending,
         }

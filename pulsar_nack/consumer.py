@@ -37,6 +37,7 @@ import inspect
 import logging
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
@@ -44,7 +45,7 @@ from typing import Any, TypedDict
 import _pulsar
 import pulsar
 
-from ._nacking import COALESCE_MS, HANDOFF_DELAY_MS, NackingCore
+from ._nacking import COALESCE_MS, HANDOFF_DELAY_MS, PARTITION_SUFFIX, NackingCore
 from ._validate import check_bool, check_int
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
@@ -56,10 +57,61 @@ __all__ = ["ConsumerClosedError", "ConsumerStats", "NackingConsumer", "subscribe
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
+ACK_FLUSH_MS = 150
+"""Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
 
 
 class ConsumerClosedError(RuntimeError):
     """Raised by calls on a closed :class:`NackingConsumer`."""
+
+
+def _is_received(message: Any) -> bool:
+    return isinstance(message, (pulsar.Message, _pulsar.Message))
+
+
+class DeadLetter:
+    """Sends messages to a dead-letter topic once the application saw them often enough.
+
+    Counts deliveries to the application, not the broker's per-entry redeliveries: a
+    copy of a batch message swallowed while its own nack was pending does not count.
+    Mirrors the client's ``ConsumerDeadLetterPolicy``: the topic defaults to
+    ``<topic>-<subscription>-DLQ`` (per topic, partition suffix removed), the message
+    keeps its payload, key and properties, plus ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``.
+    """
+
+    def __init__(self, client: pulsar.Client, subscription: str, policy: pulsar.ConsumerDeadLetterPolicy) -> None:
+        self.max_redeliver_count: int = policy.max_redeliver_count
+        self._topic: str = policy.dead_letter_topic or ""
+        self._initial_subscription: str = policy.initial_subscription_name or ""
+        self._client = client
+        self._subscription = subscription
+        self._producers: dict[str, pulsar.Producer] = {}
+        self._lock = threading.Lock()
+
+    def _producer(self, topic: str) -> pulsar.Producer:
+        target = self._topic or f"{PARTITION_SUFFIX.sub('', topic)}-{self._subscription}-DLQ"
+        with self._lock:
+            producer = self._producers.get(target)
+            if producer is None:
+                if self._initial_subscription:
+                    self._client.subscribe(target, self._initial_subscription).close()
+                producer = self._producers[target] = self._client.create_producer(target)
+            return producer
+
+    def send(self, message: Any) -> None:
+        """Publish *message* to its dead-letter topic (blocks until stored)."""
+        message_id = message.message_id()
+        properties = dict(message.properties())
+        properties.setdefault("REAL_TOPIC", message.topic_name())
+        properties.setdefault("ORIGIN_MESSAGE_ID", str(message_id))
+        key = message.partition_key()
+        self._producer(message.topic_name()).send(message.data(), properties, partition_key=key or None)
+
+    def close(self) -> None:
+        with self._lock:
+            producers, self._producers = list(self._producers.values()), {}
+        for producer in producers:
+            producer.close()
 
 
 class ConsumerStats(TypedDict):
@@ -70,6 +122,7 @@ class ConsumerStats(TypedDict):
     swallowed: int
     acked: int
     nacked: int
+    dead_lettered: int
     handed_off_entries: int
     handoff_bursts: int
     pending_guarded: int
@@ -124,6 +177,7 @@ class NackingConsumer:
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
         coalesce_ms: int = COALESCE_MS,
         guard_unbatched: bool = False,
+        dead_letter: DeadLetter | None = None,
         _core: NackingCore | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
@@ -141,8 +195,10 @@ class NackingConsumer:
                 handoff_delay_ms=handoff_delay_ms,
                 coalesce_ms=coalesce_ms,
                 guard_unbatched=guard_unbatched,
+                count_deliveries=dead_letter is not None,
             )
         self._core = _core
+        self._dead_letter = dead_letter
         self._consumer = consumer
         raw = getattr(consumer, "_consumer", None)
         self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
@@ -205,13 +261,17 @@ class NackingConsumer:
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
-        admit = self._core.admit
         if self._raw is None:
             return self._receive_wrapped(timeout_millis)
+        core = self._core
+        pending, received, admit = core._pending, core.received, core.admit
         if timeout_millis is None:
             receive = self._raw.receive
             while True:
                 message = receive()
+                if not pending._count:  # the common path: nothing to compare with
+                    next(received)
+                    return self._message(message)
                 if admit(message):
                     return self._message(message)
         check_int("timeout_millis", timeout_millis, 0)
@@ -252,7 +312,7 @@ class NackingConsumer:
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and not core._pending and self._raw is not None:
+        if type(message) is _Message and not core._pending._count and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
@@ -288,6 +348,14 @@ class NackingConsumer:
         self._check_open()
         if delay_ms is not None:
             check_int("delay_ms", delay_ms, 0)
+        dead_letter = self._dead_letter
+        if dead_letter is not None and _is_received(message):
+            self._core.key_of(message)  # validates: nothing is sent for bad input
+            if self._core.deliveries(message) >= dead_letter.max_redeliver_count:
+                dead_letter.send(message)
+                self.acknowledge(message)
+                self._core.dead_lettered(message)
+                return
         self._core.nack(message, delay_ms)
 
     # ------------------------------------------------------------------ handoff
@@ -308,12 +376,13 @@ class NackingConsumer:
 
         Pending nacks are dropped: their messages are unacked, so they come back now
         with the rest. With batch-index acknowledgement (what :func:`subscribe` sets) the
-        broker's ack set keeps acked batch siblings from coming back, but only for acks
-        already sent: the client groups acks for ``ack_grouping_time_ms`` (100 ms), and a
-        sibling acked within that window before this call may come back once.
+        broker's ack set keeps acked batch siblings from coming back. The client groups
+        acks for 100 ms before sending them, so this call first waits ``ACK_FLUSH_MS``
+        (150 ms): the broker has then recorded every earlier ack when the request arrives.
         """
         self._check_open()
         self._core.reset()
+        time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
         self._consumer.redeliver_unacknowledged_messages()
 
     def seek(self, message_id: Any) -> None:
@@ -374,6 +443,8 @@ class NackingConsumer:
         self._closed = True
         self._core.close(redeliver_pending)
         self._consumer.close()
+        if self._dead_letter is not None:
+            self._dead_letter.close()
 
     @property
     def closed(self) -> bool:
@@ -459,6 +530,10 @@ def subscribe(
     """
     topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
     subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
+    policy = subscribe_kwargs.pop("dead_letter_policy", None)
+    if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
+        raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
+    dead_letter = None if policy is None else DeadLetter(client, subscription_name, policy)
     holder: list[NackingConsumer] = []
 
     def hand_off(ids: list[_pulsar.MessageId]) -> None:
@@ -472,6 +547,7 @@ def subscribe(
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
         guard_unbatched=subscribe_kwargs.get("unacked_messages_timeout_ms") is not None,
+        count_deliveries=dead_letter is not None,
     )
     ready = threading.Event()
     listener = None
@@ -498,7 +574,7 @@ def subscribe(
     except BaseException:
         core.close(redeliver_pending=False)
         raise
-    wrapper = NackingConsumer(consumer, topics, _core=core)
+    wrapper = NackingConsumer(consumer, topics, dead_letter=dead_letter, _core=core)
     holder.append(wrapper)
     ready.set()
     return wrapper

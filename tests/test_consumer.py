@@ -16,7 +16,7 @@ import pulsar
 import pytest
 
 import pulsar_nack
-from helpers import wait_for
+from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.consumer import ConsumerClosedError
 from pulsar_nack.testing import PulsarLite, quiet_client
@@ -41,29 +41,6 @@ def produce(client, topic: str, n: int, *, batched: bool = False, batch_size: in
         for i in range(n):
             producer.send(str(i).encode())
     producer.close()
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def out_of_batch_id(message_id, batch_index: int) -> _pulsar.MessageId:
-    """*message_id* with another batch index, keeping its batch size (as ``deserialize`` gives it)."""
-    size = 0
-    from pulsar_nack._nacking import batch_size_of
-
-    size = batch_size_of(message_id)
-    assert size > 0
-    fields = [(1, message_id.ledger_id()), (2, message_id.entry_id()), (3, message_id.partition()),
-              (4, batch_index), (6, size)]
-    data = b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
-    return _pulsar.MessageId.deserialize(data)
 
 
 def key(message) -> tuple:
