@@ -3,15 +3,18 @@
 Three measurements (issue 13, goals A, B and D), each system on its own fresh topic of
 the same shape, on one Apache Pulsar standalone broker started by this program:
 
-* **A, receive + acknowledge** (no nack at all): µs per message over a backlog of
-  ``n`` messages, batched (batches of 10) and non-batched. Repetitions alternate the
+* **A, receive + acknowledge** (no nack at all): µs per message over ``n`` messages
+  already pushed into the consumer's receive queue (``receiver_queue_size=n``; the
+  broker's ``msgOutCounter`` is awaited), batched (batches of 10) and non-batched. Repetitions alternate the
   two systems in one process; the first repetition is the warmup. Both consumers are
   subscribed with the same keywords (Shared, ``batch_index_ack_enabled=True``, which
   :func:`pulsar_nack.subscribe` sets by default).
 * **B, bytes per pending nack, batched**: ``n`` messages in batches of 10, the first
   message of each batch nacked with a one-hour delay, the rest acked. Process RSS
   delta (after ``gc.collect`` and ``malloc_trim``) divided by the pending nacks, each
-  system in a fresh worker process. Ours also reports its structures' own estimate.
+  system in a fresh worker process. A control run per system acks everything; the
+  *net* figure subtracts its RSS delta (what receiving alone costs). Ours also reports
+  its structures' own estimate.
 * **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
   one-hour delay, both systems in one process.
 
@@ -57,7 +60,7 @@ def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
     producer.close()
 
 
-def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS) -> Any:
+def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS, queue: int = 1000) -> Any:
     import pulsar
 
     import pulsar_nack
@@ -67,6 +70,7 @@ def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS) ->
         "initial_position": pulsar.InitialPosition.Earliest,
         "batch_index_ack_enabled": True,
         "negative_ack_redelivery_delay_ms": delay_ms,
+        "receiver_queue_size": queue,
     }
     if system == "plain":
         return client.subscribe(topic, "bench", **kwargs)
@@ -86,12 +90,29 @@ def _timed(loop: Callable[[], int]) -> float:
     return (time.perf_counter() - start) / count * 1e6
 
 
-def _receive_ack_us(client: Any, system: str, n: int, batched: bool) -> float:
-    """µs per receive + acknowledge over a backlog of *n* messages (the first is untimed)."""
+def _prefill(admin: Any, topic: str, n: int) -> bool:
+    """Wait (deadline 60 s) until the broker has pushed all *n* messages into the consumer's queue.
+
+    Then the timed loop measures the client side (receive from the queue, acknowledge),
+    not the broker's dispatch.
+    """
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        subscription = admin.topic_stats(topic)["subscriptions"]["bench"]
+        if subscription.get("msgOutCounter", 0) >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> float:
+    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
     topic = _topic("a")
     _produce(client, topic, n, batched)
-    consumer = _subscribe(client, system, topic)
+    consumer = _subscribe(client, system, topic, queue=n)
     consumer.acknowledge(consumer.receive(30_000))
+    if not _prefill(admin, topic, n):
+        print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
     receive, acknowledge = consumer.receive, consumer.acknowledge
 
     def loop() -> int:
@@ -122,7 +143,7 @@ def _nack_us(client: Any, system: str, n: int) -> float:
     return cost
 
 
-def run_calls(url: str, n: int, reps: int) -> dict[str, Any]:
+def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     """Goals A and D: interleaved repetitions of both systems in this process."""
     import pulsar
 
@@ -134,8 +155,8 @@ def run_calls(url: str, n: int, reps: int) -> dict[str, Any]:
         order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
         for system in order:
             costs = {
-                "receive_ack_batched": _receive_ack_us(client, system, n, batched=True),
-                "receive_ack_unbatched": _receive_ack_us(client, system, n, batched=False),
+                "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
+                "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
                 "nack_message": _nack_us(client, system, min(n, 20_000)),
             }
             if rep:  # the first repetition is the warmup
@@ -154,8 +175,11 @@ def run_calls(url: str, n: int, reps: int) -> dict[str, Any]:
     return result
 
 
-def _memory_worker(url: str, system: str, topic: str, n: int) -> dict[str, Any]:
-    """Fresh process: receive the batched backlog, nack one message per batch, ack the rest."""
+def _memory_worker(url: str, system: str, topic: str, n: int, nack: bool = True) -> dict[str, Any]:
+    """Fresh process: receive the batched backlog, nack one message per batch, ack the rest.
+
+    With *nack* False (the control run) every message is acked: what receiving alone costs.
+    """
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -169,7 +193,7 @@ def _memory_worker(url: str, system: str, topic: str, n: int) -> dict[str, Any]:
     for i in range(n):
         if i:
             message = consumer.receive(30_000)
-        if message.message_id().batch_index() == 0:
+        if nack and message.message_id().batch_index() == 0:
             consumer.negative_acknowledge(message)
             nacked += 1
         else:
@@ -180,6 +204,7 @@ def _memory_worker(url: str, system: str, topic: str, n: int) -> dict[str, Any]:
     after = rss_bytes()
     result: dict[str, Any] = {
         "system": system,
+        "nack": nack,
         "messages": n,
         "pending_nacks": nacked,
         "rss_delta_bytes": after - before,
@@ -203,24 +228,30 @@ def run_memory(url: str, n: int) -> dict[str, Any]:
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    cases = []
+    cases, controls = [], []
     for system in SYSTEMS:
-        topic = _topic("b")
-        _produce(client, topic, n, batched=True)
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.consumer", "--worker", url, system, topic, str(n)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=1800,
-        )
-        cases.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for nack, into in ((True, cases), (False, controls)):
+            topic = _topic("b")
+            _produce(client, topic, n, batched=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.consumer", "--worker", url, system, topic, str(n), str(int(nack))],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=1800,
+            )
+            into.append(json.loads(out.stdout.strip().splitlines()[-1]))
     client.close()
+    for case, control in zip(cases, controls):
+        net = case["rss_delta_bytes"] - control["rss_delta_bytes"]
+        case["control_rss_delta_bytes"] = control["rss_delta_bytes"]
+        case["net_bytes_per_pending_nack"] = net / max(case["pending_nacks"], 1)
     plain, ours = cases
     return {
         "cases": cases,
         "ratio_ours_over_plain": ours["bytes_per_pending_nack"] / plain["bytes_per_pending_nack"],
+        "net_ratio_ours_over_plain": ours["net_bytes_per_pending_nack"] / plain["net_bytes_per_pending_nack"],
     }
 
 
@@ -228,7 +259,7 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     from pulsar_nack.testing import PulsarStandalone
 
     with PulsarStandalone() as broker:
-        calls = run_calls(broker.url, n, reps)
+        calls = run_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, memory_n)
         version = broker.version
     return {
@@ -251,20 +282,21 @@ def _report(payload: dict[str, Any]) -> None:
     print_table(["case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows, title="Per-message cost")
     memory = payload["pending_nack_memory_batched"]
     print_table(
-        ["system", "messages", "pending nacks", "RSS delta", "B/pending nack"],
+        ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
         [[c["system"], f"{c['messages']:,}", f"{c['pending_nacks']:,}", f"{c['rss_delta_bytes']:,}",
-          f"{c['bytes_per_pending_nack']:.1f}"] for c in memory["cases"]],
+          f"{c['control_rss_delta_bytes']:,}", f"{c['bytes_per_pending_nack']:.1f}",
+          f"{c['net_bytes_per_pending_nack']:.1f}"] for c in memory["cases"]],
         title="Bytes per pending nack, batched workload",
     )
-    print(f"memory ours/plain: {memory['ratio_ours_over_plain']:.3f}")
+    print(f"memory ours/plain: {memory['ratio_ours_over_plain']:.3f} (net {memory['net_ratio_ours_over_plain']:.3f})")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "--worker":
-        url, system, topic, n = argv[1], argv[2], argv[3], int(argv[4])
-        print(json.dumps(_memory_worker(url, system, topic, n)))
+        url, system, topic, n, nack = argv[1], argv[2], argv[3], int(argv[4]), bool(int(argv[5]))
+        print(json.dumps(_memory_worker(url, system, topic, n, nack)))
         return None
     parser = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20,000 messages, 3 repetitions")
