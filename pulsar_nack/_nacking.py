@@ -325,6 +325,7 @@ class NackingCore:
     _pending: PendingNacks
     _bare: dict[tuple[int, int], _pulsar.MessageId]
     _copies: dict[tuple[int, int, int], int] | None
+    _nacks: dict[tuple[int, int, int], int]
     _lock: threading.Lock
     _counts: dict[str, int]
 
@@ -352,6 +353,7 @@ class NackingCore:
         self._pending = PendingNacks()
         self._bare = {}
         self._copies = {} if count_deliveries else None
+        self._nacks = {}
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
@@ -398,15 +400,19 @@ class NackingCore:
     def deliveries(self, message: Any) -> int:
         """How many times the application received *message* before this delivery.
 
-        The broker's ``redelivery_count()`` minus the copies of it that were swallowed
-        (counted only with ``count_deliveries``). O(1).
+        The larger of the nacks it made of it and the broker's ``redelivery_count()``
+        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
+        the broker's count). The broker counts per entry and forgets the count when a
+        sibling is acked, so neither figure alone is right for batch messages; both are
+        never above the true count. O(1).
         """
         count = redelivery_count_of(message)
         if self._copies is None:
             return count
         message_id = raw_id(message)
+        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         with self._lock:
-            return count - self._copies.get((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), 0)
+            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
 
     def dead_lettered(self, message: Any) -> None:
         """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
@@ -417,10 +423,12 @@ class NackingCore:
 
     def forget(self, message: Any) -> None:
         """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies:
+        if self._copies is not None and (self._copies or self._nacks):
             message_id = raw_id(message)
+            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
             with self._lock:
-                self._copies.pop((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), None)
+                self._copies.pop(item, None)
+                self._nacks.pop(item, None)
 
     # ------------------------------------------------------------------ settling
 
@@ -475,23 +483,30 @@ class NackingCore:
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED:
+        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and self._copies is None:
             self.tracker.add(key, delay_ms, count)
             next(self._nacked)
             return
         item = (key[1], key[2], key[3])
+        remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
         with self._lock:
             if item in self._pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            self._pending.add(*item)
+            if self._copies is not None:
+                self._nacks[item] = self._nacks.get(item, 0) + 1
+            if remember:
+                self._pending.add(*item)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                self._pending.discard(*item)
+                if remember:
+                    self._pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
+                if self._copies is not None:
+                    self._nacks[item] -= 1
             raise
         next(self._nacked)
 
@@ -500,12 +515,12 @@ class NackingCore:
 
         Raises TypeError or ValueError for bad input (nothing changes then). O(1).
         """
-        if self._pending._count or self._copies or not _is_message(message):
+        if self._pending._count or self._nacks or self._copies or not _is_message(message):
             key, raw = self.key_of(message)
             if self._pending:
                 with self._lock:
                     self._pending.discard(key[1], key[2], key[3])
-            if self._copies:
+            if self._nacks or self._copies:
                 self.forget(raw)
             return raw
         return raw_id(message)
@@ -548,6 +563,7 @@ class NackingCore:
             self._bare.clear()
             if self._copies is not None:
                 self._copies.clear()
+            self._nacks.clear()
         return dropped
 
     def close(self, redeliver_pending: bool) -> None:
