@@ -413,6 +413,8 @@ def _summarize(
         "messages_per_s": round(len(produced) / consume_s, 1) if consume_s > 0 else 0.0,
         "master": args.master,
         "broker": broker,
+        "driver_pid": os.getpid(),
+        "worker_pids": sorted({t["worker_pid"] for t in stats["task_stats"]}),
         "ok": lost == 0 and left == 0,
     }
 
