@@ -18,6 +18,7 @@ from pulsar_nack import (
     MultiplierRedeliveryBackoff,
     NegativeAcksTracker,
 )
+from pulsar_nack.errors import TrackerClosedError
 from pulsar_nack.timer import DeadlineTimer, monotonic_ms
 
 TRACKERS = [NegativeAcksTracker, PurePythonTracker, HashMapNegativeAcksTracker]
@@ -231,6 +232,26 @@ def test_redeliver_failing_after_close_gave_up_waiting_keeps_its_keys(cls, caplo
     assert len(tracker) == 0
     with pytest.raises(RuntimeError):
         tracker.add(("t", 1, 2, -1))  # still closed: only the failed keys went back
+
+
+@pytest.mark.parametrize("cls", [NegativeAcksTracker, PurePythonTracker])
+def test_keys_put_back_into_a_closed_tracker_do_not_reopen_it_to_adds(cls):
+    """Failed keys of one ledger go back into the closed tracker's buckets; a later add
+    into that same bucket must still be refused (the C hot path must not take it)."""
+    clock = FakeClock(10_000)
+    got = BlockThenFail()
+    tracker = cls(got, delay_ms=0, retry_delay_ms=0, precision_bits=0, clock=clock)
+    tracker._join_timeout_s = 0.05
+    for entry in range(3):
+        tracker.add(("t", 1, entry, -1), delay_ms=5)
+    clock.now = 10_005  # all three fall due in one call
+    assert got.entered.wait(10)
+    assert tracker.close(flush=False) == {}
+    got.release.set()
+    assert wait_for(lambda: len(tracker) == 3)
+    with pytest.raises(TrackerClosedError):
+        tracker.add(("t", 1, 7, -1))  # now + delay_ms = 10_005: the bucket of the failed keys
+    assert sorted(flat(tracker.close(flush=False))) == [("t", 1, e, -1) for e in range(3)]
 
 
 @pytest.mark.parametrize("cls", TRACKERS)
