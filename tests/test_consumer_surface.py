@@ -21,7 +21,7 @@ import pulsar
 import pytest
 
 import pulsar_nack
-from helpers import wait_for
+from helpers import produce, wait_for
 from pulsar_nack import ConsumerClosedError, NackingConsumer
 from pulsar_nack.testing import quiet_client
 
@@ -42,22 +42,6 @@ def client(apache_broker: Any) -> Iterator[Any]:
 @pytest.fixture
 def topic() -> str:
     return f"persistent://public/default/surface-{uuid.uuid4().hex[:10]}"
-
-
-def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
-    """Send *payloads*; with *batch_size* they go out as batches of that many."""
-    if batch_size:
-        producer = client.create_producer(
-            topic, batching_enabled=True, batching_max_messages=batch_size, batching_max_publish_delay_ms=1_000
-        )
-        for payload in payloads:
-            producer.send_async(payload, None)
-        producer.flush()
-    else:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for payload in payloads:
-            producer.send(payload)
-    producer.close()
 
 
 def receive_all(consumer: NackingConsumer, n: int, timeout_s: float = 30) -> list[Any]:
