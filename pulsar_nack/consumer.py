@@ -7,10 +7,17 @@ Handoff to the client
     The Python client can redeliver specific messages in one way only:
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
-    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100) and our buckets fire
-    early by that much. The client redelivers 100-133 ms after a handoff (its timer
-    ticks every delay/3), so a message arrives between its bucket deadline and about
-    33 ms after it: never earlier than the bucket. Each due entry is handed over as
+    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
+    ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
+    strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
+    132 ms later (measured: 134-137 ms with the broker round trip on loopback). Our
+    buckets fire early by exactly that client latency (:func:`client_handoff_latency_ms`),
+    so a message arrives a few ms after its bucket deadline. That holds while the
+    client's tracker is idle at each handoff, i.e. bursts at least 165 ms apart (its
+    last tick runs 33 ms after a redelivery): true for buckets of 256 ms and more.
+    Below 8 precision bits, and with ``never_early``, buckets fire early by only the
+    client's delay (100 ms): a message then arrives 0-33 ms after its bucket deadline,
+    never before it. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
@@ -58,6 +65,31 @@ _log = logging.getLogger(__name__)
 
 HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
+
+
+def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
+    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+
+    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
+    entries whose deadline is strictly past, so the id comes back on the first tick
+    after ``delay``. O(1).
+
+    >>> client_handoff_latency_ms(100)
+    132
+    >>> client_handoff_latency_ms(300)
+    400
+    """
+    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
+    interval = delay // 3
+    return (delay // interval + 1) * interval
+
+
+def _handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
+    """How early buckets fire: the client's full latency only where it is exact (see above)."""
+    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
+    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+
+
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
 SETTLED_MEMORY = 4096
@@ -236,7 +268,7 @@ class NackingConsumer:
             precision_bits=negative_ack_precision_bit_cnt,
             round_up=never_early,
             backoff=redelivery_backoff,
-            lead_ms=handoff_delay_ms,
+            lead_ms=_handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
             coalesce_ms=coalesce_ms,
             default_topic=topic_list[0] if len(topic_list) == 1 else "",
         )
