@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -51,9 +50,11 @@ import _pulsar
 import pulsar
 
 from ._base import DueKeys
-from ._validate import check_bool, check_int
+from ._validate import check_bool, check_int, check_ms, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
+from .errors import ConsumerClosedError
+from .keys import PARTITION_SUFFIX as _PARTITION_SUFFIX
 from .keys import MessageKey, redelivery_count_of
 from .timer import monotonic_ms
 from .tracker import NegativeAcksTracker, TrackerStats
@@ -93,13 +94,7 @@ COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
 SETTLED_MEMORY = 4096
 """Entries settled after a nack that are remembered, to swallow straggling copies."""
-
-_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _EntryKey = tuple[str, int, int]  # (topic, ledger_id, entry_id)
-
-
-class ConsumerClosedError(RuntimeError):
-    """Raised by calls on a closed :class:`NackingConsumer`."""
 
 
 class BatchIndexState(enum.IntEnum):
@@ -254,9 +249,7 @@ class NackingConsumer:
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
-        topic_list = [topics] if isinstance(topics, str) else list(topics)
-        if not topic_list or not all(isinstance(t, str) and t for t in topic_list):
-            raise ValueError("topics must be a non-empty list of topic names")
+        topic_list = check_topics("topics", topics)
         check_int("handoff_delay_ms", handoff_delay_ms, 0)
         check_int("coalesce_ms", coalesce_ms, 0)
         self._consumer = consumer
@@ -411,7 +404,7 @@ class NackingConsumer:
         self._check_open()
         raw = _raw_id(message)
         if delay_ms is not None:
-            check_int("delay_ms", delay_ms, 0)
+            check_ms("delay_ms", delay_ms)
         key = self._key(message, raw)
         if key[3] >= 0:
             with self._lock:
@@ -632,9 +625,7 @@ def subscribe(
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     if not isinstance(subscription_name, str) or not subscription_name:
         raise TypeError("subscription_name must be a non-empty str")
-    topics = [topic] if isinstance(topic, str) else list(topic) if isinstance(topic, (list, tuple)) else None
-    if not topics or not all(isinstance(t, str) and t for t in topics):
-        raise TypeError("topic must be a topic name or a non-empty list of topic names")
+    topics = check_topics("topic", topic)
     if "pattern" in subscribe_kwargs or "negative_ack_redelivery_delay_ms" in subscribe_kwargs:
         raise TypeError("unsupported keyword")
     ready = threading.Event()
