@@ -38,9 +38,10 @@ import _pulsar
 from pyroaring import BitMap64
 
 from ._base import DueKeys
+from ._validate import check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
-from .keys import MAX_BATCH_INDEX, MessageKey, redelivery_count_of
+from .keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
 from .tracker import NegativeAcksTracker
 
 __all__ = [
@@ -52,8 +53,10 @@ __all__ = [
     "PendingNacks",
     "TopicMatcher",
     "batch_size_of",
+    "client_handoff_latency_ms",
     "full_topic_name",
     "handoff_id",
+    "handoff_lead_ms",
     "raw_id",
 ]
 
@@ -61,8 +64,35 @@ HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
-PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
-"""``-partition-N`` at the end of a partition's topic name."""
+
+def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
+    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+
+    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
+    entries whose deadline is strictly past, so the id comes back on the first tick
+    after ``delay``. O(1).
+
+    >>> client_handoff_latency_ms(100)
+    132
+    >>> client_handoff_latency_ms(300)
+    400
+    """
+    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
+    interval = delay // 3
+    return (delay // interval + 1) * interval
+
+
+def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
+    """How early buckets fire: the client's full latency only where it is exact.
+
+    A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
+    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
+    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
+    the client's delay, so a message is never early.
+    """
+    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
+    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
@@ -180,11 +210,7 @@ class TopicMatcher:
                 raise TypeError("a topic pattern must be a str pattern, not bytes")
             self.names, self.pattern = frozenset(), topics
             return
-        topic_list = [topics] if isinstance(topics, str) else list(topics)
-        if not topic_list or not all(isinstance(t, str) for t in topic_list):
-            raise TypeError("topics must be a topic name, a non-empty list of topic names, or a re.Pattern")
-        if not all(topic_list):
-            raise ValueError("a topic name must not be empty")
+        topic_list = check_topics("topics", topics)
         self.names, self.pattern = frozenset(full_topic_name(t) for t in topic_list), None
 
     @property
@@ -367,7 +393,7 @@ class NackingCore:
             precision_bits=negative_ack_precision_bit_cnt,
             round_up=never_early,
             backoff=redelivery_backoff,
-            lead_ms=handoff_delay_ms,
+            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
             coalesce_ms=coalesce_ms,
             default_topic=self.topics.single or "",
         )

@@ -10,10 +10,15 @@ Handoff to the client
     The Python client can redeliver specific messages in one way only:
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
-    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100) and our buckets fire
-    early by that much. The client redelivers 100-133 ms after a handoff (its timer
-    ticks every delay/3), so a message arrives between its bucket deadline and about
-    33 ms after it: never earlier than the bucket. Each due entry is handed over as
+    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
+    ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
+    strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
+    132 ms later. Our buckets fire early by exactly that client latency
+    (:func:`~pulsar_nack._nacking.client_handoff_latency_ms`), so a message arrives a
+    few ms after its bucket deadline, while bursts are at least 165 ms apart (buckets
+    of 256 ms and more). Below 8 precision bits, and with ``never_early``, buckets fire
+    early by only the client's delay (100 ms): a message then arrives 0-33 ms after its
+    bucket deadline, never before it. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
@@ -45,24 +50,34 @@ from typing import Any, TypedDict
 import _pulsar
 import pulsar
 
-from ._nacking import COALESCE_MS, HANDOFF_DELAY_MS, PARTITION_SUFFIX, NackingCore
-from ._validate import check_bool, check_int
+from ._nacking import (
+    COALESCE_MS,
+    HANDOFF_DELAY_MS,
+    PARTITION_SUFFIX,
+    NackingCore,
+    client_handoff_latency_ms,
+)
+from ._validate import check_bool, check_int, check_ms, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
+from .errors import ConsumerClosedError
 from .timer import monotonic_ms
 from .tracker import TrackerStats
 
-__all__ = ["ConsumerClosedError", "ConsumerStats", "NackingConsumer", "subscribe"]
+__all__ = [
+    "ConsumerClosedError",
+    "ConsumerStats",
+    "DeadLetter",
+    "NackingConsumer",
+    "client_handoff_latency_ms",
+    "subscribe",
+]
 
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
 ACK_FLUSH_MS = 150
 """Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
-
-
-class ConsumerClosedError(RuntimeError):
-    """Raised by calls on a closed :class:`NackingConsumer`."""
 
 
 def _is_received(message: Any) -> bool:
@@ -347,7 +362,7 @@ class NackingConsumer:
         """
         self._check_open()
         if delay_ms is not None:
-            check_int("delay_ms", delay_ms, 0)
+            check_ms("delay_ms", delay_ms)
         dead_letter = self._dead_letter
         if dead_letter is not None and _is_received(message):
             self._core.key_of(message)  # validates: nothing is sent for bad input
@@ -485,13 +500,7 @@ def _check_subscribe_args(
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     if not isinstance(subscription_name, str) or not subscription_name:
         raise TypeError("subscription_name must be a non-empty str")
-    if isinstance(topic, re.Pattern):
-        topics: list[str] | re.Pattern[str] = topic
-    else:
-        topics_list = [topic] if isinstance(topic, str) else list(topic) if isinstance(topic, (list, tuple)) else None
-        if not topics_list or not all(isinstance(t, str) and t for t in topics_list):
-            raise TypeError("topic must be a topic name, a non-empty list of topic names, or a re.Pattern")
-        topics = topics_list
+    topics: list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
