@@ -38,7 +38,7 @@ import _pulsar
 from pyroaring import BitMap64
 
 from ._base import DueKeys
-from ._validate import check_topics
+from ._validate import check_int, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
 from .keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
@@ -339,9 +339,11 @@ class NackingCore:
         delivered early by the client (its ack timeout) is swallowed. Batched messages
         are always remembered: a sibling's redelivery brings their copies.
     count_deliveries : bool
-        Count the swallowed copies of each message, so that :meth:`deliveries` can tell
-        how often the application saw it (the broker counts redeliveries per entry,
-        swallowed copies included). For a dead-letter policy.
+        Count the nacks and the swallowed copies of each message until it is settled, so
+        that :meth:`deliveries` can tell how often the application saw it (the broker
+        counts redeliveries per entry, swallowed copies included, and forgets the count
+        when a sibling is acked). For a dead-letter policy; costs a dict entry per
+        pending nack.
     """
 
     tracker: NegativeAcksTracker
@@ -371,6 +373,8 @@ class NackingCore:
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
+        check_int("handoff_delay_ms", handoff_delay_ms, 0)
+        check_int("coalesce_ms", coalesce_ms, 0)
         self.topics = TopicMatcher(topics)
         if not isinstance(guard_unbatched, bool):
             raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
