@@ -12,9 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._validate import MAX_DELAY_MS
 from .backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
 from .baseline import HashMapNegativeAcksTracker
 from .buckets import TimeBuckets
+from .errors import ClosedError, ConsumerClosedError, PulsarNackError, TrackerClosedError
 from .keys import MessageKey, key_of
 from .timer import DeadlineTimer
 from .tracker import NegativeAcksTracker, TrackerStats
@@ -31,6 +33,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "MAX_DELAY_MS",
+    "ClosedError",
+    "ConsumerClosedError",
     "ConsumerConfig",
     "DeadlineTimer",
     "FixedDelay",
@@ -40,9 +45,11 @@ __all__ = [
     # the lazy names of _LAZY:
     "NackingConsumer",
     "NegativeAcksTracker",
+    "PulsarNackError",
     "RedeliveryBackoff",
     "TaskBudget",
     "TimeBuckets",
+    "TrackerClosedError",
     "TrackerStats",
     "__version__",
     "key_of",

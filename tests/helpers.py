@@ -52,3 +52,22 @@ class PurePythonTracker(NegativeAcksTracker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, speedups=False, **kwargs)
         assert type(self._buckets._hot) is _accel.PyHotSlot and "add" not in vars(self)
+
+
+def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
+    """Send *payloads* to *topic*; with *batch_size* > 0 they go out in batches of that many."""
+    if batch_size:
+        producer = client.create_producer(
+            topic,
+            batching_enabled=True,
+            batching_max_messages=batch_size,
+            batching_max_publish_delay_ms=1_000,
+        )
+        for payload in payloads:
+            producer.send_async(payload, None)
+        producer.flush()
+    else:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for payload in payloads:
+            producer.send(payload)
+    producer.close()

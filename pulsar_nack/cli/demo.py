@@ -2,8 +2,8 @@
 
 What it does:
 
-1. starts a test broker: pulsar-lite (``--broker lite``, the default: it starts in a
-   second) or Apache Pulsar standalone (``--broker apache``, fetched once from Maven
+1. starts a test broker from :mod:`pulsar_nack.testing`: the light embedded one
+   (``--broker lite``, the default: it starts in a second) or Apache Pulsar standalone (``--broker apache``, fetched once from Maven
    Central) -- unless ``--service-url`` names a running cluster;
 2. produces a stream of events ``0 .. N-1`` with a batched producer, on a thread, while
    Spark starts;

@@ -8,13 +8,13 @@ happens once, on the driver, when they are built: ``TypeError`` for a wrong type
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._validate import check_int
+from .._validate import MAX_DELAY_MS, check_int, check_ms, check_optional_int, check_topics
 from ..backoff import RedeliveryBackoff
-from ..buckets import DEFAULT_PRECISION_BITS
+from ..buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ..keys import PARTITION_SUFFIX
 
 __all__ = ["NON_RETRYABLE_ACTIONS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
@@ -26,14 +26,6 @@ or re-raise (the task fails; the message returns to the subscription)."""
 _CONSUMER_TYPES = ("Shared", "KeyShared", "Failover", "Exclusive")
 _INITIAL_POSITIONS = ("Earliest", "Latest")
 _LOG_LEVELS = ("debug", "info", "warn", "error")
-_PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
-
-
-def _check_ms(name: str, value: object, *, allow_none: bool = False, minimum: int = 0) -> None:
-    """:func:`~pulsar_nack._validate.check_int`, letting None through where allowed."""
-    if value is None and allow_none:
-        return
-    check_int(name, value, minimum)
 
 
 def _enum_name(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -162,20 +154,16 @@ class ConsumerConfig:
         set_ = object.__setattr__
         if not isinstance(self.service_url, str) or not self.service_url:
             raise TypeError("service_url must be a non-empty str")
-        topics = (self.topics,) if isinstance(self.topics, str) else self.topics
-        if not isinstance(topics, (list, tuple)) or not topics or not all(isinstance(t, str) and t for t in topics):
-            raise TypeError("topics must be a topic name or a non-empty sequence of topic names")
-        set_(self, "topics", tuple(topics))
+        set_(self, "topics", tuple(check_topics("topics", self.topics)))
         if not isinstance(self.subscription, str) or not self.subscription:
             raise TypeError("subscription must be a non-empty str")
         set_(self, "subscription_type", _enum_name("subscription_type", self.subscription_type, _CONSUMER_TYPES))
         set_(self, "initial_position", _enum_name("initial_position", self.initial_position, _INITIAL_POSITIONS))
-        _check_ms("nack_delay_ms", self.nack_delay_ms)
-        _check_ms("receive_timeout_ms", self.receive_timeout_ms, minimum=1)
-        _check_ms("ack_flush_ms", self.ack_flush_ms)
-        _check_ms("max_redeliveries", self.max_redeliveries, allow_none=True)
-        if not isinstance(self.precision_bits, int) or isinstance(self.precision_bits, bool):
-            raise TypeError(f"precision_bits must be int, not {type(self.precision_bits).__name__}")
+        check_ms("nack_delay_ms", self.nack_delay_ms)
+        check_ms("receive_timeout_ms", self.receive_timeout_ms, 1)
+        check_ms("ack_flush_ms", self.ack_flush_ms)
+        check_optional_int("max_redeliveries", self.max_redeliveries, 0)
+        check_int("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
         if self.backoff is not None and not callable(getattr(self.backoff, "next_delay_ms", None)):
             raise TypeError("backoff must have a next_delay_ms(redelivery_count) method")
         if not isinstance(self.never_early, bool):
@@ -236,7 +224,7 @@ class ConsumerConfig:
         """
         if self.backoff is None:
             return self.nack_delay_ms
-        return int(self.backoff.next_delay_ms(max(redelivery_count, 0)))
+        return check_ms("backoff delay_ms", self.backoff.next_delay_ms(max(redelivery_count, 0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,9 +260,9 @@ class TaskBudget:
     drain_pending: bool = True
 
     def __post_init__(self) -> None:
-        _check_ms("max_messages", self.max_messages, allow_none=True, minimum=1)
-        _check_ms("max_time_ms", self.max_time_ms, allow_none=True)
-        _check_ms("idle_timeout_ms", self.idle_timeout_ms)
+        check_optional_int("max_messages", self.max_messages, 1)
+        check_optional_int("max_time_ms", self.max_time_ms, 0, MAX_DELAY_MS)
+        check_ms("idle_timeout_ms", self.idle_timeout_ms)
         if not isinstance(self.drain_pending, bool):
             raise TypeError("drain_pending must be bool")
         if self.max_time_ms is None and self.idle_timeout_ms == 0 and self.max_messages is None:
@@ -287,4 +275,4 @@ def dead_letter_topic(topic: str, subscription: str) -> str:
     >>> dead_letter_topic("persistent://public/default/orders-partition-2", "billing")
     'persistent://public/default/orders-billing-DLQ'
     """
-    return f"{_PARTITION_SUFFIX.sub('', topic)}-{subscription}-DLQ"
+    return f"{PARTITION_SUFFIX.sub('', topic)}-{subscription}-DLQ"

@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .config import ConsumerConfig, TaskBudget, _check_ms
+from .._validate import check_int
+from .config import ConsumerConfig, TaskBudget
 from .stats import RunStats, TaskStats, aggregate_task_stats
 from .task import consumer_task
 
@@ -61,11 +62,8 @@ def run_consumer_tasks(
         When a task failed more often than Spark retries it (``spark.task.maxFailures``;
         ``local[N]`` does not retry, ``local[N,F]`` tries F times).
     """
-    if not isinstance(num_tasks, int) or isinstance(num_tasks, bool):
-        raise TypeError(f"num_tasks must be int, not {type(num_tasks).__name__}")
-    if num_tasks < 1:
-        raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-    _check_ms("max_rounds", max_rounds, minimum=1)
+    check_int("num_tasks", num_tasks, 1)
+    check_int("max_rounds", max_rounds, 1)
     sc = getattr(spark, "sparkContext", spark)
     task = consumer_task(
         config,

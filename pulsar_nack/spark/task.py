@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .config import ConsumerConfig, TaskBudget, _check_ms, dead_letter_topic
+from .._validate import check_ms
+from .config import ConsumerConfig, TaskBudget, dead_letter_topic
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
 from .stats import TaskStats
@@ -358,7 +359,7 @@ def consume_partition(
         raise TypeError(f"budget must be a TaskBudget, not {type(budget).__name__}")
     if not callable(handler):
         raise TypeError("handler must be callable")
-    _check_ms("progress_interval_ms", progress_interval_ms, minimum=1)
+    check_ms("progress_interval_ms", progress_interval_ms, 1)
     options = {
         "record_timings": record_timings,
         "collect": collect,
