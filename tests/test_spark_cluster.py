@@ -124,23 +124,49 @@ def test_demo_on_the_cluster_against_apache_pulsar(cluster, apache_broker):
     assert summary["worker_pids"] and summary["driver_pid"] not in summary["worker_pids"]
 
 
+def _start_driver(args: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "spark_jobs.py"), json.dumps(args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(REPO_ROOT),
+    )
+
+
+def _finish(driver: subprocess.Popen, timeout_s: float = 300) -> dict:
+    try:
+        out, err = driver.communicate(timeout=timeout_s)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _handled_ok(record_dir: Path) -> set[int]:
+    return {i for i, events in read_calls(record_dir).items() if any(o == "OK" for _, _, o, _ in events)}
+
+
 def test_an_executor_jvm_killed_mid_run_loses_nothing_and_keeps_backoffs(cluster, apache_broker, tmp_path):
     """SIGKILL a whole executor JVM while its tasks run; the worker starts a new one.
 
-    Checked before anything else is restarted: every id handled successfully at least
-    once, the subscription empty, every retry no earlier than its backoff minus 2**8 ms
-    (retries nacked by the killed executor's Python workers come back early by design
-    and are counted apart).
+    Checked with no broker restart: every id handled successfully at least once, the
+    subscription empty, every retry no earlier than its backoff minus 2**8 ms (retries
+    nacked by the killed executor's Python workers come back early by design and are
+    counted apart).
+
+    Found while writing this test: the job that saw the kill may end (``until_drained``)
+    while part of the messages are still held for a consumer that went with the killed
+    executor (in most runs so far; 955 of the 6,000 ids in one). They are not lost: they
+    return to the subscription, and a second job -- the application run again, as a
+    streaming job's next batch would -- handles them. So the checks run after a second
+    job; how many ids only it handled is printed.
     """
     url, n = apache_broker.url, 6_000
     topic = f"persistent://public/default/killjvm-{uuid.uuid4().hex[:10]}"
     _produce(url, topic, n)
     args = {"master": cluster.master_url, "url": url, "topic": topic, "subscription": "killjvm",
             "record_dir": str(tmp_path), "tasks": 2, "delay_ms": 1.0, "conf": EXECUTOR_CONF}
-    driver = subprocess.Popen(
-        [sys.executable, str(TESTS / "spark_jobs.py"), json.dumps(args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(REPO_ROOT),
-    )
+    driver = _start_driver(args)
     try:
         assert wait_for(lambda: sum(len(v) for v in read_calls(tmp_path).values()) >= n // 4, 180, 0.1), \
             "the job never got going"
@@ -152,15 +178,15 @@ def test_an_executor_jvm_killed_mid_run_loses_nothing_and_keeps_backoffs(cluster
         killed = {victim.pid} | {child.pid for child in victim.children(recursive=True)}
         victim.send_signal(signal.SIGKILL)
         assert wait_for(lambda: pid_gone(victim.pid), 10)
-        out, err = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert driver.returncode == 0, err[-3000:]
-    result = json.loads(out.strip().splitlines()[-1])
+    except BaseException:
+        driver.kill()
+        raise
+    result = _finish(driver)
     assert result["driver_pid"] not in result["worker_pids"]
+    after_first = _handled_ok(tmp_path)
+    assert wait_for(lambda: not cluster.executor_pids(), 60), "executors outlived their application"
+    _finish(_start_driver(args))  # the application's next run
     report = check_calls(tmp_path, n, killed)
     assert _left_in_subscription(url, topic, "killjvm") == 0
-    print(f"executor JVM kill: {report}")
+    print(f"executor JVM kill: {report}; handled only by the second job: {n - len(after_first)}")
     assert wait_for(lambda: not cluster.executor_pids(), 60), "executors outlived their application"
