@@ -20,7 +20,7 @@ from .backoff import RedeliveryBackoff
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
-__all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "TrackerStats"]
+__all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "ReleaseListener", "TrackerStats"]
 
 NEVER = 1 << 127
 """A time later than any deadline."""
@@ -30,6 +30,8 @@ _log = logging.getLogger("pulsar_nack.tracker")
 DueKeys = dict[str, list[MessageKey]]
 """Due keys grouped by topic, each list in deadline order."""
 Redeliver = Callable[[DueKeys], None]
+ReleaseListener = Callable[[int, int], None]
+"""``listener(released_messages, lateness_ms)``, called after each timer release."""
 
 
 class TrackerStats(TypedDict):
@@ -43,6 +45,8 @@ class TrackerStats(TypedDict):
     redeliver_errors: int
     timer_wakeups: int
     last_lateness_ms: int | None
+    drained: int
+    """Keys removed without release: by :meth:`BaseTracker.drain`, or returned by ``close()``."""
 
 
 class BaseTracker(ABC):
@@ -63,6 +67,8 @@ class BaseTracker(ABC):
     _closed: bool
     _redeliveries: int
     _redeliver_errors: int
+    _drained: int
+    _release_listeners: tuple[ReleaseListener, ...]
     _armed: int
     """The earliest wake-up the timer was asked for (``NEVER`` when none)."""
 
@@ -95,6 +101,8 @@ class BaseTracker(ABC):
         self._closed = False
         self._redeliveries = 0
         self._redeliver_errors = 0
+        self._drained = 0
+        self._release_listeners = ()
         self._armed = NEVER
 
     # ------------------------------------------------------------------ storage
@@ -220,7 +228,9 @@ class BaseTracker(ABC):
     def drain(self) -> DueKeys:
         """Remove and return every pending key without releasing it. O(n)."""
         with self._lock:
-            return self._drain()
+            due = self._drain()
+            self._drained += sum(map(len, due.values()))
+            return due
 
     def _release(self, due: DueKeys) -> None:
         """Hand due keys to ``redeliver``; on error, log and track them again.
@@ -245,6 +255,38 @@ class BaseTracker(ABC):
                 if wake_by < self._armed:
                     self._armed = wake_by
                     self._arm(wake_by)
+        else:
+            if self._release_listeners:
+                self._notify_release(sum(map(len, due.values())))
+
+    # ------------------------------------------------------------------ observers
+
+    def add_release_listener(self, listener: ReleaseListener) -> None:
+        """Call ``listener(released_messages, lateness_ms)`` after each timer release.
+
+        For observers such as :func:`pulsar_nack.metrics.instrument`: it runs on the
+        timer thread, after ``redeliver`` returned, with no lock held; an exception is
+        logged and ignored. ``lateness_ms`` is how late the timer woke for the earliest
+        bucket it released (the tracker's ``last_lateness_ms``). Nothing is added to
+        :meth:`add`. O(listeners).
+        """
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, not {type(listener).__name__}")
+        with self._lock:
+            self._release_listeners = (*self._release_listeners, listener)
+
+    def remove_release_listener(self, listener: ReleaseListener) -> None:
+        """Stop calling *listener* (no error if it was not added). O(listeners)."""
+        with self._lock:
+            self._release_listeners = tuple(f for f in self._release_listeners if f != listener)
+
+    def _notify_release(self, released: int) -> None:
+        lateness = self._timer_stats()[1]
+        for listener in self._release_listeners:
+            try:
+                listener(released, 0 if lateness is None else lateness)
+            except Exception:
+                _log.exception("release listener failed")
 
     def close(self, flush: bool = True) -> DueKeys:
         """Stop the timer and empty the tracker. Idempotent.
@@ -261,6 +303,9 @@ class BaseTracker(ABC):
             pending = self._drain()
         if not already:
             self._stop_timer()
+        if not (flush and self._redeliver is not None):
+            with self._lock:
+                self._drained += sum(map(len, pending.values()))
         if flush and self._redeliver is not None:
             with self._lock:
                 self._redeliveries += sum(map(len, pending.values()))
@@ -290,6 +335,7 @@ class BaseTracker(ABC):
                 redeliver_errors=self._redeliver_errors,
                 timer_wakeups=wakeups,
                 last_lateness_ms=lateness,
+                drained=self._drained,
             )
 
     def __enter__(self) -> BaseTracker:
