@@ -41,7 +41,7 @@ from typing import Any
 
 from ._base import BaseTracker
 
-__all__ = ["NACK_COUNTER", "Instrumentation", "instrument", "topic_attributes"]
+__all__ = ["NACK_COUNTER", "Instrumentation", "RunStatsExporter", "instrument", "topic_attributes"]
 
 NACK_COUNTER = "pulsar.client.consumer.message.nack"
 """The Java client's counter (PIP-342), same name and meaning."""
@@ -260,3 +260,73 @@ def _register(handle: Instrumentation, meter: Any, is_consumer: bool) -> None:
     except TypeError:  # opentelemetry-api before 1.23 has no advisory boundaries
         histogram = meter.create_histogram(LATENESS_HISTOGRAM, unit="ms", description=description)
     handle._histogram = made[LATENESS_HISTOGRAM] = histogram
+
+
+# name, unit, description, RunStats field: the driver-side counters of a Spark run
+_RUN_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
+    (NACK_COUNTER, "{message}", "The number of negatively acknowledged messages", "nacked"),
+    ("pulsar_nack.message.received", "{message}", "Messages handed to the handler", "received"),
+    ("pulsar_nack.message.acked", "{message}", "Acknowledged messages", "acked"),
+    ("pulsar_nack.message.redelivered", "{message}", "Messages received again after a nack", "redelivered"),
+    ("pulsar_nack.message.swallowed", "{message}", "Redelivered batch copies swallowed", "swallowed"),
+    ("pulsar_nack.message.dead_lettered", "{message}", "Messages sent to a dead-letter topic", "dead_lettered"),
+)
+
+
+class RunStatsExporter:
+    """Export Spark runs' aggregated stats from the driver, through OpenTelemetry.
+
+    Create it once per driver process; call :meth:`record` with each
+    :class:`~pulsar_nack.spark.RunStats` (from ``aggregate_task_stats`` or
+    ``run_consumer_tasks``). Counters add the run's totals, so a dashboard sees the same
+    instrument names as :func:`instrument` gives a consumer; the lateness histogram gets
+    one value per retry (``arrived_at - requested_at``, needs ``record_timings=True``);
+    OpenTelemetry histograms take no negative values, so an early retry is recorded as 0
+    and counted in ``pulsar_nack.redelivery.early``.
+
+    >>> RunStatsExporter(object())
+    Traceback (most recent call last):
+    ...
+    TypeError: meter must be an OpenTelemetry Meter, not object
+    """
+
+    attributes: dict[str, str | int]
+
+    def __init__(self, meter: Any = None, *, topic: str | None = None, subscription: str | None = None) -> None:
+        for name, value in (("topic", topic), ("subscription", subscription)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be str or None, not {type(value).__name__}")
+        if meter is None:
+            from opentelemetry import metrics as otel_metrics
+
+            meter = otel_metrics.get_meter("pulsar_nack")
+        if not callable(getattr(meter, "create_counter", None)):
+            raise TypeError(f"meter must be an OpenTelemetry Meter, not {type(meter).__name__}")
+        self.attributes = topic_attributes(topic, subscription)
+        self._counters = [
+            (meter.create_counter(name, unit=unit, description=description), field)
+            for name, unit, description, field in _RUN_COUNTERS
+        ]
+        self._lateness = meter.create_histogram(
+            LATENESS_HISTOGRAM, unit="ms", description="Retry lateness: arrival minus requested time, 0 when early"
+        )
+        self._early = meter.create_counter(
+            "pulsar_nack.redelivery.early", unit="{message}", description="Retries that arrived before their requested time"
+        )
+
+    def record(self, run: dict[str, Any]) -> None:
+        """Add one run's totals and retry lateness. O(counters + retries)."""
+        if not isinstance(run, dict):
+            raise TypeError(f"run must be a RunStats dict, not {type(run).__name__}")
+        missing = [field for _, field in self._counters if field not in run]
+        if missing:
+            raise ValueError(f"run lacks {missing}: pass what aggregate_task_stats returns")
+        for counter, field in self._counters:
+            counter.add(run[field], self.attributes)
+        early = 0
+        for _key, _nacked_at, requested_at, arrived_at in run.get("retries", ()):
+            # OpenTelemetry histograms take no negative values: an early retry counts as 0
+            # here and once in the early counter.
+            early += arrived_at < requested_at
+            self._lateness.record(max(arrived_at - requested_at, 0), self.attributes)
+        self._early.add(early, self.attributes)

@@ -207,3 +207,29 @@ def test_prometheus_example_serves_the_instruments():
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_spark_run_stats_export_from_the_driver():
+    from pulsar_nack.metrics import RunStatsExporter
+    from pulsar_nack.spark import aggregate_task_stats
+
+    reader, meter = _reader()
+    exporter = RunStatsExporter(meter, topic="orders", subscription="spark")
+    run = dict(aggregate_task_stats([], wall_ms=1000.0))
+    run.update(received=12, acked=10, nacked=4, redelivered=3, swallowed=1, dead_lettered=0)
+    run["retries"] = [(("t", 1, 1, -1), 0.0, 1000.0, 1030.0), (("t", 1, 2, -1), 0.0, 1000.0, 990.0)]
+    exporter.record(run)
+    exporter.record(run)  # a second run adds up
+    points = _points(reader)
+    assert points[NACK_COUNTER].value == 8
+    assert points["pulsar_nack.message.received"].value == 24
+    assert points["pulsar_nack.message.swallowed"].value == 2
+    lateness = points["pulsar_nack.redelivery.lateness"]
+    assert (lateness.count, lateness.sum, lateness.min, lateness.max) == (4, 60, 0, 30)
+    assert points["pulsar_nack.redelivery.early"].value == 2  # the -10 ms retry, twice
+    assert points[NACK_COUNTER].attributes["pulsar.subscription"] == "spark"
+    with pytest.raises(ValueError):
+        exporter.record({"nacked": 1})
+    with pytest.raises(TypeError):
+        exporter.record([run])  # type: ignore[arg-type]
+    assert _points(reader)[NACK_COUNTER].value == 8  # bad input added nothing
