@@ -22,6 +22,7 @@ DOCS = {
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
     "docs/metrics.md": ["metrics-cost"],
+    "docs/asyncio.md": ["asyncio-lateness"],
 }
 
 # Space model constants (bytes), from CPython 3.11 and the roaring portable format.
@@ -311,7 +312,28 @@ def metrics_cost_table() -> str:
     return "\n".join(lines)
 
 
+def asyncio_lateness_table() -> str:
+    """Steady-stream lateness, asyncio vs blocking vs built-in (bench/asyncio_stream.py)."""
+    result = _load("asyncio")
+    lines = [
+        "| system | redelivered | p50 | p99 | max | min |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for case in result["cases"]:
+        late = case["lateness_ms"]
+        cells = [f"{late[k]:,.0f} ms" for k in ("p50", "p99", "max", "min")] if late["n"] else ["-"] * 4
+        lines.append(f"| {case['system']} | {case['redelivered']:,}/{case['messages']:,} | " + " | ".join(cells) + " |")
+    case = result["cases"][0]
+    lines.append("")
+    lines.append(
+        f"{result['broker']}; {case['messages']:,} messages, one nack every {case['nack_interval_ms']:g} ms for "
+        f"{case['stream_s']:g} s, {case['delay_ms']:,} ms delay, 8 precision bits (up to 255 ms early by design)."
+    )
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "asyncio-lateness": asyncio_lateness_table,
     "metrics-cost": metrics_cost_table,
     "demo": demo_table,
     "space": space_table,
