@@ -162,15 +162,22 @@ async def test_batch_siblings_retry_on_their_own_and_metrics_count_them(aclient)
 
 
 async def test_steady_nack_stream_does_not_starve_redeliveries(aclient):
-    """One new failure every 20 ms for 2 s; each comes back after 300 ms, during the stream."""
+    """A new failure every 20 ms for 2 s (produced at that pace, so no backlog hides the
+    copies); each is nacked for 300 ms and must come back during the stream."""
     topic = new_topic()
     consumer = await subscribe(aclient, topic)
     count, delay = 100, 300
-    await produce(aclient, topic, [str(i).encode() for i in range(count)])
+    producer = await aclient.create_producer(topic, batching_enabled=False)
+
+    async def produce_steadily() -> None:
+        for i in range(count):
+            await producer.send(str(i).encode())
+            await asyncio.sleep(0.02)
+
+    sending = asyncio.create_task(produce_steadily())
     nacked_at: dict[bytes, float] = {}
     arrived_at: list[float] = []
     lateness: list[float] = []
-    stream_end = None
     while len(lateness) < count:
         message = await receive(consumer)
         payload = message.data()
@@ -178,14 +185,12 @@ async def test_steady_nack_stream_does_not_starve_redeliveries(aclient):
             arrived_at.append(now_ms())
             lateness.append(arrived_at[-1] - nacked_at[payload] - delay)
             await consumer.acknowledge(message)
-            continue
-        await consumer.negative_acknowledge(message, delay)
-        nacked_at[payload] = now_ms()
-        if len(nacked_at) == count:
-            stream_end = now_ms()
         else:
-            await asyncio.sleep(0.02)
-    assert stream_end is not None
+            await consumer.negative_acknowledge(message, delay)
+            nacked_at[payload] = now_ms()
+    await sending
+    await producer.close()
+    stream_end = max(nacked_at.values())
     # Starvation would hold every redelivery until the stream stops.
     during_stream = sum(1 for t in arrived_at if t < stream_end)
     assert during_stream > count // 2, (during_stream, max(lateness))
