@@ -43,7 +43,7 @@ import enum
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 import _pulsar
@@ -210,7 +210,7 @@ class NackingConsumer:
     ----------
     consumer : pulsar.Consumer
         Subscribed with ``negative_ack_redelivery_delay_ms=handoff_delay_ms``.
-    topics : list of str
+    topics : str, or list or tuple of str
         The topics the consumer reads (to refuse messages of other consumers).
     negative_ack_redelivery_delay_ms : int
         Fixed delay when no per-call delay or backoff applies. Default 60 s.
@@ -238,7 +238,7 @@ class NackingConsumer:
     def __init__(
         self,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: str | list[str] | tuple[str, ...],
         *,
         negative_ack_redelivery_delay_ms: int = 60_000,
         negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
@@ -250,8 +250,8 @@ class NackingConsumer:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         topic_list = check_topics("topics", topics)
-        check_int("handoff_delay_ms", handoff_delay_ms, 0)
-        check_int("coalesce_ms", coalesce_ms, 0)
+        check_ms("handoff_delay_ms", handoff_delay_ms)
+        check_ms("coalesce_ms", coalesce_ms)
         self._consumer = consumer
         self._topics = frozenset(_full_topic_name(t) for t in topic_list)
         self._batches = {}
@@ -277,7 +277,7 @@ class NackingConsumer:
     def wrap(
         cls,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: str | list[str] | tuple[str, ...],
         *,
         handoff_delay_ms: int | None = None,
         **kwargs: Any,
