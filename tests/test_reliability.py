@@ -18,7 +18,6 @@ from pulsar_nack import (
     MultiplierRedeliveryBackoff,
     NegativeAcksTracker,
 )
-from pulsar_nack.errors import TrackerClosedError
 from pulsar_nack.timer import DeadlineTimer, monotonic_ms
 
 TRACKERS = [NegativeAcksTracker, PurePythonTracker, HashMapNegativeAcksTracker]
@@ -262,6 +261,8 @@ def test_keys_put_back_into_a_closed_tracker_do_not_reopen_it_to_adds(cls):
     assert tracker.close(flush=False) == {}
     got.release.set()
     assert wait_for(lambda: len(tracker) == 3)
+    from pulsar_nack.errors import TrackerClosedError  # here: the file also runs on code without it
+
     with pytest.raises(TrackerClosedError):
         tracker.add(("t", 1, 7, -1))  # now + delay_ms = 10_005: the bucket of the failed keys
     assert sorted(flat(tracker.close(flush=False))) == [("t", 1, e, -1) for e in range(3)]
