@@ -3,7 +3,8 @@
 The core (:mod:`~pulsar_nack.buckets`, :mod:`~pulsar_nack.timer`,
 :mod:`~pulsar_nack.backoff`, :mod:`~pulsar_nack.tracker`, :mod:`~pulsar_nack.baseline`)
 imports neither pulsar nor pyspark. The consumer layer (``subscribe``,
-``NackingConsumer``), the embedded broker and the Spark helpers are loaded on first use.
+``NackingConsumer``) and the Spark helpers are loaded on first use. The test brokers
+live in :mod:`pulsar_nack.testing`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "NackingConsumer": "consumer",
     "subscribe": "consumer",
-    "EmbeddedBroker": "embedded",
     "ConsumerConfig": "spark",
     "TaskBudget": "spark",
     "run_consumer_tasks": "spark",
@@ -38,7 +38,6 @@ __all__ = [
     "ConsumerClosedError",
     "ConsumerConfig",
     "DeadlineTimer",
-    "EmbeddedBroker",
     "FixedDelay",
     "HashMapNegativeAcksTracker",
     "MessageKey",
@@ -61,7 +60,6 @@ __all__ = [
 if TYPE_CHECKING:
     from .consumer import NackingConsumer as NackingConsumer
     from .consumer import subscribe as subscribe
-    from .embedded import EmbeddedBroker as EmbeddedBroker
     from .spark import ConsumerConfig as ConsumerConfig
     from .spark import TaskBudget as TaskBudget
     from .spark import run_consumer_tasks as run_consumer_tasks

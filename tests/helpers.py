@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pulsar_nack import NegativeAcksTracker, _accel
+
+
+def pid_gone(pid: int) -> bool:
+    """True if process *pid* no longer runs (gone, or a zombie awaiting its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+    return False
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, poll_s: float = 0.005) -> bool:
