@@ -23,6 +23,9 @@ DOCS = {
     "docs/spark.md": ["demo"],
 }
 
+DEMO_RESULTS = ("demo-apache", "demo-lite")
+"""The demo's result files, written by one ``python -m bench.demo`` run."""
+
 # Space model constants (bytes), from CPython 3.11 and the roaring portable format.
 SLOT = 75  # per bucket in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
 BYTES_OBJ = 33  # header of a `bytes` object
@@ -230,7 +233,7 @@ def scaling_table() -> str:
 
 def meta_table() -> str:
     lines = ["| result file | commit | when (UTC) | machine | Python | pulsar-client | pyroaring |", "|---|---|---|---|---|---|---|"]
-    for name in ("memory", "core_perf", "client", "e2e", "scaling", "demo"):
+    for name in ("memory", "core_perf", "client", "e2e", "scaling", *DEMO_RESULTS):
         meta = _load(name)["meta"]
         git, machine, packages = meta["git"], meta["machine"], meta["packages"]
         commit = (git["commit"] or "?")[:10] + (" + uncommitted changes" if git.get("dirty") else "")
@@ -280,24 +283,25 @@ def space_table() -> str:
 
 
 def demo_table() -> str:
-    demo = _load("demo")
     lines = [
-        "| run | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
+        "| broker (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
         "| retry lateness p50 / p99 / max | peak pending nacks / tracker memory (one worker) "
         "| Spark start / consume / demo total | process wall time | messages/s | stderr lines |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
-    for run in demo["runs"]:
-        s = run["summary"]
-        late = s["redelivery_lateness_ms"]
-        lines.append(
-            f"| `pulsar-nack demo --messages {run['size']} --json` | {s['produced']:,} | {s['lost']} | "
-            f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | {s['duplicates']:,} | "
-            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
-            f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
-            f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
-            f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
-        )
+    for name in DEMO_RESULTS:
+        for run in _load(name)["runs"]:
+            s = run["summary"]
+            late = s["redelivery_lateness_ms"]
+            lines.append(
+                f"| {run['broker']} (`bench/results/{name}.json`) | {s['produced']:,} | {s['lost']} | "
+                f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
+                f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | "
+                f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
+                f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
+                f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
+                f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
+            )
     return "\n".join(lines)
 
 
