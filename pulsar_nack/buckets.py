@@ -63,7 +63,6 @@ _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _BATCHED_ENTRY_LIMIT = 1 << (63 - _BATCH_BITS)  # packed values stay below 2**63
 _U32 = 1 << 32
-_PLAIN = -1  # batch_index of a non-batched message
 
 
 class _Kind(enum.IntEnum):
@@ -156,10 +155,9 @@ class TimeBuckets:
     _messages: int
     _entries: int
     _sealed_bytes: int
-    # The bitmap the previous plain add went to: the hot path of add() skips every
-    # lookup, and its adds are counted as the bitmap's growth when the slot is cleared.
+    # The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
+    # adds are counted as the bitmaps' growth when a slot goes (_settle).
     _hot: _accel.PyHotSlot
-    _last_slow: _Bitmap | None  # the bitmap the previous slow add wrote (a hint only)
 
     def __init__(
         self,
@@ -183,7 +181,7 @@ class TimeBuckets:
         self._entries = 0
         self._sealed_bytes = 0
         self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
-        self._last_slow = None
+        self._hot_add = self._hot.add
 
     # ------------------------------------------------------------------ queries
 
@@ -194,7 +192,7 @@ class TimeBuckets:
     @property
     def entries(self) -> int:
         """Pending entries (a batch counts once per bucket it appears in). O(1)."""
-        return self._entries + self._hot.growth()
+        return self._entries + self._hot.entry_growth()
 
     @property
     def bucket_count(self) -> int:
@@ -260,20 +258,8 @@ class TimeBuckets:
             bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
         else:
             bucket_deadline = deadline_ms & ~self._low_mask
-        # Hot path. `batch_index is _PLAIN` holds only for the int -1 (a cached small int in
-        # CPython; anything else takes the checked path). The ledger and topic equal those
-        # of an already validated key; the entry id is checked here.
-        hot = self._hot
-        if (
-            batch_index is _PLAIN
-            and bucket_deadline == hot.deadline
-            and type(ledger_id) is int
-            and ledger_id == hot.ledger
-            and topic == hot.topic
-            and type(entry_id) is int
-            and 0 <= entry_id < _U32
-        ):
-            hot.bitmap.add(entry_id)  # type: ignore[union-attr]  # (set: the deadline matched)
+        # Hot path: a bitmap a recent add went to takes the key (it checks the key itself).
+        if self._hot_add(key, bucket_deadline):
             return bucket_deadline
         if (
             type(topic) is not str
@@ -287,9 +273,7 @@ class TimeBuckets:
         return bucket_deadline
 
     def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
-        """Add a validated key through the full lookup: bucket, stream, bitmap."""
-        if self._hot.bitmap is not None:
-            self._forget_hot()  # count what went through the slot before touching any bitmap
+        """Add a validated key through the full lookup: bucket, stream, bitmap; make the bitmap hot."""
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -300,9 +284,11 @@ class TimeBuckets:
             bitmap = BitMap() if value < _U32 else BitMap64()
             bucket[sid] = bitmap
             self._stream_refs[sid] += 1
-        elif value >= _U32 and type(bitmap) is BitMap:
-            bitmap = BitMap64(bitmap)
-            bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
+        else:
+            self._settle(self._hot.forget_bitmap(bitmap))  # count its hot adds before this one
+            if value >= _U32 and type(bitmap) is BitMap:
+                bitmap = BitMap64(bitmap)
+                bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
         kind = stream[2]
         new_entry = (
             kind is _Kind.PLAIN
@@ -315,14 +301,12 @@ class TimeBuckets:
         try:
             bitmap.add_checked(value)
         except KeyError:
-            return
-        self._messages += 1
-        self._entries += new_entry
-        # The second slow add in a row to one bitmap makes it hot: interleaved streams
-        # (several topics) then skip the slot's upkeep, runs of one stream do not.
-        if bitmap is self._last_slow and kind is _Kind.PLAIN and type(bitmap) is BitMap:
-            self._hot.set(bucket_deadline, key[0], key[1], bitmap)
-        self._last_slow = bitmap
+            pass
+        else:
+            self._messages += 1
+            self._entries += new_entry
+        if kind is not _Kind.WIDE and type(bitmap) is BitMap:
+            self._settle(self._hot.set(bucket_deadline, key[0], key[1], kind, bitmap))
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.
@@ -341,8 +325,7 @@ class TimeBuckets:
             del buckets[deadline]
             if type(bucket) is dict:
                 del self._open[deadline]
-                if deadline == self._hot.deadline:
-                    self._forget_hot()
+                self._settle(self._hot.forget(deadline))
                 self._release(bucket.items(), due)
                 continue
             self._sealed_bytes -= sys.getsizeof(bucket)
@@ -453,8 +436,7 @@ class TimeBuckets:
         buckets = self._buckets
         bucket: _OpenBucket = buckets[deadline]
         del self._open[deadline]
-        if deadline == self._hot.deadline:
-            self._forget_hot()
+        self._settle(self._hot.forget(deadline))
         body = _pages.encode_body(bucket.items())
         index = buckets.index(deadline)
         if index:
@@ -510,11 +492,10 @@ class TimeBuckets:
         self._stream_ids[stream] = sid
         return sid
 
-    def _forget_hot(self) -> None:
-        """Empty the hot slot, counting the adds that went through it. O(1)."""
-        grown = self._hot.clear()
-        self._messages += grown
-        self._entries += grown
+    def _settle(self, grown: tuple[int, int]) -> None:
+        """Count the ``(messages, entries)`` added through hot slots that were removed. O(1)."""
+        self._messages += grown[0]
+        self._entries += grown[1]
 
     # ------------------------------------------------------------------ memory
 
@@ -601,15 +582,13 @@ class TimeBuckets:
         assert all(refs[i] > 0 for i, s in enumerate(self._streams) if s is not None)
         # Counters match the content.
         assert (messages, entries, sealed) == (len(self), self.entries, self._sealed_bytes)
-        # The hot bitmap, if any, is the live 32-bit bitmap of a plain stream in an open bucket.
-        hot = self._hot
-        if hot.bitmap is not None:
-            assert hot.topic is not None
-            sid = self._stream_ids[(hot.topic, hot.ledger, _Kind.PLAIN, -1)]
-            assert self._buckets[hot.deadline][sid] is hot.bitmap and type(hot.bitmap) is BitMap
-            assert len(hot.bitmap) >= hot.base
-        else:
-            assert (hot.deadline, hot.topic, hot.ledger, hot.base) == (-1, None, -1, 0)
+        # Each hot bitmap is the live 32-bit bitmap of its plain or batched stream in an open bucket.
+        slots = self._hot.slots()
+        assert len({id(bitmap) for *_, bitmap, _ in slots}) == len(slots) <= 16
+        for deadline, topic, ledger, kind, bitmap, base in slots:
+            sid = self._stream_ids[(topic, ledger, _Kind(kind), -1)]
+            assert self._buckets[deadline][sid] is bitmap and type(bitmap) is BitMap
+            assert len(bitmap) >= base
 
 
 _BITMAP_OVERHEAD = 96
