@@ -25,7 +25,7 @@ from typing import Any
 
 from pyroaring import BitMap
 
-__all__ = ["SPEEDUPS", "FastAdd", "HotSlot", "PyHotSlot"]
+__all__ = ["SPEEDUPS", "FastAdd", "HotSlot", "PyHotSlot", "decode_gaps", "encode_gaps"]
 
 
 _MAX_SLOTS = 16
@@ -122,14 +122,21 @@ class PyHotSlot:
 
 HotSlot: Any = PyHotSlot
 FastAdd: Any = None
+encode_gaps: Any = None
+"""C ``encode_gaps(array)`` of :mod:`pulsar_nack._pages`' GAPS codec, or None (pure Python)."""
+decode_gaps: Any = None
+"""C ``decode_gaps(payload)``, or None (pure Python)."""
 SPEEDUPS = False
 
 if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
     try:
         from ._speedups import FastAdd as _CFastAdd
         from ._speedups import HotSlot as _CHotSlot
+        from ._speedups import decode_gaps as _c_decode_gaps
+        from ._speedups import encode_gaps as _c_encode_gaps
 
         FastAdd, HotSlot = _CFastAdd, _CHotSlot
+        encode_gaps, decode_gaps = _c_encode_gaps, _c_decode_gaps
 
         SPEEDUPS = True
     except ImportError:  # built without a C compiler: pure Python

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 #include <time.h>
 
 #define U32_LIMIT (1LL << 32)
@@ -657,6 +658,92 @@ static PyTypeObject FastAddType = {
     .tp_methods = FastAdd_methods,
 };
 
+/* ------------------------------------------------------------------ gap codec */
+
+/* encode_gaps(values): the GAPS payload of ascending distinct values given as a buffer
+ * of unsigned 32- or 64-bit ints (BitMap.to_array()): uvarint(first), then
+ * uvarint(value - previous) for each further value. Same bytes as _pages' Python code. */
+static PyObject *
+encode_gaps(PyObject *module, PyObject *values)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
+    if ((view.itemsize != 4 && view.itemsize != 8) || n < 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "encode_gaps takes 1 or more unsigned 32- or 64-bit values");
+        return NULL;
+    }
+    unsigned char *out = PyMem_Malloc((size_t)n * 10);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t size = 0;
+    unsigned long long previous = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long value = view.itemsize == 4 ? ((uint32_t *)view.buf)[i] : ((uint64_t *)view.buf)[i];
+        unsigned long long gap = value - previous;
+        if (i && value <= previous) {
+            PyMem_Free(out);
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "encode_gaps takes ascending distinct values");
+            return NULL;
+        }
+        previous = value;
+        while (gap >= 0x80) {
+            out[size++] = (unsigned char)(gap & 0x7F) | 0x80;
+            gap >>= 7;
+        }
+        out[size++] = (unsigned char)gap;
+    }
+    PyBuffer_Release(&view);
+    PyObject *result = PyBytes_FromStringAndSize((char *)out, size);
+    PyMem_Free(out);
+    return result;
+}
+
+/* decode_gaps(payload): the ascending values of a GAPS payload, as a list of ints. */
+static PyObject *
+decode_gaps(PyObject *module, PyObject *payload)
+{
+    if (!PyBytes_Check(payload)) {
+        PyErr_SetString(PyExc_TypeError, "decode_gaps takes bytes");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(payload);
+    Py_ssize_t size = PyBytes_GET_SIZE(payload), pos = 0;
+    PyObject *list = PyList_New(0);
+    unsigned long long value = 0;
+    while (list != NULL && pos < size) {
+        unsigned long long gap = 0;
+        int shift = 0;
+        while (pos < size && data[pos] & 0x80 && shift < 63) {
+            gap |= (unsigned long long)(data[pos++] & 0x7F) << shift;
+            shift += 7;
+        }
+        if (pos == size || data[pos] >> (shift > 57 ? 64 - shift : 7)) {
+            PyErr_SetString(PyExc_ValueError, "corrupt GAPS payload");
+            Py_CLEAR(list);
+            break;
+        }
+        gap |= (unsigned long long)data[pos++] << shift;
+        value += gap;
+        PyObject *item = PyLong_FromUnsignedLongLong(value);
+        if (item == NULL || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    return list;
+}
+
+static PyMethodDef module_methods[] = {
+    {"encode_gaps", encode_gaps, METH_O, "encode_gaps(values): GAPS payload of ascending unsigned ints (a buffer)."},
+    {"decode_gaps", decode_gaps, METH_O, "decode_gaps(payload): the values of a GAPS payload, as a list."},
+    {NULL},
+};
+
 /* ------------------------------------------------------------------ module */
 
 static struct PyModuleDef speedups_module = {
@@ -664,6 +751,7 @@ static struct PyModuleDef speedups_module = {
     .m_name = "pulsar_nack._speedups",
     .m_doc = "The optional C hot path of NegativeAcksTracker.add (see pulsar_nack._accel).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

@@ -155,6 +155,8 @@ class TimeBuckets:
     _messages: int
     _entries: int
     _sealed_bytes: int
+    _sealed_max: int  # no page holds a bucket later than this (an upper bound)
+    _sealed_count: int  # buckets in pages
     # The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
     # adds are counted as the bitmaps' growth when a slot goes (_settle).
     _hot: _accel.PyHotSlot
@@ -180,6 +182,8 @@ class TimeBuckets:
         self._messages = 0
         self._entries = 0
         self._sealed_bytes = 0
+        self._sealed_max = -1
+        self._sealed_count = 0
         self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
         self._hot_add = self._hot.add
 
@@ -196,8 +200,8 @@ class TimeBuckets:
 
     @property
     def bucket_count(self) -> int:
-        """Number of buckets. O(1)."""
-        return len(self._buckets)
+        """Number of buckets, open or sealed (in pages). O(1)."""
+        return len(self._open) + self._sealed_count
 
     def bucket_of(self, deadline_ms: int) -> int:
         """The bucket a deadline falls into (floored, or rounded up if ``round_up``).
@@ -334,6 +338,7 @@ class TimeBuckets:
                     self._put_page(record_deadline, _pages.tail(bucket, deadline, record_deadline, offset))
                     break
                 self._release(self._body_values(bucket, start, end), due)
+                self._sealed_count -= 1
         return due
 
     def _release(self, pairs: Iterable[tuple[int, _Values]], due: dict[str, list[MessageKey]]) -> None:
@@ -372,7 +377,7 @@ class TimeBuckets:
         body = None
         if bucket is not None:
             body = self._split_page(deadline, bucket, deadline)
-        else:
+        elif deadline <= self._sealed_max:  # a page may hold this bucket or later ones: split it here
             index = buckets.bisect_left(deadline)
             if index:
                 key, before = buckets.peekitem(index - 1)
@@ -414,6 +419,7 @@ class TimeBuckets:
             cut = offset if cut == len(page) else cut
             if record_deadline == deadline:
                 found = (page, start, end)
+                self._sealed_count -= 1
             else:
                 after = (record_deadline, offset)
                 break
@@ -438,6 +444,8 @@ class TimeBuckets:
         del self._open[deadline]
         self._settle(self._hot.forget(deadline))
         body = _pages.encode_body(bucket.items())
+        self._sealed_max = max(self._sealed_max, deadline)
+        self._sealed_count += 1
         index = buckets.index(deadline)
         if index:
             key, before = buckets.peekitem(index - 1)
@@ -541,6 +549,8 @@ class TimeBuckets:
         assert set(self._open) == {k for k in keys if type(self._buckets[k]) is dict}
         assert len(self._open) <= self.max_open_buckets
         sealed = sum(sys.getsizeof(b) for b in self._buckets.values() if type(b) is bytes)
+        records = sum(len(_pages.records(k, b)) for k, b in self._buckets.items() if type(b) is bytes)
+        assert records == self._sealed_count == self.bucket_count - len(self._open)
         refs = [0] * len(self._streams)
         messages = entries = 0
         for index, key in enumerate(keys):
@@ -555,6 +565,7 @@ class TimeBuckets:
                 deadlines = [d for d, _ in groups]
                 assert deadlines[0] == key and deadlines == sorted(set(deadlines))
                 assert limit is None or deadlines[-1] < limit
+                assert deadlines[-1] <= self._sealed_max
                 assert all(d & self._low_mask == 0 for d in deadlines)
             for _, pairs in groups:
                 # No empty bucket and no empty bitmap; a stream appears once per bucket.
