@@ -48,6 +48,7 @@ __all__ = [
     "decode_values",
     "encode_body",
     "encode_values",
+    "iter_records",
     "read_uvarint",
     "records",
     "tail",
@@ -65,10 +66,13 @@ Record = tuple[int, int, int, int]
 """``(deadline, record_offset, body_start, body_end)`` of one sealed bucket in a page."""
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
 def uvarint(value: int) -> bytes:
     """LEB128 encoding of a non-negative int (7 bits a byte, low first). O(log value)."""
     if value < 0x80:
-        return bytes((value,))
+        return _ONE_BYTE[value]
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)
@@ -205,19 +209,22 @@ def append(page: bytes, key: int, deadline: int, body: bytes) -> bytes:
     return page + _record(deadline - base_of(key, page), body)
 
 
-def records(key: int, page: bytes) -> list[Record]:
-    """Every record of a page, in deadline order. O(records)."""
+def iter_records(key: int, page: bytes) -> Iterator[Record]:
+    """The records of a page, in deadline order, read as they are consumed. O(1) each."""
     base = base_of(key, page)
-    out = []
     pos = read_uvarint(page, 0)[1]
     end = len(page)
     while pos < end:
         start = pos
         delta, pos = read_uvarint(page, pos)
         length, pos = read_uvarint(page, pos)
-        out.append((base + delta, start, pos, pos + length))
+        yield base + delta, start, pos, pos + length
         pos += length
-    return out
+
+
+def records(key: int, page: bytes) -> list[Record]:
+    """Every record of a page, in deadline order. O(records)."""
+    return list(iter_records(key, page))
 
 
 def tail(page: bytes, key: int, new_key: int, offset: int) -> bytes:

@@ -333,7 +333,7 @@ class TimeBuckets:
                 self._release(bucket.items(), due)
                 continue
             self._sealed_bytes -= sys.getsizeof(bucket)
-            for record_deadline, offset, start, end in _pages.records(deadline, bucket):
+            for record_deadline, offset, start, end in _pages.iter_records(deadline, bucket):
                 if record_deadline > now_ms:  # the rest of the page stays, as a page of its own
                     self._put_page(record_deadline, _pages.tail(bucket, deadline, record_deadline, offset))
                     break
@@ -413,7 +413,7 @@ class TimeBuckets:
         found = None
         after = None
         cut = len(page)
-        for record_deadline, offset, start, end in _pages.records(key, page):
+        for record_deadline, offset, start, end in _pages.iter_records(key, page):
             if record_deadline < deadline:
                 continue
             cut = offset if cut == len(page) else cut
@@ -435,7 +435,7 @@ class TimeBuckets:
 
     def _put_page(self, key: int, page: bytes) -> None:
         self._buckets[key] = page
-        self._sealed_bytes += sys.getsizeof(page)
+        self._sealed_bytes += len(page) + _BYTES_HEADER
 
     def _seal(self, deadline: int) -> None:
         """Replace the open bucket at *deadline* by its compact form, in a page. O(bucket + page)."""
@@ -444,7 +444,8 @@ class TimeBuckets:
         del self._open[deadline]
         self._settle(self._hot.forget(deadline))
         body = _pages.encode_body(bucket.items())
-        self._sealed_max = max(self._sealed_max, deadline)
+        if deadline > self._sealed_max:
+            self._sealed_max = deadline
         self._sealed_count += 1
         index = buckets.index(deadline)
         if index:
@@ -452,7 +453,7 @@ class TimeBuckets:
             if type(before) is bytes and len(before) + len(body) <= _pages.PAGE_BYTES:
                 # Join the page just before: it then covers this deadline too.
                 del buckets[deadline]
-                self._sealed_bytes -= sys.getsizeof(before)
+                self._sealed_bytes -= len(before) + _BYTES_HEADER
                 self._put_page(key, _pages.append(before, key, deadline, body))
                 return
         del buckets[deadline]
@@ -602,5 +603,7 @@ class TimeBuckets:
             assert len(bitmap) >= base
 
 
+_BYTES_HEADER = sys.getsizeof(b"")
+"""``sys.getsizeof`` of a bytes object beyond its length."""
 _BITMAP_OVERHEAD = 96
 """Bytes per live bitmap besides its containers: the Python object and roaring header."""
