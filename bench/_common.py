@@ -177,6 +177,12 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
     return meta
 
 
+def broker_label(broker: Any) -> str:
+    """What a result records as its broker: "Apache Pulsar 4.0.8 standalone" or "pulsar-lite"."""
+    version = getattr(broker, "version", None)
+    return f"Apache Pulsar {version} standalone" if version else "pulsar-lite"
+
+
 def write_result(name: str, payload: dict[str, Any], start: dict[str, Any] | None = None) -> Path:
     """Write ``bench/results/<name>.json`` (overwriting it), with :func:`metadata` added.
 

@@ -53,8 +53,17 @@ def _case(memory: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in memory["cases"] if c["case"]["name"] == name)
 
 
-def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str) -> dict[str, Any]:
-    return next(c for c in e2e["cases"] if (c["system"], c["delay_ms"], c["mode"]) == (system, delay, mode))
+def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str, subscription: str = "Shared") -> dict[str, Any]:
+    return next(
+        c
+        for c in e2e["cases"]
+        if (c["system"], c["delay_ms"], c["mode"], c.get("subscription", "Shared")) == (system, delay, mode, subscription)
+    )
+
+
+def _broker(result: dict[str, Any]) -> str:
+    """Which broker a result came from (older results predate the label: pulsar-lite)."""
+    return str(result.get("broker", "pulsar-lite 0.2.0 (embedded)"))
 
 
 def _client(client: dict[str, Any], system: str) -> dict[str, Any]:
@@ -84,7 +93,7 @@ def results_table() -> str:
         f"| **pulsar-nack** | **{_span(grid['tracker']['rss_bytes_per_msg'], sparse['tracker']['rss_bytes_per_msg'])} B** ² | "
         f"**{1e6 / add['tracker']['rate']['median']:.2f} µs** ⁴ | **{late_ours['p99']:.0f} ms** ³ |",
         "",
-        f"¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer, "
+        f"¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer of {_broker(client)}, "
         f"RSS delta per id, median call cost. In the same run `NackingConsumer.negative_acknowledge` holds "
         f"{_b(ours['bytes_per_id'])} B per id and costs {ours['call_us']['median']:.2f} µs per id; on received "
         f"messages it costs {ours['call_message_us']['median']:.2f} µs against the built-in's "
@@ -95,7 +104,7 @@ def results_table() -> str:
         f"² `bench/memory.py`, {n_mem:,} pending per case, RSS delta per message: from the paper's x=8, y=10 case "
         f"(consecutive entries) to the sparsest pattern at y ≥ 8 (`{sparse['case']['name']}`: "
         f"{sparse['case']['description']}); every case in docs/benchmarks.md. "
-        "³ `bench/e2e.py` on the embedded broker: 1,000 messages, one nack every 5 ms; arrival − requested time "
+        f"³ `bench/e2e.py` on {_broker(e2e)}, Shared subscription: 1,000 messages, one nack every 5 ms; arrival − requested time "
         f"(ours: p50 {late_ours['p50']:.0f} ms, since 8 precision bits may release up to 255 ms early by design). "
         "⁴ `bench/core_perf.py`: public `add`, 1M keys, median of repetitions, both in one run. "
         "⁵ `bench/core_perf.py`: timer only (no broker), one add per ms at 100 ms delay; the baseline's "
@@ -195,13 +204,16 @@ def client_table() -> str:
 def e2e_table() -> str:
     e2e = _load("e2e")
     lines = [
-        "| system | delay | mode | back | min ms | p50 ms | p99 ms | max ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        f"Broker: {_broker(e2e)}.",
+        "",
+        "| system | subscription | delay | mode | back | duplicates | min ms | p50 ms | p99 ms | max ms |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in e2e["cases"]:
         late = c["lateness_ms"]
         lines.append(
-            f"| {c['system']} | {c['delay_ms'] / 1000:g} s | {c['mode']} | {c['redelivered']}/{c['messages']} | "
+            f"| {c['system']} | {c.get('subscription', 'Shared')} | {c['delay_ms'] / 1000:g} s | {c['mode']} | "
+            f"{c['redelivered']}/{c['messages']} | {c.get('duplicates', 0)} | "
             f"{late['min']:.0f} | {late['p50']:.0f} | {late['p99']:.0f} | {late['max']:.0f} |"
         )
     return "\n".join(lines)

@@ -501,6 +501,10 @@ class TimeBuckets:
         self._stream_ids[stream] = sid
         return sid
 
+    def _forget_hot(self) -> None:
+        """Empty every hot slot, counting the adds that went through them. O(slots)."""
+        self._settle(self._hot.clear())
+
     def _settle(self, grown: tuple[int, int]) -> None:
         """Count the ``(messages, entries)`` added through hot slots that were removed. O(1)."""
         self._messages += grown[0]

@@ -7,10 +7,17 @@ Handoff to the client
     The Python client can redeliver specific messages in one way only:
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
-    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100) and our buckets fire
-    early by that much. The client redelivers 100-133 ms after a handoff (its timer
-    ticks every delay/3), so a message arrives between its bucket deadline and about
-    33 ms after it: never earlier than the bucket. Each due entry is handed over as
+    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
+    ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
+    strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
+    132 ms later (measured: 134-137 ms with the broker round trip on loopback). Our
+    buckets fire early by exactly that client latency (:func:`client_handoff_latency_ms`),
+    so a message arrives a few ms after its bucket deadline. That holds while the
+    client's tracker is idle at each handoff, i.e. bursts at least 165 ms apart (its
+    last tick runs 33 ms after a redelivery): true for buckets of 256 ms and more.
+    Below 8 precision bits, and with ``never_early``, buckets fire early by only the
+    client's delay (100 ms): a message then arrives 0-33 ms after its bucket deadline,
+    never before it. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -44,9 +50,11 @@ import _pulsar
 import pulsar
 
 from ._base import DueKeys
-from ._validate import check_bool, check_int
+from ._validate import check_bool, check_int, check_ms, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
+from .errors import ConsumerClosedError
+from .keys import PARTITION_SUFFIX as _PARTITION_SUFFIX
 from .keys import MessageKey, redelivery_count_of
 from .timer import monotonic_ms
 from .tracker import NegativeAcksTracker, TrackerStats
@@ -57,17 +65,36 @@ _log = logging.getLogger(__name__)
 
 HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
+
+
+def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
+    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+
+    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
+    entries whose deadline is strictly past, so the id comes back on the first tick
+    after ``delay``. O(1).
+
+    >>> client_handoff_latency_ms(100)
+    132
+    >>> client_handoff_latency_ms(300)
+    400
+    """
+    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
+    interval = delay // 3
+    return (delay // interval + 1) * interval
+
+
+def _handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
+    """How early buckets fire: the client's full latency only where it is exact (see above)."""
+    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
+    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+
+
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
 SETTLED_MEMORY = 4096
 """Entries settled after a nack that are remembered, to swallow straggling copies."""
-
-_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _EntryKey = tuple[str, int, int]  # (topic, ledger_id, entry_id)
-
-
-class ConsumerClosedError(RuntimeError):
-    """Raised by calls on a closed :class:`NackingConsumer`."""
 
 
 class BatchIndexState(enum.IntEnum):
@@ -222,9 +249,7 @@ class NackingConsumer:
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
-        topic_list = [topics] if isinstance(topics, str) else list(topics)
-        if not topic_list or not all(isinstance(t, str) and t for t in topic_list):
-            raise ValueError("topics must be a non-empty list of topic names")
+        topic_list = check_topics("topics", topics)
         check_int("handoff_delay_ms", handoff_delay_ms, 0)
         check_int("coalesce_ms", coalesce_ms, 0)
         self._consumer = consumer
@@ -243,7 +268,7 @@ class NackingConsumer:
             precision_bits=negative_ack_precision_bit_cnt,
             round_up=never_early,
             backoff=redelivery_backoff,
-            lead_ms=handoff_delay_ms,
+            lead_ms=_handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
             coalesce_ms=coalesce_ms,
             default_topic=topic_list[0] if len(topic_list) == 1 else "",
         )
@@ -379,7 +404,7 @@ class NackingConsumer:
         self._check_open()
         raw = _raw_id(message)
         if delay_ms is not None:
-            check_int("delay_ms", delay_ms, 0)
+            check_ms("delay_ms", delay_ms)
         key = self._key(message, raw)
         if key[3] >= 0:
             with self._lock:
@@ -600,9 +625,7 @@ def subscribe(
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     if not isinstance(subscription_name, str) or not subscription_name:
         raise TypeError("subscription_name must be a non-empty str")
-    topics = [topic] if isinstance(topic, str) else list(topic) if isinstance(topic, (list, tuple)) else None
-    if not topics or not all(isinstance(t, str) and t for t in topics):
-        raise TypeError("topic must be a topic name or a non-empty list of topic names")
+    topics = check_topics("topic", topic)
     if "pattern" in subscribe_kwargs or "negative_ack_redelivery_delay_ms" in subscribe_kwargs:
         raise TypeError("unsupported keyword")
     ready = threading.Event()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from helpers import wait_for
+from helpers import pid_gone, wait_for
 from pulsar_nack.backoff import MultiplierRedeliveryBackoff
 from pulsar_nack.spark import (
     ConsumerConfig,
@@ -35,8 +35,7 @@ from pulsar_nack.spark import (
     executor_consumer,
     run_consumer_tasks,
 )
-from pulsar_nack.testing import quiet_client
-from pulsar_nack.testing.lite_shim import apply_lite_consumer_id_shim
+from pulsar_nack.testing import client_factory_for, quiet_client
 
 pytestmark = pytest.mark.spark
 
@@ -118,9 +117,9 @@ def produce(client, topic: str, n: int, *, batch_size: int = 10) -> None:
 
 def assert_subscription_empty(url: str, topic: str, subscription: str, wait_ms: int = 1500) -> None:
     """A fresh consumer gets nothing: every message of the subscription was acked."""
-    client = quiet_client(url)
+    factory = client_factory_for(url)  # pulsar-lite: its consumer-id shim (the workers are on it too)
+    client = quiet_client(url) if factory is None else factory(url)
     try:
-        apply_lite_consumer_id_shim(client, url)  # the workers are on it too
         consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared)
         try:
             message = consumer.receive(wait_ms)
@@ -132,6 +131,11 @@ def assert_subscription_empty(url: str, topic: str, subscription: str, wait_ms: 
             consumer.close()
     finally:
         client.close()
+
+
+def make_config(url: str, *args, **kwargs) -> ConsumerConfig:
+    """A ConsumerConfig with the client factory the broker needs (pulsar-lite: its shim)."""
+    return ConsumerConfig(url, *args, client_factory=client_factory_for(url), **kwargs)
 
 
 def new_topic() -> str:
@@ -212,25 +216,12 @@ def _summary(task) -> dict:
     return {k: task[k] for k in (*keys, "redelivered", "stop_reason", "pending_nacks")}
 
 
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().split(") ", 1)[1].startswith("Z")
-    except OSError:
-        return True
-    return False
-
-
 # ----------------------------------------------------------------------------- tests
 
 
 def test_importing_the_module_imports_neither_pyspark_nor_pulsar():
     code = (
-        "import sys, pulsar_nack.spark, pulsar_nack.demo; "
+        "import sys, pulsar_nack.spark, pulsar_nack.cli.demo, pulsar_nack.cli.broker; "
         "bad = [m for m in ('pyspark', 'pulsar', '_pulsar') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -258,7 +249,7 @@ def test_config_is_validated_and_pickles():
         ConsumerConfig("pulsar://h:1", "t", "s", on_non_retryable="drop")
     with pytest.raises(ValueError):
         ConsumerConfig("pulsar://h:1", "t", "s", subscription_type="Sharded")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):  # an empty list is a bad value (test_errors.py: the same everywhere)
         ConsumerConfig("pulsar://h:1", [], "s")
     with pytest.raises(TypeError):
         ConsumerConfig("pulsar://h:1", "t", "s", retryable=("ValueError",))
@@ -270,9 +261,9 @@ def test_config_is_validated_and_pickles():
 
 
 def test_registry_reuses_the_consumer_and_rebuilds_after_fork_or_close(url, topic):
-    from pulsar_nack import spark as spark_module
+    from pulsar_nack.spark import registry as spark_module
 
-    config = ConsumerConfig(url, topic, "registry")
+    config = make_config(url, topic, "registry")
     try:
         first = executor_consumer(config)
         assert executor_consumer(config) is first
@@ -285,7 +276,7 @@ def test_registry_reuses_the_consumer_and_rebuilds_after_fork_or_close(url, topi
         rebuilt = executor_consumer(config)
         assert rebuilt is not after_fork and not rebuilt.closed
         # A changed consumer setting rebuilds it too.
-        changed = executor_consumer(ConsumerConfig(url, topic, "registry", nack_delay_ms=5_000))
+        changed = executor_consumer(make_config(url, topic, "registry", nack_delay_ms=5_000))
         assert changed is not rebuilt and rebuilt.closed
     finally:
         assert close_executor_consumers() == 1
@@ -298,7 +289,7 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
     produce(client, topic, n)
     expected_failures = sum(fails_first_time(str(i).encode()) for i in range(n))
     backoff = MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=5_000)
-    config = ConsumerConfig(url, topic, "spark-20k", backoff=backoff, retryable=(Transient,))
+    config = make_config(url, topic, "spark-20k", backoff=backoff, retryable=(Transient,))
 
     stats = run_consumer_tasks(
         spark,
@@ -334,7 +325,6 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
         assert sum(t["consumer_created"] for t in tasks) == 1
         assert sorted(t["consumer_tasks"] for t in tasks) == list(range(1, len(tasks) + 1))
     assert stats["max_tasks_per_consumer"] >= 2 and stats["reused_consumers"] >= 1
-    assert all(t["shim_slot"] is not None for t in stats["task_stats"])  # embedded broker only
     assert stats["peak_pending_nacks"] > 0 and stats["peak_tracker_memory_bytes"] > 0
     assert all(t["pending_nacks"] == 0 for t in stats["task_stats"])
 
@@ -347,7 +337,7 @@ def test_non_retryable_errors_are_handled_as_configured(spark, url, client, acti
     permanent = {i for i in range(n) if i % every == 0}
     dlq = dead_letter_topic(topic, "nonretry")
     dlq_consumer = client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
-    config = ConsumerConfig(
+    config = make_config(
         url,
         topic,
         "nonretry",
@@ -388,7 +378,7 @@ def test_on_non_retryable_raise_fails_the_job_with_the_worker_traceback_and_lose
     topic = new_topic()
     n, poison = 300, 150
     produce(client, topic, n)
-    config = ConsumerConfig(url, topic, "raise", nack_delay_ms=200, retryable=(Transient,), on_non_retryable="raise")
+    config = make_config(url, topic, "raise", nack_delay_ms=200, retryable=(Transient,), on_non_retryable="raise")
     with pytest.raises(PythonException) as failure:
         run_consumer_tasks(spark, config, PoisonId(poison), 1, TaskBudget(idle_timeout_ms=500))
     assert "Permanent: poison event 150" in str(failure.value)
@@ -416,7 +406,7 @@ def test_a_worker_killed_mid_task_loses_nothing(spark, spare_broker, tmp_path):
         topic = new_topic()
         n = 5_000
         produce(client, topic, n)
-        config = ConsumerConfig(
+        config = make_config(
             url, topic, "killed", backoff=MultiplierRedeliveryBackoff(300, 3_000), retryable=(Transient,)
         )
         budget = TaskBudget(max_time_ms=60_000, idle_timeout_ms=1_000)
@@ -448,7 +438,7 @@ def test_a_worker_killed_right_after_its_task_loses_no_acks(spark, url, client):
     topic = new_topic()
     n = 3_000
     produce(client, topic, n)
-    config = ConsumerConfig(url, topic, "flush")
+    config = make_config(url, topic, "flush")
     stats = run_consumer_tasks(spark, config, succeed, 1, TaskBudget(max_messages=n))
     (task,) = stats["task_stats"]
     assert task["acked"] == n and task["stop_reason"] == "max_messages"

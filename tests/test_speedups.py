@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 from helpers import FakeClock, PurePythonTracker
-from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
+from pulsar_nack import MAX_DELAY_MS, MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
 from pulsar_nack.timer import monotonic_ms
 
 pytestmark = pytest.mark.skipif(not _accel.SPEEDUPS, reason="pulsar_nack._speedups is not built")
@@ -229,7 +229,7 @@ def test_an_add_waits_while_another_thread_holds_the_lock():
     tracker._check()
 
 
-def test_not_installed_with_another_backoff_a_huge_delay_or_an_overridden_add():
+def test_not_installed_with_another_backoff_or_an_overridden_add():
     class Counting(NegativeAcksTracker):
         calls = 0
 
@@ -243,8 +243,11 @@ def test_not_installed_with_another_backoff_a_huge_delay_or_an_overridden_add():
 
     assert "add" in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, 100, 2)))
     assert "add" not in vars(NegativeAcksTracker(backoff=Custom()))
-    assert "add" not in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, 2**62, 2)))
-    assert "add" not in vars(NegativeAcksTracker(delay_ms=2**61))
+    # Every accepted delay fits the C path's 64-bit deadlines; larger ones are refused.
+    assert "add" in vars(NegativeAcksTracker(delay_ms=MAX_DELAY_MS))
+    assert "add" in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, MAX_DELAY_MS, 2)))
+    with pytest.raises(ValueError):
+        NegativeAcksTracker(delay_ms=2**61)
     tracker = Counting(delay_ms=10)
     tracker.add(("t", 1, 1, -1))
     assert "add" not in vars(tracker) and Counting.calls == 1
