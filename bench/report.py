@@ -26,14 +26,15 @@ DOCS = {
 DEMO_RESULTS = ("demo-apache", "demo-lite")
 """The demo's result files, written by one ``python -m bench.demo`` run."""
 
-# Space model constants (bytes), from CPython 3.11 and the roaring portable format.
-SLOT = 75  # per bucket in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
-BYTES_OBJ = 33  # header of a `bytes` object
-RECORD = 8  # our per-stream record header (sid, length)
+# Space model constants (bytes), from CPython 3.11, the roaring portable format and
+# pulsar_nack/_pages.py.
+SLOT = 75  # per page in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
+BYTES_OBJ = 33  # header of a `bytes` object (one per page)
+PAGE_BYTES = 4096  # a page grows up to this
+STREAM_HEADER = 2  # uvarint(sid << 2 | codec) + uvarint(payload length), small sids and payloads
 ROARING_HEADER = 8  # cookie + container count
 CONTAINER = 4  # per container: key + cardinality
 RUN = 4  # per run (start, length), plus 2 bytes run count per container
-PACKED_INT = 36  # a single-message bucket: sid << 64 | value
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -153,15 +154,16 @@ def goals_table() -> str:
 def memory_table() -> str:
     memory = _load("memory")
     lines = [
-        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | baseline / ours | add/s ours | add/s baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | limit B/msg | ours / limit | ours / baseline | add/s ours | add/s baseline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in memory["cases"]:
         t, b = c["tracker"], c["baseline"]
         lines.append(
             f"| `{c['case']['name']}` | {c['case']['description']} | {t['buckets']:,} | {_b(t['rss_bytes_per_msg'])} | "
             f"{_b(t['estimate_bytes_per_msg'])} | {t['rss_delta'] / 2**20:.2f} MiB | {b['rss_bytes_per_msg']:.0f} | "
-            f"{c['ratio_baseline_over_tracker_rss']:,.0f}× | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
+            f"{c['limit_bytes_per_msg']:.3g} | {c['ratio_tracker_over_limit']:,.1f}× | "
+            f"1/{c['ratio_baseline_over_tracker_rss']:,.0f} | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
         )
     lines.append("")
     lines.append("| target | value | result |")
@@ -245,21 +247,36 @@ def meta_table() -> str:
     return "\n".join(lines)
 
 
+def _uvarint_len(value: float) -> int:
+    return max(1, -(-int(value).bit_length() // 7))
+
+
+def _paged(body: float, y: int) -> float:
+    """Bytes per sealed bucket in a page: its record (deadline delta, length, body) plus its
+    share of the page's own cost (map slot and bytes header)."""
+    per_page = max(1, int(PAGE_BYTES // (body + 4)))
+    record = _uvarint_len(per_page * 2**y / 2) + _uvarint_len(body) + body
+    return record + (SLOT + BYTES_OBJ) / per_page
+
+
 def _model_bytes_per_msg(case: dict[str, Any], entries_per_ledger: int) -> float:
     """Predicted bytes per message of a sealed layout (see the table's notes)."""
     x, y, p, pattern = case["x"], case["y"], case["fraction"], case["pattern"]
     messages = x * 2**y  # messages per bucket
-    if pattern == "consec" and messages == 1:
-        return SLOT + PACKED_INT
     ledgers = 1 + messages / entries_per_ledger  # streams per bucket (ledger switches)
+    if pattern == "consec" and messages == 1:
+        # One GAPS value: the entry id as a uvarint, averaged over a ledger's ids.
+        value = sum(_uvarint_len(e) for e in range(0, entries_per_ledger, 97)) / len(range(0, entries_per_ledger, 97))
+        return _paged(1 + STREAM_HEADER + value, y)
     if pattern == "consec":
-        per_stream = RECORD + ROARING_HEADER + CONTAINER + 2 + RUN  # one run per ledger
-        return (SLOT + BYTES_OBJ + ledgers * per_stream) / messages
+        body = 1 + ledgers * (STREAM_HEADER + ROARING_HEADER + CONTAINER + 2 + RUN)  # one run per ledger
+        return _paged(body, y) / messages
     if pattern == "random":
         values = messages * p
-        containers = ledgers * max(1, min(values, messages / 65536 + 1))
-        per_bucket = SLOT + BYTES_OBJ + ledgers * (RECORD + ROARING_HEADER) + containers * (CONTAINER + 4)
-        return 2 + per_bucket / values  # array containers: 2 bytes per value
+        # GAPS: one byte per gap below 128, two below 16,384 (gaps are geometric with parameter p).
+        per_value = 1 + (1 - p) ** 127 + (1 - p) ** 16383
+        body = 1 + ledgers * (STREAM_HEADER + 3) + values * per_value
+        return _paged(body, y) / values
     raise ValueError(pattern)
 
 
