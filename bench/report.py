@@ -21,6 +21,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
+    "docs/metrics.md": ["metrics-cost"],
 }
 
 DEMO_RESULTS = ("demo-apache", "demo-lite")
@@ -322,7 +323,29 @@ def demo_table() -> str:
     return "\n".join(lines)
 
 
+def metrics_cost_table() -> str:
+    """``add`` with and without ``instrument()`` (bench/metrics.py)."""
+    result = _load("metrics")
+    add = result["add"]
+    meta = result["meta"]
+    lines = [
+        "| `add`, 1M keys, tracker with timer | min | median | max | median vs off |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("off", "on", "on+collecting"):
+        ns = add[name]["ns_per_add"]
+        ratio = ns["median"] / add["off"]["ns_per_add"]["median"]
+        lines.append(f"| {name} | {ns['min']:.1f} ns | {ns['median']:.1f} ns | {ns['max']:.1f} ns | {ratio:.3f}× |")
+    lines.append("")
+    lines.append(
+        f"{add['repetitions']} repetitions after {add['warmup']} warmup, systems in alternating order; "
+        f"{meta['machine']['cpu_model']}, {meta['machine']['cores']} cores, Python {meta['python']['version']}."
+    )
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "metrics-cost": metrics_cost_table,
     "demo": demo_table,
     "space": space_table,
     "results-table": results_table,
