@@ -17,8 +17,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = {
-    "README.md": ["results-table"],
-    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"],
+    "README.md": ["results-table", "consumer-summary"],
+    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
     "docs/metrics.md": ["metrics-cost"],
@@ -344,6 +344,68 @@ def metrics_cost_table() -> str:
     return "\n".join(lines)
 
 
+def consumer_table() -> str:
+    """Issue 13 goals A, B, D: NackingConsumer beside the plain consumer (bench/consumer.py)."""
+    data = _load("consumer")
+    memory = data["pending_nack_memory_batched"]
+    plain_mem, ours_mem = memory["cases"]
+    lines = [
+        f"{data['broker']}, one run, {data['repetitions']} repetitions after a warmup (median), both "
+        "consumers subscribed with the same keywords (Shared, `batch_index_ack_enabled=True`). Lower is better.",
+        "",
+        "| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for case, label, goal in (
+        ("receive_ack_batched", "receive + acknowledge, batches of 10 (µs/msg)", 1.15),
+        ("receive_ack_unbatched", "receive + acknowledge, not batched (µs/msg)", 1.15),
+        ("nack_message", "`negative_acknowledge(message)` (µs/call)", 0.6),
+    ):
+        c = data[case]
+        ratio = c["ratio_ours_over_plain"]
+        lines.append(
+            f"| {label}, {c['messages']:,} messages | {c['us']['plain']['median']:.2f} | "
+            f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}× | ≤ {goal}×: {'pass' if ratio <= goal else 'MISSED'} |"
+        )
+    ratio = memory["ratio_ours_over_plain"]
+    lines.append(
+        f"| bytes per pending nack, {plain_mem['messages']:,} messages in batches of 10, one of each nacked "
+        f"(RSS delta) | {plain_mem['bytes_per_pending_nack']:.0f} | {ours_mem['bytes_per_pending_nack']:.1f} | "
+        f"{ratio:.3f}× | ≤ 0.1×: {'pass' if ratio <= 0.1 else 'MISSED'} |"
+    )
+    net = memory["net_ratio_ours_over_plain"]
+    lines.append(
+        f"| the same, net of a control run that acks everything (B) | {plain_mem['net_bytes_per_pending_nack']:.0f} | "
+        f"{ours_mem['net_bytes_per_pending_nack']:.1f} | {net:.3f}× | ≤ 0.1×: {'pass' if net <= 0.1 else 'MISSED'} |"
+    )
+    lines.append("")
+    lines.append(
+        f"Our structures' own estimate for that workload: {ours_mem['structures_bytes_per_pending_nack']:.1f} B "
+        f"per pending nack (tracker {ours_mem['tracker_memory_bytes']:,} B, pending set "
+        f"{ours_mem['pending_set_bytes']:,} B for {ours_mem['pending_nacks']:,} nacks)."
+    )
+    return "\n".join(lines)
+
+
+def consumer_summary() -> str:
+    """One README line per consumer-level goal, from bench/results/consumer.json."""
+    data = _load("consumer")
+    memory = data["pending_nack_memory_batched"]
+    plain_mem, ours_mem = memory["cases"]
+    a, b = data["receive_ack_batched"], data["receive_ack_unbatched"]
+    d = data["nack_message"]
+    return (
+        f"At the consumer level (`bench/consumer.py`, {data['broker']}): receive + acknowledge costs "
+        f"{a['us']['pulsar-nack']['median']:.2f} µs per batched message against the plain consumer's "
+        f"{a['us']['plain']['median']:.2f} µs ({a['ratio_ours_over_plain']:.2f}×), "
+        f"{b['us']['pulsar-nack']['median']:.2f} µs against {b['us']['plain']['median']:.2f} µs not batched "
+        f"({b['ratio_ours_over_plain']:.2f}×); a pending nack of a batched workload holds "
+        f"{ours_mem['bytes_per_pending_nack']:.0f} B against the built-in's {plain_mem['bytes_per_pending_nack']:.0f} B; "
+        f"`negative_acknowledge(message)` costs {d['us']['pulsar-nack']['median']:.2f} µs against "
+        f"{d['us']['plain']['median']:.2f} µs."
+    )
+
+
 BLOCKS = {
     "metrics-cost": metrics_cost_table,
     "demo": demo_table,
@@ -356,6 +418,8 @@ BLOCKS = {
     "e2e": e2e_table,
     "scaling": scaling_table,
     "meta": meta_table,
+    "consumer": consumer_table,
+    "consumer-summary": consumer_summary,
 }
 
 

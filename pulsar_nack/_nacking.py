@@ -402,6 +402,8 @@ class NackingCore:
             default_topic=self.topics.single or "",
         )
         self.handoff_delay_ms = handoff_delay_ms
+        # nack() may skip the general path: no backoff, no guard, no delivery counts.
+        self._fast_nack = redelivery_backoff is None and not guard_unbatched and not count_deliveries
 
     # ------------------------------------------------------------------ receiving
 
@@ -509,6 +511,20 @@ class NackingCore:
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
+        inner = getattr(message, "_message", None)
+        if (
+            isinstance(inner, _pulsar.Message)
+            and self._fast_nack
+            and delay_ms is None
+            and (raw := inner.message_id()).batch_index() < 0
+        ):
+            # The common call: a received non-batched pulsar.Message, the fixed delay.
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            self.tracker.add((topic, raw.ledger_id(), raw.entry_id(), -1))
+            next(self._nacked)
+            return
         key, raw = self.key_of(message)
         count = None
         if delay_ms is None and self.tracker.backoff is not None:

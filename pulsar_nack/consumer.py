@@ -45,6 +45,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from time import monotonic_ns as _monotonic_ns
 from typing import Any, TypedDict
 
 import _pulsar
@@ -260,12 +261,6 @@ class NackingConsumer:
 
     # ------------------------------------------------------------------ receiving
 
-    def _message(self, raw_message: _pulsar.Message) -> pulsar.Message:
-        message = _Message()
-        message._message = raw_message
-        message._schema = self._schema
-        return message
-
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Receive the next message the application should see.
 
@@ -276,25 +271,31 @@ class NackingConsumer:
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
-        if self._raw is None:
+        raw = self._raw
+        if raw is None:
             return self._receive_wrapped(timeout_millis)
         core = self._core
-        pending, received, admit = core._pending, core.received, core.admit
         if timeout_millis is None:
-            receive = self._raw.receive
-            while True:
-                message = receive()
-                if not pending._count:  # the common path: nothing to compare with
-                    next(received)
-                    return self._message(message)
-                if admit(message):
-                    return self._message(message)
-        check_int("timeout_millis", timeout_millis, 0)
-        deadline = monotonic_ms() + timeout_millis
+            message = raw.receive()
+        else:
+            if type(timeout_millis) is not int or timeout_millis < 0:
+                check_int("timeout_millis", timeout_millis, 0)
+            start_ns = _monotonic_ns()
+            message = raw.receive(timeout_millis)
         while True:
-            message = self._raw.receive(max(deadline - monotonic_ms(), 0))
-            if admit(message):
-                return self._message(message)
+            if not core._pending._count:  # the common path: nothing to compare with
+                next(core.received)
+            elif not core.admit(message):  # an early copy: swallowed, wait for the next
+                if timeout_millis is None:
+                    message = raw.receive()
+                else:
+                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                    message = raw.receive(max(left, 0))
+                continue
+            wrapped = _Message()
+            wrapped._message = message
+            wrapped._schema = self._schema
+            return wrapped
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
@@ -360,7 +361,8 @@ class NackingConsumer:
         ConsumerClosedError
             After :meth:`close`.
         """
-        self._check_open()
+        if self._closed:
+            raise ConsumerClosedError("this NackingConsumer is closed")
         if delay_ms is not None:
             check_ms("delay_ms", delay_ms)
         dead_letter = self._dead_letter
