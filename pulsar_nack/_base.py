@@ -241,7 +241,11 @@ class BaseTracker(ABC):
         raise TrackerClosedError("the tracker is closed")
 
     def drain(self) -> DueKeys:
-        """Remove and return every pending key without releasing it. O(n)."""
+        """Remove and return every pending key without releasing it. O(n).
+
+        After :meth:`close`, this returns the keys of a ``redeliver`` call that failed
+        after ``close()`` stopped waiting for it (see the module docstring).
+        """
         with self._lock:
             due = self._drain()
             self._drained += sum(map(len, due.values()))
