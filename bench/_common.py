@@ -51,6 +51,7 @@ RESULTS = REPO / "bench" / "results"
 _PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "tqdm", "numpy")
 _CORE_MODULES = (
     "buckets.py",
+    "_pages.py",
     "_accel.py",
     "_speedups.c",
     "tracker.py",
@@ -175,6 +176,12 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
         meta["code_changed_during_run"] = start["core_sha256"] != meta["core_sha256"]
         meta["commit_changed_during_run"] = start["git_commit"] != meta["git"]["commit"]
     return meta
+
+
+def broker_label(broker: Any) -> str:
+    """What a result records as its broker: "Apache Pulsar 4.0.8 standalone" or "pulsar-lite"."""
+    version = getattr(broker, "version", None)
+    return f"Apache Pulsar {version} standalone" if version else "pulsar-lite"
 
 
 def write_result(name: str, payload: dict[str, Any], start: dict[str, Any] | None = None) -> Path:

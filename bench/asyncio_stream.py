@@ -30,8 +30,8 @@ import pulsar.asyncio
 import pulsar_nack.asyncio
 from pulsar_nack.testing import BROKERS, quiet_client
 
-from ._common import print_table, start_context, write_result
-from .e2e import _broker_label, _producer_thread, lateness_summary, run_case
+from ._common import broker_label, print_table, start_context, write_result
+from .e2e import _producer_thread, lateness_summary, run_case
 
 
 async def _async_case(url: str, producer_client: pulsar.Client, delay_ms: int, n: int) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def run(messages: int, delay_ms: int) -> dict[str, Any]:
                 cases.append(run_case(client, system, delay_ms, "stream", messages))
         finally:
             client.close()
-    return {"broker": _broker_label(broker), "cases": cases}
+    return {"broker": broker_label(broker), "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""pulsar-client's built-in tracker vs pulsar-nack, on a real consumer of the embedded broker.
+"""pulsar-client's built-in tracker vs pulsar-nack, on a real consumer (Apache Pulsar by default).
 
 Two measurements, each system in a fresh worker process:
 
@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from ._common import REPO, fmt_bytes, print_table, rss_bytes, summarize, trim_heap, write_result
+from ._common import REPO, broker_label, fmt_bytes, print_table, rss_bytes, summarize, trim_heap, write_result
 
 ENTRIES_PER_LEDGER = 50_000
 HOUR_MS = 3_600_000
@@ -139,11 +139,11 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     return result
 
 
-def run(n: int, call_reps: int) -> dict[str, Any]:
-    from pulsar_nack.testing import PulsarLite
+def run(n: int, call_reps: int, broker_kind: str = "apache") -> dict[str, Any]:
+    from pulsar_nack.testing import BROKERS
 
     results = []
-    with PulsarLite() as broker:
+    with BROKERS[broker_kind]() as broker:
         for system in ("built-in", "pulsar-nack"):
             out = subprocess.run(
                 [sys.executable, "-m", "bench.client", "--worker", broker.url, system, str(n), str(call_reps)],
@@ -156,6 +156,7 @@ def run(n: int, call_reps: int) -> dict[str, Any]:
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     built_in, ours = results
     return {
+        "broker": broker_label(broker),
         "cases": results,
         "ratios": {
             "memory_built_in_over_pulsar_nack": built_in["bytes_per_id"] / max(ours["bytes_per_id"], 1e-9),
@@ -181,10 +182,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200,000 ids, 3 repetitions")
     parser.add_argument("--ids", type=int, default=None, help="pending ids for the memory figure (default 1,000,000)")
+    parser.add_argument("--broker", choices=("apache", "lite"), default="apache", help="which broker to start")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     n = args.ids or (200_000 if args.quick else 1_000_000)
-    payload = run(n, 3 if args.quick else 7)
+    payload = run(n, 3 if args.quick else 7, args.broker)
     rows = []
     for case in payload["cases"]:
         rows.append(

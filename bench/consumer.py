@@ -228,7 +228,8 @@ def run_memory(url: str, n: int) -> dict[str, Any]:
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    cases, controls = [], []
+    cases: list[dict[str, Any]] = []
+    controls: list[dict[str, Any]] = []
     for system in SYSTEMS:
         for nack, into in ((True, cases), (False, controls)):
             topic = _topic("b")

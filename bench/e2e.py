@@ -35,7 +35,7 @@ from tqdm import tqdm
 import pulsar_nack
 from pulsar_nack.testing import BROKERS, quiet_client
 
-from ._common import percentile, print_table, write_result
+from ._common import broker_label, percentile, print_table, write_result
 
 SYSTEMS = ("pulsar-nack", "built-in")
 
@@ -145,12 +145,7 @@ def run(
                             results.append(run_case(client, system, delay_ms, mode, messages, subscription))
         finally:
             client.close()
-    return {"broker": _broker_label(broker), "cases": results}
-
-
-def _broker_label(broker: Any) -> str:
-    version = getattr(broker, "version", None)
-    return f"Apache Pulsar {version} standalone" if version else "pulsar-lite"
+    return {"broker": broker_label(broker), "cases": results}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -84,8 +84,10 @@ def lateness_cdf(e2e: dict[str, Any], out: Path) -> None:
             if not samples:
                 continue
             ys = [(i + 1) / len(samples) for i in range(len(samples))]
-            label = f"{case['system']} (p99 {case['lateness_ms']['p99']:.0f} ms)"
-            ax.step(samples, ys, where="post", label=label, color=COLORS[case["system"]])
+            subscription = case.get("subscription", "Shared")
+            label = f"{case['system']}, {subscription} (p99 {case['lateness_ms']['p99']:.0f} ms)"
+            style = "-" if subscription == "Shared" else ":"
+            ax.step(samples, ys, where="post", label=label, color=COLORS[case["system"]], linestyle=style)
         delay, mode = key
         ax.set_title(f"{delay / 1000:g} s delay, {mode}", fontsize=10)
         ax.set_xscale("symlog", linthresh=100)
@@ -95,7 +97,8 @@ def lateness_cdf(e2e: dict[str, Any], out: Path) -> None:
         ax.legend(fontsize=7, loc="lower right")
     for row in axes:
         row[0].set_ylabel("fraction of messages")
-    fig.suptitle("Redelivery lateness on the embedded broker (left of 0 = early)", fontsize=11)
+    broker = e2e.get("broker", "pulsar-lite")
+    fig.suptitle(f"Redelivery lateness on {broker} (left of 0 = early)", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

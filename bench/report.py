@@ -17,22 +17,26 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = {
-    "README.md": ["results-table"],
-    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"],
+    "README.md": ["results-table", "consumer-summary"],
+    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
 }
 
-# Space model constants (bytes), from CPython 3.11 and the roaring portable format.
-SLOT = 75  # per bucket in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
-BYTES_OBJ = 33  # header of a `bytes` object
-RECORD = 8  # our per-stream record header (sid, length)
+DEMO_RESULTS = ("demo-apache", "demo-lite")
+"""The demo's result files, written by one ``python -m bench.demo`` run."""
+
+# Space model constants (bytes), from CPython 3.11, the roaring portable format and
+# pulsar_nack/_pages.py.
+SLOT = 75  # per page in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
+BYTES_OBJ = 33  # header of a `bytes` object (one per page)
+PAGE_BYTES = 4096  # a page grows up to this
+STREAM_HEADER = 2  # uvarint(sid << 2 | codec) + uvarint(payload length), small sids and payloads
 ROARING_HEADER = 8  # cookie + container count
 CONTAINER = 4  # per container: key + cardinality
 RUN = 4  # per run (start, length), plus 2 bytes run count per container
-PACKED_INT = 36  # a single-message bucket: sid << 64 | value
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -54,8 +58,17 @@ def _case(memory: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in memory["cases"] if c["case"]["name"] == name)
 
 
-def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str) -> dict[str, Any]:
-    return next(c for c in e2e["cases"] if (c["system"], c["delay_ms"], c["mode"]) == (system, delay, mode))
+def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str, subscription: str = "Shared") -> dict[str, Any]:
+    return next(
+        c
+        for c in e2e["cases"]
+        if (c["system"], c["delay_ms"], c["mode"], c.get("subscription", "Shared")) == (system, delay, mode, subscription)
+    )
+
+
+def _broker(result: dict[str, Any]) -> str:
+    """Which broker a result came from (older results predate the label: pulsar-lite)."""
+    return str(result.get("broker", "pulsar-lite 0.2.0 (embedded)"))
 
 
 def _client(client: dict[str, Any], system: str) -> dict[str, Any]:
@@ -85,7 +98,7 @@ def results_table() -> str:
         f"| **pulsar-nack** | **{_span(grid['tracker']['rss_bytes_per_msg'], sparse['tracker']['rss_bytes_per_msg'])} B** ² | "
         f"**{1e6 / add['tracker']['rate']['median']:.2f} µs** ⁴ | **{late_ours['p99']:.0f} ms** ³ |",
         "",
-        f"¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer, "
+        f"¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer of {_broker(client)}, "
         f"RSS delta per id, median call cost. In the same run `NackingConsumer.negative_acknowledge` holds "
         f"{_b(ours['bytes_per_id'])} B per id and costs {ours['call_us']['median']:.2f} µs per id; on received "
         f"messages it costs {ours['call_message_us']['median']:.2f} µs against the built-in's "
@@ -96,7 +109,7 @@ def results_table() -> str:
         f"² `bench/memory.py`, {n_mem:,} pending per case, RSS delta per message: from the paper's x=8, y=10 case "
         f"(consecutive entries) to the sparsest pattern at y ≥ 8 (`{sparse['case']['name']}`: "
         f"{sparse['case']['description']}); every case in docs/benchmarks.md. "
-        "³ `bench/e2e.py` on the embedded broker: 1,000 messages, one nack every 5 ms; arrival − requested time "
+        f"³ `bench/e2e.py` on {_broker(e2e)}, Shared subscription: 1,000 messages, one nack every 5 ms; arrival − requested time "
         f"(ours: p50 {late_ours['p50']:.0f} ms, since 8 precision bits may release up to 255 ms early by design). "
         "⁴ `bench/core_perf.py`: public `add`, 1M keys, median of repetitions, both in one run. "
         "⁵ `bench/core_perf.py`: timer only (no broker), one add per ms at 100 ms delay; the baseline's "
@@ -143,15 +156,16 @@ def goals_table() -> str:
 def memory_table() -> str:
     memory = _load("memory")
     lines = [
-        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | baseline / ours | add/s ours | add/s baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | limit B/msg | ours / limit | ours / baseline | add/s ours | add/s baseline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in memory["cases"]:
         t, b = c["tracker"], c["baseline"]
         lines.append(
             f"| `{c['case']['name']}` | {c['case']['description']} | {t['buckets']:,} | {_b(t['rss_bytes_per_msg'])} | "
             f"{_b(t['estimate_bytes_per_msg'])} | {t['rss_delta'] / 2**20:.2f} MiB | {b['rss_bytes_per_msg']:.0f} | "
-            f"{c['ratio_baseline_over_tracker_rss']:,.0f}× | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
+            f"{c['limit_bytes_per_msg']:.3g} | {c['ratio_tracker_over_limit']:,.1f}× | "
+            f"1/{c['ratio_baseline_over_tracker_rss']:,.0f} | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
         )
     lines.append("")
     lines.append("| target | value | result |")
@@ -195,13 +209,16 @@ def client_table() -> str:
 def e2e_table() -> str:
     e2e = _load("e2e")
     lines = [
-        "| system | delay | mode | back | min ms | p50 ms | p99 ms | max ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        f"Broker: {_broker(e2e)}.",
+        "",
+        "| system | subscription | delay | mode | back | duplicates | min ms | p50 ms | p99 ms | max ms |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in e2e["cases"]:
         late = c["lateness_ms"]
         lines.append(
-            f"| {c['system']} | {c['delay_ms'] / 1000:g} s | {c['mode']} | {c['redelivered']}/{c['messages']} | "
+            f"| {c['system']} | {c.get('subscription', 'Shared')} | {c['delay_ms'] / 1000:g} s | {c['mode']} | "
+            f"{c['redelivered']}/{c['messages']} | {c.get('duplicates', 0)} | "
             f"{late['min']:.0f} | {late['p50']:.0f} | {late['p99']:.0f} | {late['max']:.0f} |"
         )
     return "\n".join(lines)
@@ -220,7 +237,7 @@ def scaling_table() -> str:
 
 def meta_table() -> str:
     lines = ["| result file | commit | when (UTC) | machine | Python | pulsar-client | pyroaring |", "|---|---|---|---|---|---|---|"]
-    for name in ("memory", "core_perf", "client", "e2e", "scaling", "demo"):
+    for name in ("memory", "core_perf", "client", "e2e", "scaling", *DEMO_RESULTS):
         meta = _load(name)["meta"]
         git, machine, packages = meta["git"], meta["machine"], meta["packages"]
         commit = (git["commit"] or "?")[:10] + (" + uncommitted changes" if git.get("dirty") else "")
@@ -232,21 +249,36 @@ def meta_table() -> str:
     return "\n".join(lines)
 
 
+def _uvarint_len(value: float) -> int:
+    return max(1, -(-int(value).bit_length() // 7))
+
+
+def _paged(body: float, y: int) -> float:
+    """Bytes per sealed bucket in a page: its record (deadline delta, length, body) plus its
+    share of the page's own cost (map slot and bytes header)."""
+    per_page = max(1, int(PAGE_BYTES // (body + 4)))
+    record = _uvarint_len(per_page * 2**y / 2) + _uvarint_len(body) + body
+    return record + (SLOT + BYTES_OBJ) / per_page
+
+
 def _model_bytes_per_msg(case: dict[str, Any], entries_per_ledger: int) -> float:
     """Predicted bytes per message of a sealed layout (see the table's notes)."""
     x, y, p, pattern = case["x"], case["y"], case["fraction"], case["pattern"]
     messages = x * 2**y  # messages per bucket
-    if pattern == "consec" and messages == 1:
-        return SLOT + PACKED_INT
     ledgers = 1 + messages / entries_per_ledger  # streams per bucket (ledger switches)
+    if pattern == "consec" and messages == 1:
+        # One GAPS value: the entry id as a uvarint, averaged over a ledger's ids.
+        value = sum(_uvarint_len(e) for e in range(0, entries_per_ledger, 97)) / len(range(0, entries_per_ledger, 97))
+        return _paged(1 + STREAM_HEADER + value, y)
     if pattern == "consec":
-        per_stream = RECORD + ROARING_HEADER + CONTAINER + 2 + RUN  # one run per ledger
-        return (SLOT + BYTES_OBJ + ledgers * per_stream) / messages
+        body = 1 + ledgers * (STREAM_HEADER + ROARING_HEADER + CONTAINER + 2 + RUN)  # one run per ledger
+        return _paged(body, y) / messages
     if pattern == "random":
         values = messages * p
-        containers = ledgers * max(1, min(values, messages / 65536 + 1))
-        per_bucket = SLOT + BYTES_OBJ + ledgers * (RECORD + ROARING_HEADER) + containers * (CONTAINER + 4)
-        return 2 + per_bucket / values  # array containers: 2 bytes per value
+        # GAPS: one byte per gap below 128, two below 16,384 (gaps are geometric with parameter p).
+        per_value = 1 + (1 - p) ** 127 + (1 - p) ** 16383
+        body = 1 + ledgers * (STREAM_HEADER + 3) + values * per_value
+        return _paged(body, y) / values
     raise ValueError(pattern)
 
 
@@ -270,24 +302,25 @@ def space_table() -> str:
 
 
 def demo_table() -> str:
-    demo = _load("demo")
     lines = [
-        "| run | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
+        "| broker (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
         "| retry lateness p50 / p99 / max | peak pending nacks / tracker memory (one worker) "
         "| Spark start / consume / demo total | process wall time | messages/s | stderr lines |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
-    for run in demo["runs"]:
-        s = run["summary"]
-        late = s["redelivery_lateness_ms"]
-        lines.append(
-            f"| `pulsar-nack demo --messages {run['size']} --json` | {s['produced']:,} | {s['lost']} | "
-            f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | {s['duplicates']:,} | "
-            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
-            f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
-            f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
-            f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
-        )
+    for name in DEMO_RESULTS:
+        for run in _load(name)["runs"]:
+            s = run["summary"]
+            late = s["redelivery_lateness_ms"]
+            lines.append(
+                f"| {run['broker']} (`bench/results/{name}.json`) | {s['produced']:,} | {s['lost']} | "
+                f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
+                f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | "
+                f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
+                f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
+                f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
+                f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
+            )
     return "\n".join(lines)
 
 
@@ -332,6 +365,68 @@ def asyncio_lateness_table() -> str:
     return "\n".join(lines)
 
 
+def consumer_table() -> str:
+    """Issue 13 goals A, B, D: NackingConsumer beside the plain consumer (bench/consumer.py)."""
+    data = _load("consumer")
+    memory = data["pending_nack_memory_batched"]
+    plain_mem, ours_mem = memory["cases"]
+    lines = [
+        f"{data['broker']}, one run, {data['repetitions']} repetitions after a warmup (median), both "
+        "consumers subscribed with the same keywords (Shared, `batch_index_ack_enabled=True`). Lower is better.",
+        "",
+        "| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for case, label, goal in (
+        ("receive_ack_batched", "receive + acknowledge, batches of 10 (µs/msg)", 1.15),
+        ("receive_ack_unbatched", "receive + acknowledge, not batched (µs/msg)", 1.15),
+        ("nack_message", "`negative_acknowledge(message)` (µs/call)", 0.6),
+    ):
+        c = data[case]
+        ratio = c["ratio_ours_over_plain"]
+        lines.append(
+            f"| {label}, {c['messages']:,} messages | {c['us']['plain']['median']:.2f} | "
+            f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}× | ≤ {goal}×: {'pass' if ratio <= goal else 'MISSED'} |"
+        )
+    ratio = memory["ratio_ours_over_plain"]
+    lines.append(
+        f"| bytes per pending nack, {plain_mem['messages']:,} messages in batches of 10, one of each nacked "
+        f"(RSS delta) | {plain_mem['bytes_per_pending_nack']:.0f} | {ours_mem['bytes_per_pending_nack']:.1f} | "
+        f"{ratio:.3f}× | ≤ 0.1×: {'pass' if ratio <= 0.1 else 'MISSED'} |"
+    )
+    net = memory["net_ratio_ours_over_plain"]
+    lines.append(
+        f"| the same, net of a control run that acks everything (B) | {plain_mem['net_bytes_per_pending_nack']:.0f} | "
+        f"{ours_mem['net_bytes_per_pending_nack']:.1f} | {net:.3f}× | ≤ 0.1×: {'pass' if net <= 0.1 else 'MISSED'} |"
+    )
+    lines.append("")
+    lines.append(
+        f"Our structures' own estimate for that workload: {ours_mem['structures_bytes_per_pending_nack']:.1f} B "
+        f"per pending nack (tracker {ours_mem['tracker_memory_bytes']:,} B, pending set "
+        f"{ours_mem['pending_set_bytes']:,} B for {ours_mem['pending_nacks']:,} nacks)."
+    )
+    return "\n".join(lines)
+
+
+def consumer_summary() -> str:
+    """One README line per consumer-level goal, from bench/results/consumer.json."""
+    data = _load("consumer")
+    memory = data["pending_nack_memory_batched"]
+    plain_mem, ours_mem = memory["cases"]
+    a, b = data["receive_ack_batched"], data["receive_ack_unbatched"]
+    d = data["nack_message"]
+    return (
+        f"At the consumer level (`bench/consumer.py`, {data['broker']}): receive + acknowledge costs "
+        f"{a['us']['pulsar-nack']['median']:.2f} µs per batched message against the plain consumer's "
+        f"{a['us']['plain']['median']:.2f} µs ({a['ratio_ours_over_plain']:.2f}×), "
+        f"{b['us']['pulsar-nack']['median']:.2f} µs against {b['us']['plain']['median']:.2f} µs not batched "
+        f"({b['ratio_ours_over_plain']:.2f}×); a pending nack of a batched workload holds "
+        f"{ours_mem['bytes_per_pending_nack']:.0f} B against the built-in's {plain_mem['bytes_per_pending_nack']:.0f} B; "
+        f"`negative_acknowledge(message)` costs {d['us']['pulsar-nack']['median']:.2f} µs against "
+        f"{d['us']['plain']['median']:.2f} µs."
+    )
+
+
 BLOCKS = {
     "asyncio-lateness": asyncio_lateness_table,
     "metrics-cost": metrics_cost_table,
@@ -345,6 +440,8 @@ BLOCKS = {
     "e2e": e2e_table,
     "scaling": scaling_table,
     "meta": meta_table,
+    "consumer": consumer_table,
+    "consumer-summary": consumer_summary,
 }
 
 

@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
         broker = PulsarLite().start()
     url = args.service_url or broker.url
+    from pulsar_nack.testing import client_factory_for
+
     spark = None
     try:
         if args.messages:
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             args.subscription,
             backoff=MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=30_000),
             retryable=(ConnectionError,),  # anything else goes to <topic>-<subscription>-DLQ
+            client_factory=client_factory_for(url),  # None on a real cluster; pulsar-lite's shim here
         )
         budget = TaskBudget(max_time_ms=60_000, idle_timeout_ms=1_000)
         for round_number in range(1, 21):

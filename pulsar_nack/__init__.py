@@ -3,7 +3,8 @@
 The core (:mod:`~pulsar_nack.buckets`, :mod:`~pulsar_nack.timer`,
 :mod:`~pulsar_nack.backoff`, :mod:`~pulsar_nack.tracker`, :mod:`~pulsar_nack.baseline`)
 imports neither pulsar nor pyspark. The consumer layer (``subscribe``,
-``NackingConsumer``), the embedded broker and the Spark helpers are loaded on first use.
+``NackingConsumer``) and the Spark helpers are loaded on first use. The test brokers
+live in :mod:`pulsar_nack.testing`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._validate import MAX_DELAY_MS
 from .backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
 from .baseline import HashMapNegativeAcksTracker
 from .buckets import TimeBuckets
+from .errors import ClosedError, ConsumerClosedError, PulsarNackError, TrackerClosedError
 from .keys import MessageKey, key_of
 from .timer import DeadlineTimer
 from .tracker import NegativeAcksTracker, TrackerStats
@@ -24,16 +27,17 @@ __version__ = "0.1.0"
 _LAZY = {
     "NackingConsumer": "consumer",
     "subscribe": "consumer",
-    "EmbeddedBroker": "embedded",
     "ConsumerConfig": "spark",
     "TaskBudget": "spark",
     "run_consumer_tasks": "spark",
 }
 
 __all__ = [
+    "MAX_DELAY_MS",
+    "ClosedError",
+    "ConsumerClosedError",
     "ConsumerConfig",
     "DeadlineTimer",
-    "EmbeddedBroker",
     "FixedDelay",
     "HashMapNegativeAcksTracker",
     "MessageKey",
@@ -41,9 +45,11 @@ __all__ = [
     # the lazy names of _LAZY:
     "NackingConsumer",
     "NegativeAcksTracker",
+    "PulsarNackError",
     "RedeliveryBackoff",
     "TaskBudget",
     "TimeBuckets",
+    "TrackerClosedError",
     "TrackerStats",
     "__version__",
     "key_of",
@@ -54,7 +60,6 @@ __all__ = [
 if TYPE_CHECKING:
     from .consumer import NackingConsumer as NackingConsumer
     from .consumer import subscribe as subscribe
-    from .embedded import EmbeddedBroker as EmbeddedBroker
     from .spark import ConsumerConfig as ConsumerConfig
     from .spark import TaskBudget as TaskBudget
     from .spark import run_consumer_tasks as run_consumer_tasks

@@ -4,6 +4,19 @@ Both trackers take keys or pulsar messages, resolve a delay (per call, by backof
 fixed), keep the pending messages, release them when due to a ``redeliver`` callback
 (from their own timer thread) or to :meth:`pop_due` (manual mode), and report the same
 :class:`TrackerStats`. Subclasses own the storage and the timer.
+
+Failure policy (nothing is dropped):
+
+* ``redeliver`` raising on the timer thread, ``BaseException`` included: logged, and the
+  keys are tracked again for ``retry_delay_ms``; the thread lives on. (On a thread,
+  ``SystemExit`` would end only that thread, and with it every later release.)
+* ... while :meth:`close` runs: the keys go back into the closed tracker; ``close()``
+  collects them after joining the timer thread and flushes or returns them. If the
+  callback outlives the join (5 s), they stay pending (``len()`` counts them, a warning
+  is logged) and a later ``close()`` or :meth:`drain` returns them.
+* ``redeliver`` raising during ``close(flush=True)``, on the caller's thread: an
+  ``Exception`` makes ``close()`` return the keys; a ``BaseException`` (e.g.
+  ``KeyboardInterrupt``) propagates and the keys stay pending for a later ``close()``.
 """
 
 from __future__ import annotations
@@ -15,8 +28,9 @@ from collections.abc import Callable
 from time import monotonic_ns as _monotonic_ns
 from typing import TypedDict
 
-from ._validate import check_bool, check_int
+from ._validate import check_bool, check_int, check_ms
 from .backoff import RedeliveryBackoff
+from .errors import TrackerClosedError
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
@@ -71,6 +85,13 @@ class BaseTracker(ABC):
     _release_listeners: tuple[ReleaseListener, ...]
     _armed: int
     """The earliest wake-up the timer was asked for (``NEVER`` when none)."""
+    _put: Callable[[MessageKey, int], int]
+    """Store a key due at a deadline (lock held); return the time the timer must wake by
+    for it. May raise TypeError/ValueError, storing nothing. Set by the subclass."""
+    _store: Callable[[MessageKey, int], int]
+    """What :meth:`add` stores with: ``_put`` while open, a refusal once closed."""
+    _join_timeout_s: float = 5.0
+    """How long :meth:`close` waits for the timer thread (and a redeliver call it runs)."""
 
     def __init__(
         self,
@@ -90,8 +111,8 @@ class BaseTracker(ABC):
             raise TypeError("clock must be callable")
         if not isinstance(default_topic, str):
             raise TypeError(f"default_topic must be str, not {type(default_topic).__name__}")
-        self._delay_ms = check_int("delay_ms", delay_ms, 0)
-        self.retry_delay_ms = check_int("retry_delay_ms", retry_delay_ms, 0)
+        self._delay_ms = check_ms("delay_ms", delay_ms)
+        self.retry_delay_ms = check_ms("retry_delay_ms", retry_delay_ms)
         self._backoff = backoff
         self.default_topic = default_topic
         self._redeliver = redeliver
@@ -106,14 +127,6 @@ class BaseTracker(ABC):
         self._armed = NEVER
 
     # ------------------------------------------------------------------ storage
-
-    @abstractmethod
-    def _store(self, key: MessageKey, deadline_ms: int) -> int:
-        """Store a key (lock held); return the time the timer must wake by for it.
-
-        May raise TypeError/ValueError, storing nothing. When the returned time is
-        earlier than ``_armed``, :meth:`add` records it and calls :meth:`_arm`.
-        """
 
     @abstractmethod
     def _arm(self, wake_by_ms: int) -> None:
@@ -158,13 +171,13 @@ class BaseTracker(ABC):
     def _delay_for(self, obj: object, delay_ms: int | None, redelivery_count: int | None) -> int:
         """Resolve the delay: explicit, else backoff by redelivery count, else fixed."""
         if delay_ms is not None:
-            return check_int("delay_ms", delay_ms, 0)
+            return check_ms("delay_ms", delay_ms)
         if redelivery_count is not None:
             check_int("redelivery_count", redelivery_count, 0)
         if self._backoff is None:
             return self._delay_ms
         count = redelivery_count if redelivery_count is not None else redelivery_count_of(obj)
-        return check_int("backoff delay", self._backoff.next_delay_ms(count), 0)
+        return check_ms("backoff delay_ms", self._backoff.next_delay_ms(count))
 
     def add(self, key_or_message: object, delay_ms: int | None = None, redelivery_count: int | None = None) -> int:
         """Track a message for redelivery; return its (untrimmed) deadline in ms.
@@ -175,16 +188,18 @@ class BaseTracker(ABC):
             ``(topic, ledger_id, entry_id, batch_index)``, or a pulsar message or id
             (wrapped or raw; an id takes ``default_topic``).
         delay_ms : int, optional
-            Per-call delay; overrides the backoff and the fixed delay.
+            Per-call delay, 0 to ``MAX_DELAY_MS`` (2**40 ms, about 34.8 years); overrides
+            the backoff and the fixed delay.
         redelivery_count : int, optional
             Count for the backoff; defaults to the message's ``redelivery_count()``.
 
         Raises
         ------
         TypeError, ValueError
-            For a wrong type or bad value; nothing is stored then.
-        RuntimeError
-            After :meth:`close`.
+            For a wrong type or bad value (a delay, given or from the backoff, above
+            ``MAX_DELAY_MS`` included); nothing is stored then.
+        TrackerClosedError
+            After :meth:`close` (a ``RuntimeError``).
         """
         if type(key_or_message) is tuple:
             key = key_or_message
@@ -223,36 +238,42 @@ class BaseTracker(ABC):
     @staticmethod
     def _refuse_closed(key: object, deadline_ms: int) -> int:
         """Stands in for ``_store`` after close, so :meth:`add` needs no closed check."""
-        raise RuntimeError("the tracker is closed")
+        raise TrackerClosedError("the tracker is closed")
 
     def drain(self) -> DueKeys:
-        """Remove and return every pending key without releasing it. O(n)."""
+        """Remove and return every pending key without releasing it. O(n).
+
+        After :meth:`close`, this returns the keys of a ``redeliver`` call that failed
+        after ``close()`` stopped waiting for it (see the module docstring).
+        """
         with self._lock:
             due = self._drain()
             self._drained += sum(map(len, due.values()))
             return due
 
     def _release(self, due: DueKeys) -> None:
-        """Hand due keys to ``redeliver``; on error, log and track them again.
+        """Hand due keys to ``redeliver`` (timer thread, no lock held); never lose them.
 
-        Called with no lock held. Failed keys come back after ``retry_delay_ms``, so
-        nothing is lost when the callback fails.
+        Whatever the callback raises, ``BaseException`` included, is logged and the keys
+        are tracked again for ``retry_delay_ms``: into the closed tracker if
+        :meth:`close` runs meanwhile, which then collects them.
         """
         if not due or self._redeliver is None:
             return
         try:
             self._redeliver(due)
-        except Exception:
+        except BaseException:  # the policy: see the module docstring
             _log.exception("redeliver callback failed; the keys will be retried in %d ms", self.retry_delay_ms)
             deadline = self._clock() + self.retry_delay_ms
-            wake_by = NEVER
             with self._lock:
                 self._redeliver_errors += 1
-                for keys in due.values():
-                    self._redeliveries -= len(keys)
-                    for key in keys:
-                        wake_by = min(wake_by, self._store(key, deadline))
-                if wake_by < self._armed:
+                wake_by = self._restore(due, deadline)
+                if self._closed:
+                    _log.warning(
+                        "the tracker was closed while redeliver ran: %d failed keys kept; close() or drain() returns them",
+                        sum(map(len, due.values())),
+                    )
+                elif wake_by < self._armed:
                     self._armed = wake_by
                     self._arm(wake_by)
         else:
@@ -288,34 +309,61 @@ class BaseTracker(ABC):
             except Exception:
                 _log.exception("release listener failed")
 
+    def _restore(self, due: DueKeys, deadline_ms: int) -> int:
+        """Track released keys again at *deadline_ms*, even once closed (lock held). O(k).
+
+        Returns the time the timer must wake by for them. The keys came out of the
+        structure, so they are valid and storing them cannot fail.
+        """
+        wake_by = NEVER
+        for keys in due.values():
+            self._redeliveries -= len(keys)
+            for key in keys:
+                wake_by = min(wake_by, self._put(key, deadline_ms))
+        return wake_by
+
     def close(self, flush: bool = True) -> DueKeys:
         """Stop the timer and empty the tracker. Idempotent.
 
         ``flush=True`` hands every pending key to ``redeliver`` now (returns ``{}``), or,
         without a callback, returns them. ``flush=False`` returns them unreleased, for
-        the caller to deal with (e.g. leave them unacked). Nothing is dropped silently.
+        the caller to deal with (e.g. leave them unacked). Nothing is dropped: keys whose
+        ``redeliver`` call fails while closing are flushed again or returned, and a
+        ``redeliver`` that raises a ``BaseException`` here leaves the keys pending (see
+        the module docstring). A later call returns whatever is still pending.
+
+        Runtime complexity: O(n) for n pending keys, plus the wait for the timer thread.
         """
         check_bool("flush", flush)
         with self._lock:
             already = self._closed
             self._closed = True
-            self._store = self._refuse_closed  # type: ignore[method-assign]
+            self._store = self._refuse_closed
             pending = self._drain()
         if not already:
-            self._stop_timer()
-        if not (flush and self._redeliver is not None):
+            self._stop_timer()  # a redeliver call failing meanwhile puts its keys back
+            with self._lock:
+                pending = _merge(self._drain(), pending)
+        if not (flush and self._redeliver is not None and pending):
             with self._lock:
                 self._drained += sum(map(len, pending.values()))
-        if flush and self._redeliver is not None:
+            return pending
+        count = sum(map(len, pending.values()))
+        with self._lock:
+            self._redeliveries += count
+        try:
+            self._redeliver(pending)
+        except Exception:
+            _log.exception("redeliver callback failed while closing; returning the keys")
             with self._lock:
-                self._redeliveries += sum(map(len, pending.values()))
-            try:
-                self._redeliver(pending) if pending else None
-            except Exception:
-                _log.exception("redeliver callback failed while closing; returning the keys")
-                return pending
-            return {}
-        return pending
+                self._redeliveries -= count
+                self._drained += count
+            return pending
+        except BaseException:
+            with self._lock:
+                self._restore(pending, self._clock())
+            raise
+        return {}
 
     @property
     def closed(self) -> bool:
@@ -347,3 +395,9 @@ class BaseTracker(ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pending={len(self)} closed={self._closed}>"
 
+
+def _merge(first: DueKeys, then: DueKeys) -> DueKeys:
+    """Keys of *first*, then those of *then*, per topic. O(k)."""
+    for topic, keys in then.items():
+        first.setdefault(topic, []).extend(keys)
+    return first

@@ -38,9 +38,10 @@ import _pulsar
 from pyroaring import BitMap64
 
 from ._base import DueKeys
+from ._validate import check_int, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
-from .keys import MAX_BATCH_INDEX, MessageKey, redelivery_count_of
+from .keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
 from .tracker import NegativeAcksTracker
 
 __all__ = [
@@ -52,8 +53,10 @@ __all__ = [
     "PendingNacks",
     "TopicMatcher",
     "batch_size_of",
+    "client_handoff_latency_ms",
     "full_topic_name",
     "handoff_id",
+    "handoff_lead_ms",
     "raw_id",
 ]
 
@@ -61,8 +64,35 @@ HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
-PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
-"""``-partition-N`` at the end of a partition's topic name."""
+
+def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
+    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+
+    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
+    entries whose deadline is strictly past, so the id comes back on the first tick
+    after ``delay``. O(1).
+
+    >>> client_handoff_latency_ms(100)
+    132
+    >>> client_handoff_latency_ms(300)
+    400
+    """
+    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
+    interval = delay // 3
+    return (delay // interval + 1) * interval
+
+
+def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
+    """How early buckets fire: the client's full latency only where it is exact.
+
+    A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
+    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
+    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
+    the client's delay, so a message is never early.
+    """
+    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
+    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
@@ -180,11 +210,7 @@ class TopicMatcher:
                 raise TypeError("a topic pattern must be a str pattern, not bytes")
             self.names, self.pattern = frozenset(), topics
             return
-        topic_list = [topics] if isinstance(topics, str) else list(topics)
-        if not topic_list or not all(isinstance(t, str) for t in topic_list):
-            raise TypeError("topics must be a topic name, a non-empty list of topic names, or a re.Pattern")
-        if not all(topic_list):
-            raise ValueError("a topic name must not be empty")
+        topic_list = check_topics("topics", topics)
         self.names, self.pattern = frozenset(full_topic_name(t) for t in topic_list), None
 
     @property
@@ -313,9 +339,11 @@ class NackingCore:
         delivered early by the client (its ack timeout) is swallowed. Batched messages
         are always remembered: a sibling's redelivery brings their copies.
     count_deliveries : bool
-        Count the swallowed copies of each message, so that :meth:`deliveries` can tell
-        how often the application saw it (the broker counts redeliveries per entry,
-        swallowed copies included). For a dead-letter policy.
+        Count the nacks and the swallowed copies of each message until it is settled, so
+        that :meth:`deliveries` can tell how often the application saw it (the broker
+        counts redeliveries per entry, swallowed copies included, and forgets the count
+        when a sibling is acked). For a dead-letter policy; costs a dict entry per
+        pending nack.
     """
 
     tracker: NegativeAcksTracker
@@ -325,6 +353,7 @@ class NackingCore:
     _pending: PendingNacks
     _bare: dict[tuple[int, int], _pulsar.MessageId]
     _copies: dict[tuple[int, int, int], int] | None
+    _nacks: dict[tuple[int, int, int], int]
     _lock: threading.Lock
     _counts: dict[str, int]
 
@@ -344,6 +373,8 @@ class NackingCore:
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
+        check_int("handoff_delay_ms", handoff_delay_ms, 0)
+        check_int("coalesce_ms", coalesce_ms, 0)
         self.topics = TopicMatcher(topics)
         if not isinstance(guard_unbatched, bool):
             raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
@@ -352,6 +383,7 @@ class NackingCore:
         self._pending = PendingNacks()
         self._bare = {}
         self._copies = {} if count_deliveries else None
+        self._nacks = {}
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
@@ -365,11 +397,13 @@ class NackingCore:
             precision_bits=negative_ack_precision_bit_cnt,
             round_up=never_early,
             backoff=redelivery_backoff,
-            lead_ms=handoff_delay_ms,
+            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
             coalesce_ms=coalesce_ms,
             default_topic=self.topics.single or "",
         )
         self.handoff_delay_ms = handoff_delay_ms
+        # nack() may skip the general path: no backoff, no guard, no delivery counts.
+        self._fast_nack = redelivery_backoff is None and not guard_unbatched and not count_deliveries
 
     # ------------------------------------------------------------------ receiving
 
@@ -398,15 +432,19 @@ class NackingCore:
     def deliveries(self, message: Any) -> int:
         """How many times the application received *message* before this delivery.
 
-        The broker's ``redelivery_count()`` minus the copies of it that were swallowed
-        (counted only with ``count_deliveries``). O(1).
+        The larger of the nacks it made of it and the broker's ``redelivery_count()``
+        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
+        the broker's count). The broker counts per entry and forgets the count when a
+        sibling is acked, so neither figure alone is right for batch messages; both are
+        never above the true count. O(1).
         """
         count = redelivery_count_of(message)
         if self._copies is None:
             return count
         message_id = raw_id(message)
+        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         with self._lock:
-            return count - self._copies.get((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), 0)
+            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
 
     def dead_lettered(self, message: Any) -> None:
         """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
@@ -417,10 +455,12 @@ class NackingCore:
 
     def forget(self, message: Any) -> None:
         """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies:
+        if self._copies is not None and (self._copies or self._nacks):
             message_id = raw_id(message)
+            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
             with self._lock:
-                self._copies.pop((message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()), None)
+                self._copies.pop(item, None)
+                self._nacks.pop(item, None)
 
     # ------------------------------------------------------------------ settling
 
@@ -471,27 +511,48 @@ class NackingCore:
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
+        inner = getattr(message, "_message", None)
+        if (
+            isinstance(inner, _pulsar.Message)
+            and self._fast_nack
+            and delay_ms is None
+            and (raw := inner.message_id()).batch_index() < 0
+        ):
+            # The common call: a received non-batched pulsar.Message, the fixed delay.
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            self.tracker.add((topic, raw.ledger_id(), raw.entry_id(), -1))
+            next(self._nacked)
+            return
         key, raw = self.key_of(message)
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED:
+        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and self._copies is None:
             self.tracker.add(key, delay_ms, count)
             next(self._nacked)
             return
         item = (key[1], key[2], key[3])
+        remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
         with self._lock:
             if item in self._pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            self._pending.add(*item)
+            if self._copies is not None:
+                self._nacks[item] = self._nacks.get(item, 0) + 1
+            if remember:
+                self._pending.add(*item)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                self._pending.discard(*item)
+                if remember:
+                    self._pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
+                if self._copies is not None:
+                    self._nacks[item] -= 1
             raise
         next(self._nacked)
 
@@ -500,12 +561,12 @@ class NackingCore:
 
         Raises TypeError or ValueError for bad input (nothing changes then). O(1).
         """
-        if self._pending._count or self._copies or not _is_message(message):
+        if self._pending._count or self._nacks or self._copies or not _is_message(message):
             key, raw = self.key_of(message)
             if self._pending:
                 with self._lock:
                     self._pending.discard(key[1], key[2], key[3])
-            if self._copies:
+            if self._nacks or self._copies:
                 self.forget(raw)
             return raw
         return raw_id(message)
@@ -548,6 +609,7 @@ class NackingCore:
             self._bare.clear()
             if self._copies is not None:
                 self._copies.clear()
+            self._nacks.clear()
         return dropped
 
     def close(self, redeliver_pending: bool) -> None:

@@ -3,21 +3,24 @@
 :class:`MultiplierRedeliveryBackoff` has the meaning of Java's class of the same name:
 ``min(min_delay_ms * multiplier ** redelivery_count, max_delay_ms)``, and
 ``min_delay_ms`` for a count of zero or less.
+
+Every delay is an int of milliseconds from 0 to ``MAX_DELAY_MS`` (2**40 ms, about 34.8
+years); the constructors raise ``ValueError`` above it, and the trackers refuse a delay
+above it from any other backoff.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Protocol, runtime_checkable
 
-from ._validate import check_int
+from ._validate import check_int, check_ms, check_number
 
 __all__ = ["FixedDelay", "MultiplierRedeliveryBackoff", "RedeliveryBackoff"]
 
 
 @runtime_checkable
 class RedeliveryBackoff(Protocol):
-    """Anything with ``next_delay_ms(redelivery_count) -> int`` (milliseconds)."""
+    """Anything with ``next_delay_ms(redelivery_count) -> int`` (ms, 0 to ``MAX_DELAY_MS``)."""
 
     def next_delay_ms(self, redelivery_count: int) -> int: ...
 
@@ -32,7 +35,7 @@ class FixedDelay:
     delay_ms: int
 
     def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = check_int("delay_ms", delay_ms, 0)
+        self.delay_ms = check_ms("delay_ms", delay_ms)
 
     def next_delay_ms(self, redelivery_count: int) -> int:
         """Return ``delay_ms``. O(1)."""
@@ -51,7 +54,7 @@ class MultiplierRedeliveryBackoff:
     min_delay_ms : int
         Delay for the first nack (redelivery count 0). Java's default is 10 s.
     max_delay_ms : int
-        Upper bound. Java's default is 10 min.
+        Upper bound. Java's default is 10 min; at most ``MAX_DELAY_MS``.
     multiplier : float
         Growth per redelivery, ``>= 1``. Default 2.
 
@@ -65,15 +68,11 @@ class MultiplierRedeliveryBackoff:
     multiplier: float
 
     def __init__(self, min_delay_ms: int = 10_000, max_delay_ms: int = 600_000, multiplier: float = 2.0) -> None:
-        self.min_delay_ms = check_int("min_delay_ms", min_delay_ms, 0)
-        self.max_delay_ms = check_int("max_delay_ms", max_delay_ms, 0)
+        self.min_delay_ms = check_ms("min_delay_ms", min_delay_ms)
+        self.max_delay_ms = check_ms("max_delay_ms", max_delay_ms)
         if self.max_delay_ms < self.min_delay_ms:
             raise ValueError(f"max_delay_ms ({max_delay_ms}) must be >= min_delay_ms ({min_delay_ms})")
-        if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool):
-            raise TypeError(f"multiplier must be a number, not {type(multiplier).__name__}")
-        if not math.isfinite(multiplier) or multiplier < 1:
-            raise ValueError(f"multiplier must be a finite number >= 1, got {multiplier}")
-        self.multiplier = float(multiplier)
+        self.multiplier = check_number("multiplier", multiplier, 1)
 
     def next_delay_ms(self, redelivery_count: int) -> int:
         """Delay before the next redelivery of a message redelivered *count* times. O(1)."""

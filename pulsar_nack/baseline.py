@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable
 
 from ._base import NEVER, BaseTracker, DueKeys, Redeliver
-from ._validate import check_int
+from ._validate import check_int, check_ms
 from .backoff import RedeliveryBackoff
-from .keys import MessageKey, validate_key
+from .keys import MessageKey, checked_key
 from .timer import monotonic_ms
 
 __all__ = ["HashMapNegativeAcksTracker"]
@@ -68,8 +68,9 @@ class HashMapNegativeAcksTracker(BaseTracker):
         )
         if interval_ms is None:
             interval_ms = max(self.delay_ms // 3, 1)
-        self.interval_ms = check_int("interval_ms", interval_ms, 1)
+        self.interval_ms = check_ms("interval_ms", interval_ms, 1)
         self._deadlines = {}
+        self._put = self._store = self._put_key
         self._wake = threading.Condition(self._lock)
         self._wakeups = 0
         self._last_lateness_ms = None
@@ -81,22 +82,10 @@ class HashMapNegativeAcksTracker(BaseTracker):
     def __len__(self) -> int:
         return len(self._deadlines)
 
-    def _store(self, key: MessageKey, deadline_ms: int) -> int:
-        if type(key) is not tuple or len(key) != 4 or type(key[0]) is not str:
-            key = validate_key(key)
-        _, ledger_id, entry_id, batch_index = key
-        if not (
-            type(ledger_id) is int
-            and type(entry_id) is int
-            and type(batch_index) is int
-            and 0 <= ledger_id <= 2**63 - 1
-            and 0 <= entry_id <= 2**63 - 1
-            and -1 <= batch_index <= 2**31 - 1
-        ):
-            key = validate_key(key)
-        if type(deadline_ms) is not int or deadline_ms < 0:
-            raise ValueError(f"deadline_ms must be a non-negative int, got {deadline_ms!r}")
-        self._deadlines[key] = deadline_ms
+    def _put_key(self, key: MessageKey, deadline_ms: int) -> int:
+        """Store *key* (checked by :func:`~pulsar_nack.keys.checked_key`) due at *deadline_ms*. O(1)."""
+        key = checked_key(key)
+        self._deadlines[key] = check_int("deadline_ms", deadline_ms, 0)
         return NEVER - 1 if len(self._deadlines) == 1 else NEVER
 
     def _arm(self, wake_by_ms: int) -> None:
@@ -164,4 +153,4 @@ class HashMapNegativeAcksTracker(BaseTracker):
         with self._lock:
             self._wake.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
+            self._thread.join(self._join_timeout_s)

@@ -10,10 +10,15 @@ Handoff to the client
     The Python client can redeliver specific messages in one way only:
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
-    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100) and our buckets fire
-    early by that much. The client redelivers 100-133 ms after a handoff (its timer
-    ticks every delay/3), so a message arrives between its bucket deadline and about
-    33 ms after it: never earlier than the bucket. Each due entry is handed over as
+    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
+    ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
+    strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
+    132 ms later. Our buckets fire early by exactly that client latency
+    (:func:`~pulsar_nack._nacking.client_handoff_latency_ms`), so a message arrives a
+    few ms after its bucket deadline, while bursts are at least 165 ms apart (buckets
+    of 256 ms and more). Below 8 precision bits, and with ``never_early``, buckets fire
+    early by only the client's delay (100 ms): a message then arrives 0-33 ms after its
+    bucket deadline, never before it. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
@@ -40,29 +45,40 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from time import monotonic_ns as _monotonic_ns
 from typing import Any, TypedDict
 
 import _pulsar
 import pulsar
 
-from ._nacking import COALESCE_MS, HANDOFF_DELAY_MS, PARTITION_SUFFIX, NackingCore
-from ._validate import check_bool, check_int
+from ._nacking import (
+    COALESCE_MS,
+    HANDOFF_DELAY_MS,
+    PARTITION_SUFFIX,
+    NackingCore,
+    client_handoff_latency_ms,
+)
+from ._validate import check_bool, check_int, check_ms, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
+from .errors import ConsumerClosedError
 from .timer import monotonic_ms
 from .tracker import TrackerStats
 
-__all__ = ["ConsumerClosedError", "ConsumerStats", "NackingConsumer", "subscribe"]
+__all__ = [
+    "ConsumerClosedError",
+    "ConsumerStats",
+    "DeadLetter",
+    "NackingConsumer",
+    "client_handoff_latency_ms",
+    "subscribe",
+]
 
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
 ACK_FLUSH_MS = 150
 """Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
-
-
-class ConsumerClosedError(RuntimeError):
-    """Raised by calls on a closed :class:`NackingConsumer`."""
 
 
 def _is_received(message: Any) -> bool:
@@ -183,8 +199,8 @@ class NackingConsumer:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         if _core is None:
-            check_int("handoff_delay_ms", handoff_delay_ms, 0)
-            check_int("coalesce_ms", coalesce_ms, 0)
+            check_ms("handoff_delay_ms", handoff_delay_ms)
+            check_ms("coalesce_ms", coalesce_ms)
             _core = NackingCore(
                 self._hand_off,
                 topics,
@@ -211,7 +227,7 @@ class NackingConsumer:
     def wrap(
         cls,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: str | list[str] | tuple[str, ...],
         *,
         handoff_delay_ms: int | None = None,
         **kwargs: Any,
@@ -245,12 +261,6 @@ class NackingConsumer:
 
     # ------------------------------------------------------------------ receiving
 
-    def _message(self, raw_message: _pulsar.Message) -> pulsar.Message:
-        message = _Message()
-        message._message = raw_message
-        message._schema = self._schema
-        return message
-
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Receive the next message the application should see.
 
@@ -261,25 +271,31 @@ class NackingConsumer:
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
-        if self._raw is None:
+        raw = self._raw
+        if raw is None:
             return self._receive_wrapped(timeout_millis)
         core = self._core
-        pending, received, admit = core._pending, core.received, core.admit
         if timeout_millis is None:
-            receive = self._raw.receive
-            while True:
-                message = receive()
-                if not pending._count:  # the common path: nothing to compare with
-                    next(received)
-                    return self._message(message)
-                if admit(message):
-                    return self._message(message)
-        check_int("timeout_millis", timeout_millis, 0)
-        deadline = monotonic_ms() + timeout_millis
+            message = raw.receive()
+        else:
+            if type(timeout_millis) is not int or timeout_millis < 0:
+                check_int("timeout_millis", timeout_millis, 0)
+            start_ns = _monotonic_ns()
+            message = raw.receive(timeout_millis)
         while True:
-            message = self._raw.receive(max(deadline - monotonic_ms(), 0))
-            if admit(message):
-                return self._message(message)
+            if not core._pending._count:  # the common path: nothing to compare with
+                next(core.received)
+            elif not core.admit(message):  # an early copy: swallowed, wait for the next
+                if timeout_millis is None:
+                    message = raw.receive()
+                else:
+                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                    message = raw.receive(max(left, 0))
+                continue
+            wrapped = _Message()
+            wrapped._message = message
+            wrapped._schema = self._schema
+            return wrapped
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
@@ -345,9 +361,10 @@ class NackingConsumer:
         ConsumerClosedError
             After :meth:`close`.
         """
-        self._check_open()
+        if self._closed:
+            raise ConsumerClosedError("this NackingConsumer is closed")
         if delay_ms is not None:
-            check_int("delay_ms", delay_ms, 0)
+            check_ms("delay_ms", delay_ms)
         dead_letter = self._dead_letter
         if dead_letter is not None and _is_received(message):
             self._core.key_of(message)  # validates: nothing is sent for bad input
@@ -485,13 +502,7 @@ def _check_subscribe_args(
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     if not isinstance(subscription_name, str) or not subscription_name:
         raise TypeError("subscription_name must be a non-empty str")
-    if isinstance(topic, re.Pattern):
-        topics: list[str] | re.Pattern[str] = topic
-    else:
-        topics_list = [topic] if isinstance(topic, str) else list(topic) if isinstance(topic, (list, tuple)) else None
-        if not topics_list or not all(isinstance(t, str) and t for t in topics_list):
-            raise TypeError("topic must be a topic name, a non-empty list of topic names, or a re.Pattern")
-        topics = topics_list
+    topics: list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")

@@ -1,4 +1,4 @@
-"""Old import path of the light embedded broker; use :mod:`pulsar_nack.testing` instead."""
+"""Old import path of a test broker; use :mod:`pulsar_nack.testing` instead."""
 
 from __future__ import annotations
 

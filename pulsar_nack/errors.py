@@ -1,16 +1,38 @@
 """The library's own errors: one root, :class:`PulsarNackError`, to catch them all.
 
+::
+
+    PulsarNackError
+    ├── ClosedError (also a RuntimeError)
+    │   ├── TrackerClosedError    a tracker used after close()
+    │   └── ConsumerClosedError   a NackingConsumer used after close()
+    └── BrokerError (also a RuntimeError)   a test broker failed
+
+The closed errors and :class:`BrokerError` subclass ``RuntimeError`` too, as the bare
+``RuntimeError`` they replace, so existing ``except RuntimeError`` clauses still work.
 Bad arguments are not errors of this family: they raise the built-in ``TypeError``
 (wrong type) or ``ValueError`` (bad value), as Python does.
 """
 
 from __future__ import annotations
 
-__all__ = ["BrokerError", "PulsarNackError"]
+__all__ = ["BrokerError", "ClosedError", "ConsumerClosedError", "PulsarNackError", "TrackerClosedError"]
 
 
 class PulsarNackError(Exception):
     """Root of every error pulsar-nack raises by itself."""
+
+
+class ClosedError(PulsarNackError, RuntimeError):
+    """A call on an object that was closed."""
+
+
+class TrackerClosedError(ClosedError):
+    """Raised by ``add`` on a closed :class:`~pulsar_nack.tracker.NegativeAcksTracker` or baseline."""
+
+
+class ConsumerClosedError(ClosedError):
+    """Raised by calls on a closed :class:`~pulsar_nack.consumer.NackingConsumer`."""
 
 
 class BrokerError(PulsarNackError, RuntimeError):

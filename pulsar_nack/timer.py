@@ -9,7 +9,11 @@ a configurable lead:
   postpones a due deadline;
 * with nothing requested it blocks without a timeout, so an idle timer makes no wakeups;
 * with ``min_gap_ms``, two fires are never closer than that (bursts are coalesced);
-* an exception from the callback is logged and the thread lives on;
+* an exception from the callback, ``BaseException`` included, is logged and the thread
+  lives on (in a thread, ``SystemExit`` would only end the thread, and with it every
+  later release; ``KeyboardInterrupt`` reaches the main thread only);
+* any int deadline is safe: a wait beyond ``threading.TIMEOUT_MAX`` is capped (the
+  thread re-plans when it wakes), so even ``2**1100`` neither overflows nor kills it;
 * :meth:`close` is idempotent and joins the thread.
 """
 
@@ -20,11 +24,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._validate import check_int
+from ._validate import check_int, check_ms
 
 __all__ = ["DeadlineTimer", "monotonic_ms"]
 
 _log = logging.getLogger(__name__)
+
+_MAX_WAIT_MS = int(threading.TIMEOUT_MAX * 1000) // 2
+"""Longest single wait, in ms: beyond it the thread wakes and re-plans (ints, so no overflow)."""
+
+
+def _wait_seconds(wait_ms: int) -> float:
+    """The seconds to wait for *wait_ms* > 0, capped to a finite, allowed timeout. O(1)."""
+    return min(wait_ms, _MAX_WAIT_MS) / 1000.0
 
 
 def monotonic_ms() -> int:
@@ -44,10 +56,10 @@ class DeadlineTimer:
         Monotonic milliseconds; injectable for tests.
     lead_ms : int
         Fire this many ms before the deadline (e.g. to compensate for a known handoff
-        delay). Default 0.
+        delay). Default 0; at most ``MAX_DELAY_MS``.
     min_gap_ms : int
         Never fire twice within this many ms; a deadline that falls sooner waits for the
-        gap. Default 0.
+        gap. Default 0; at most ``MAX_DELAY_MS``.
     name : str
         Thread name.
 
@@ -89,8 +101,8 @@ class DeadlineTimer:
     ) -> None:
         if not callable(on_due) or not callable(clock):
             raise TypeError("on_due and clock must be callable")
-        self.lead_ms = check_int("lead_ms", lead_ms, 0)
-        self.min_gap_ms = check_int("min_gap_ms", min_gap_ms, 0)
+        self.lead_ms = check_ms("lead_ms", lead_ms)
+        self.min_gap_ms = check_ms("min_gap_ms", min_gap_ms)
         self._last_fire = None
         self._on_due = on_due
         self._clock = clock
@@ -107,8 +119,15 @@ class DeadlineTimer:
     def request(self, deadline_ms: int) -> None:
         """Make sure the timer fires by *deadline_ms* (minus the lead). O(1).
 
-        Wakes the thread only when *deadline_ms* is earlier than what it waits for.
+        Wakes the thread only when *deadline_ms* is earlier than what it waits for. Any
+        int is safe, however far in the past or future.
+
+        Raises
+        ------
+        TypeError
+            If *deadline_ms* is not an int.
         """
+        check_int("deadline_ms", deadline_ms)
         with self._cond:
             if self._next is None or deadline_ms < self._next:
                 self._next = deadline_ms
@@ -145,6 +164,21 @@ class DeadlineTimer:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def _call_on_due(self, now: int) -> int | None:
+        """Run the callback; log whatever it raises (BaseException too) and return None then."""
+        try:
+            following = self._on_due(now)
+        except BaseException:  # the policy: nothing a callback raises ends the thread
+            _log.exception("negative-ack timer callback failed; the timer keeps running")
+            return None
+        if following is None:
+            return None
+        try:
+            return check_int("the deadline on_due returned", following)
+        except TypeError:
+            _log.exception("negative-ack timer callback returned %r, not an int or None; ignored", following)
+            return None
+
     def _run(self) -> None:
         cond = self._cond
         while True:
@@ -159,19 +193,16 @@ class DeadlineTimer:
                         wait_ms = fire_at - self._clock()
                         if wait_ms <= 0:
                             break
-                        cond.wait(min(wait_ms / 1000.0, threading.TIMEOUT_MAX))
+                        cond.wait(_wait_seconds(wait_ms))
                     self.wakeups += 1
                 if self._closed:
                     return
                 deadline, self._next, self._busy = self._next, None, True
+            assert deadline is not None  # the wait loop is left only with a deadline due
             now = self._last_fire = self._clock()
             self.fires += 1
-            self.last_lateness_ms = now - (deadline - self.lead_ms)  # type: ignore[operator]
-            try:
-                following = self._on_due(now)
-            except Exception:
-                _log.exception("negative-ack timer callback failed; the timer keeps running")
-                following = None
+            self.last_lateness_ms = now - (deadline - self.lead_ms)
+            following = self._call_on_due(now)
             with cond:
                 self._busy = False
                 if following is not None and (self._next is None or following < self._next):

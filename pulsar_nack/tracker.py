@@ -16,16 +16,35 @@ from collections.abc import Callable
 
 from . import _accel
 from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
-from ._validate import check_int
-from .backoff import RedeliveryBackoff
+from ._validate import check_ms
+from .backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
-from .keys import MessageKey
 from .timer import DeadlineTimer, monotonic_ms
 
 __all__ = ["DueKeys", "NegativeAcksTracker", "TrackerStats"]
 
-_FAST_DELAY_LIMIT = 1 << 61
-"""Delays the C hot path takes (it computes deadlines in 64-bit ints)."""
+_MAX_BACKOFF_TABLE = 64
+"""Backoff delays the C hot path holds (counts beyond take the last)."""
+
+
+def _backoff_table(backoff: RedeliveryBackoff | None) -> tuple[int, ...] | bool | None:
+    """The delays of a multiplier backoff by redelivery count, up to the count where it
+    stops growing (larger counts take the last); None without a backoff; False for a
+    backoff the C path cannot take (any other class, or one still growing after 64 counts).
+
+    >>> _backoff_table(MultiplierRedeliveryBackoff(100, 1000, 2))
+    (100, 200, 400, 800, 1000)
+    """
+    if backoff is None:
+        return None
+    if type(backoff) is not MultiplierRedeliveryBackoff:
+        return False
+    delays = [backoff.next_delay_ms(0)]
+    while len(delays) < _MAX_BACKOFF_TABLE and delays[-1] < backoff.max_delay_ms and backoff.min_delay_ms:
+        delays.append(backoff.next_delay_ms(len(delays)))
+    if delays[-1] != backoff.next_delay_ms(1 << 30):
+        return False  # it still grows at the table's end: leave it to the Python path
+    return tuple(delays)
 
 
 class NegativeAcksTracker(BaseTracker):
@@ -35,12 +54,14 @@ class NegativeAcksTracker(BaseTracker):
     ----------
     redeliver : callable, optional
         ``redeliver({topic: [key, ...]})``, called on the timer thread with no lock held
-        when buckets fall due. If it raises, the error is logged and the keys are tracked
-        again for ``retry_delay_ms``. Without it there is no thread: call
-        :meth:`pop_due` yourself (manual mode).
+        when buckets fall due. If it raises (``BaseException`` included), the error is
+        logged and the keys are tracked again for ``retry_delay_ms``; the thread lives
+        on. Without it there is no thread: call :meth:`pop_due` yourself (manual mode).
     delay_ms : int
         Delay when neither a per-call delay nor a backoff applies. Default 60 s, as
-        pulsar's ``negative_ack_redelivery_delay_ms``.
+        pulsar's ``negative_ack_redelivery_delay_ms``. Every delay (this one, per call,
+        from the backoff, ``retry_delay_ms``, ``lead_ms``, ``coalesce_ms``) is an int
+        from 0 to ``MAX_DELAY_MS`` (2**40 ms, about 34.8 years); above it ``ValueError``.
     precision_bits : int
         Deadlines are trimmed by this many bits (``negative_ack_precision_bit_cnt``);
         0-30, default 8 (256 ms buckets).
@@ -108,14 +129,14 @@ class NegativeAcksTracker(BaseTracker):
             default_topic=default_topic,
             retry_delay_ms=retry_delay_ms,
         )
-        lead_ms = check_int("lead_ms", lead_ms, 0)
-        coalesce_ms = check_int("coalesce_ms", coalesce_ms, 0)
+        lead_ms = check_ms("lead_ms", lead_ms)
+        coalesce_ms = check_ms("coalesce_ms", coalesce_ms)
         self._buckets = TimeBuckets(
             precision_bits, round_up=round_up, max_open_buckets=max_open_buckets, speedups=speedups
         )
         self.precision_bits = precision_bits
         # The hot path: adds go straight into the buckets, which return the bucket deadline.
-        self._store = self._buckets.add_at  # type: ignore[method-assign]
+        self._put = self._store = self._buckets.add_at
         self._timer = None
         if redeliver is not None:
             self._timer = DeadlineTimer(
@@ -127,14 +148,17 @@ class NegativeAcksTracker(BaseTracker):
             self._install_fast_add()
 
     def _install_fast_add(self) -> None:
-        """Bind ``add`` to the C hot path when it is built and no backoff is set.
+        """Bind ``add`` to the C hot path when it is built.
 
-        The C code handles ``add(key)`` for a plain key into the hot slot and calls the
-        Python code (:meth:`add`, :meth:`_track`) for everything else, so behaviour is
-        the same; only the common call is cheaper. Subclasses that override ``add`` keep
-        their own.
+        The C code handles ``add(key)`` (and ``add(key, None, redelivery_count)`` with a
+        :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`, whose delays it reads
+        once, here) for a key a hot slot takes, and calls the Python code (:meth:`add`,
+        :meth:`_track`) for everything else, so behaviour is the same; only the common
+        call is cheaper. Subclasses that override ``add`` keep their own, and so do
+        trackers with any other backoff.
         """
-        if _accel.FastAdd is None or self._backoff is not None or self._delay_ms >= _FAST_DELAY_LIMIT:
+        delays = _backoff_table(self._backoff)
+        if _accel.FastAdd is None or delays is False:
             return
         if type(self).add is not BaseTracker.add:
             return
@@ -149,6 +173,7 @@ class NegativeAcksTracker(BaseTracker):
             round_up=self._buckets.round_up,
             general=types.MethodType(BaseTracker.add, self),
             track=self._track,
+            delays=delays,
         )
         self.add = fast.add  # type: ignore[method-assign]
 
@@ -160,9 +185,6 @@ class NegativeAcksTracker(BaseTracker):
         """Earliest bucket deadline, or None. O(1)."""
         with self._lock:
             return self._buckets.peek_deadline()
-
-    def _store(self, key: MessageKey, deadline_ms: int) -> int:
-        return self._buckets.add_at(key, deadline_ms)  # replaced by the bound method in __init__
 
     def _arm(self, wake_by_ms: int) -> None:
         if self._timer is not None:
@@ -197,7 +219,15 @@ class NegativeAcksTracker(BaseTracker):
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
-            self._timer.close()
+            self._timer.close(self._join_timeout_s)
+
+    def _restore(self, due: DueKeys, deadline_ms: int) -> int:
+        wake_by = super()._restore(due, deadline_ms)
+        if self._closed:
+            # Keys stored into a closed tracker must not leave a hot slot behind: the C
+            # add would take a key into it without reaching the closed check.
+            self._buckets._forget_hot()
+        return wake_by
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until nothing is pending and no callback runs; False on timeout.

@@ -107,6 +107,7 @@ def pytest_sessionfinish(session, exitstatus):
         "pulsar-lite",
         "PulsarStandaloneStarter",
         "org.apache.spark.deploy",
+        "CoarseGrainedExecutorBackend",
         "pyspark.daemon",
     )
 

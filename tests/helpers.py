@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pulsar_nack import NegativeAcksTracker, _accel
+
+
+def pid_gone(pid: int) -> bool:
+    """True if process *pid* no longer runs (gone, or a zombie awaiting its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+    return False
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, poll_s: float = 0.005) -> bool:
@@ -78,3 +93,22 @@ def out_of_batch_id(message_id: Any, batch_index: int) -> Any:
     fields = [(1, message_id.ledger_id()), (2, message_id.entry_id()), (3, message_id.partition()),
               (4, batch_index), (6, size)]
     return _pulsar.MessageId.deserialize(b"".join(_varint(n << 3) + _varint(v) for n, v in fields))
+
+
+def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
+    """Send *payloads* to *topic*; with *batch_size* > 0 they go out in batches of that many."""
+    if batch_size:
+        producer = client.create_producer(
+            topic,
+            batching_enabled=True,
+            batching_max_messages=batch_size,
+            batching_max_publish_delay_ms=1_000,
+        )
+        for payload in payloads:
+            producer.send_async(payload, None)
+        producer.flush()
+    else:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for payload in payloads:
+            producer.send(payload)
+    producer.close()

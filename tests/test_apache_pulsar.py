@@ -29,7 +29,7 @@ import pulsar
 import pytest
 
 import pulsar_nack
-from helpers import wait_for
+from helpers import produce, wait_for
 from pulsar_nack.testing import quiet_client
 
 pytestmark = pytest.mark.broker
@@ -49,25 +49,6 @@ def client(apache_broker: Any) -> Any:
 
 def new_topic(prefix: str = "ap") -> str:
     return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
-    """Send *payloads*; with *batch_size* > 0 they go out in batches of that many."""
-    if batch_size:
-        producer = client.create_producer(
-            topic,
-            batching_enabled=True,
-            batching_max_messages=batch_size,
-            batching_max_publish_delay_ms=1_000,
-        )
-        for payload in payloads:
-            producer.send_async(payload, None)
-        producer.flush()
-    else:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for payload in payloads:
-            producer.send(payload)
-    producer.close()
 
 
 class Recorder:

@@ -388,9 +388,9 @@ def test_wrap_warns_when_the_handoff_delay_is_unknown_or_too_long(pulsar_client,
 
 
 # ---------------------------------------------------------------------------
-# Unit tests with a recording stand-in consumer, for paths the embedded broker cannot
-# exercise: partitioned topics (no admin API; nacks there are never redelivered) and
-# Exclusive/Failover subscriptions (the broker ignores redelivery requests on them).
+# Unit tests with a recording stand-in consumer: they check what the wrapper hands to
+# the client, which no broker shows (the handoff ids themselves). Partitioned topics and
+# Exclusive/Failover subscriptions on a real broker are in test_apache_pulsar.py.
 # ---------------------------------------------------------------------------
 
 
@@ -440,10 +440,10 @@ def test_partitioned_topic_handoff_uses_the_partition_and_one_id_per_entry():
     consumer.close()
 
 
-def test_exclusive_subscription_hands_off_once_per_burst():
-    """On Exclusive/Failover the client redelivers all unacked messages on any nack;
-    our side still hands each due entry over exactly once per burst."""
-    topic = "persistent://public/default/exclusive"
+def test_nacked_siblings_of_one_entry_are_handed_off_once_per_burst():
+    """Two nacked indexes of one batched entry, due together, make one handoff id (the
+    client redelivers whole entries). Subscription-agnostic: no subscription here."""
+    topic = "persistent://public/default/one-entry"
     recorder = RecordingConsumer()
     consumer = NackingConsumer(recorder, [topic])
     messages = [StubMessage(topic, _pulsar.MessageId(-1, 5, 1, i)) for i in range(3)]

@@ -13,15 +13,53 @@ and ``create_partitioned_topic(topic, partitions)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..errors import BrokerError
 from .client import quiet_client
 from .lite import PulsarLite
 from .standalone import PulsarStandalone
 
-__all__ = ["BROKERS", "BrokerError", "PulsarLite", "PulsarStandalone", "quiet_client", "start_broker"]
+__all__ = [
+    "BROKERS",
+    "BROKER_HELP",
+    "DEMO_BROKER",
+    "BrokerError",
+    "PulsarLite",
+    "PulsarStandalone",
+    "client_factory_for",
+    "quiet_client",
+    "start_broker",
+]
 
 BROKERS = {"apache": PulsarStandalone, "lite": PulsarLite}
 """Broker classes by the names the CLI and the test option use."""
+
+BROKER_HELP = {
+    "apache": "Apache Pulsar standalone (fetched once from Maven Central)",
+    "lite": "pulsar-lite, a light look-alike that starts in a second",
+}
+"""One line per broker name, for the command line's help."""
+
+DEMO_BROKER = "lite"
+"""The broker ``pulsar-nack demo`` starts by default: the one that starts fastest."""
+
+
+def client_factory_for(service_url: str) -> Callable[[str], Any] | None:
+    """The ``ConsumerConfig.client_factory`` a broker at *service_url* needs, or None.
+
+    :func:`~pulsar_nack.testing.lite_shim.lite_client_factory` for a
+    :class:`PulsarLite` running on this machine (its workarounds), None for anything
+    else (a plain ``pulsar.Client`` does). O(1) plus a look-up of the local broker.
+    """
+    from .lite import is_lite_broker_url
+
+    if not is_lite_broker_url(service_url):
+        return None
+    from .lite_shim import lite_client_factory
+
+    return lite_client_factory
 
 
 def start_broker(kind: str) -> PulsarStandalone | PulsarLite:

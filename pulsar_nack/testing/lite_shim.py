@@ -16,11 +16,13 @@ runtime modules ever meet it.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import threading
 import uuid
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from .._validate import check_int
 from ..errors import BrokerError
@@ -33,8 +35,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "apply_lite_consumer_id_shim",
     "claim_lite_consumer_slot",
+    "lite_client_factory",
     "reserve_consumer_ids_for_lite",
 ]
+
+_log = logging.getLogger(__name__)
 
 _SLOTS_DIR_NAME = "consumer-id-slots"
 _MAX_SLOTS = 4096
@@ -301,3 +306,74 @@ def apply_lite_consumer_id_shim(
         client, slot, service_url=service_url, consumers_per_client=consumers_per_client
     )
     return slot
+
+
+_SUBSCRIBE_ATTEMPTS = 3
+_LITE_CLIENT_CLASS: list[type] = []
+
+
+def _lite_client_class() -> type:
+    """The ``pulsar.Client`` subclass :func:`lite_client_factory` returns (built once)."""
+    if _LITE_CLIENT_CLASS:
+        return _LITE_CLIENT_CLASS[0]
+    import pulsar
+
+    class LiteClient(pulsar.Client):
+        """A quiet client with the consumer-id shim, a subscribe retry, and no batch-index acks."""
+
+        def __init__(self, service_url: str, **kwargs: Any) -> None:
+            kwargs.setdefault("logger", pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+            self._lite_args = (service_url, kwargs)
+            super().__init__(service_url, **kwargs)
+            self.shim_slot = apply_lite_consumer_id_shim(self, service_url)
+
+        def subscribe(self, topic: Any, subscription_name: str, *args: Any, **kwargs: Any) -> Any:
+            """``Client.subscribe``, retried with a fresh connection and consumer-id slot.
+
+            pulsar-lite 0.2.0 keeps the consumers of a connection that ended with a
+            reset (a process killed while the broker sent to it) registered until it
+            restarts, so a freed slot's consumer id may still be taken: the broker
+            then drops the connection and the subscribe fails. pulsar-lite also loses
+            messages with batch-index acks, so they are turned off here.
+            """
+            kwargs["batch_index_ack_enabled"] = False
+            for attempt in range(1, _SUBSCRIBE_ATTEMPTS + 1):
+                try:
+                    return super().subscribe(topic, subscription_name, *args, **kwargs)
+                except Exception:
+                    if attempt == _SUBSCRIBE_ATTEMPTS:
+                        raise
+                    _log.warning("subscribing to %s failed; retrying with a new connection", topic, exc_info=True)
+                    with contextlib.suppress(Exception):
+                        self._client.close()
+                    service_url, options = self._lite_args
+                    pulsar.Client.__init__(self, service_url, **options)
+                    self.shim_slot = apply_lite_consumer_id_shim(self, service_url)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    _LITE_CLIENT_CLASS.append(LiteClient)
+    return LiteClient
+
+
+def lite_client_factory(service_url: str) -> pulsar.Client:
+    """A ``client_factory`` for :class:`pulsar_nack.spark.ConsumerConfig` on pulsar-lite.
+
+    **pulsar-lite test shim**, module-level so that it pickles. The client it returns
+    logs warnings only, has the consumer-id shim applied (its slot is ``shim_slot``),
+    retries a failed subscribe up to 3 times with a fresh connection and slot, and
+    subscribes without batch-index acks. Against a URL that is not a
+    :class:`PulsarLite` on this machine the shim does nothing (``shim_slot`` is None).
+
+    Runtime complexity: that of :func:`apply_lite_consumer_id_shim`.
+
+    >>> with PulsarLite() as broker:
+    ...     client = lite_client_factory(broker.url)
+    ...     slot = client.shim_slot
+    ...     client.close()
+    >>> slot is not None
+    True
+    """
+    if not isinstance(service_url, str):
+        raise TypeError(f"service_url must be a str, got {type(service_url).__name__}")
+    client: pulsar.Client = _lite_client_class()(service_url)
+    return client

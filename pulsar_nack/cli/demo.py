@@ -2,10 +2,13 @@
 
 What it does:
 
-1. starts the embedded pulsar-lite broker (unless ``--service-url``);
+1. starts a test broker from :mod:`pulsar_nack.testing`: the light embedded one
+   (``--broker lite``, the default: it starts in a second) or Apache Pulsar standalone (``--broker apache``, fetched once from Maven
+   Central) -- unless ``--service-url`` names a running cluster;
 2. produces a stream of events ``0 .. N-1`` with a batched producer, on a thread, while
    Spark starts;
-3. runs ``--tasks`` consumer tasks per round on a local SparkSession (``local[2]``) with
+3. runs ``--tasks`` consumer tasks per round on a SparkSession (``--master``, default
+   ``local[2]``; a ``spark://`` standalone cluster works too) with
    :func:`pulsar_nack.spark.run_consumer_tasks`, until a round finds nothing left. The
    handler fails transiently for ``--failure-rate`` of the events -- chosen by a hash of
    the payload, and only on first delivery, so the retry succeeds -- and the tasks nack
@@ -16,8 +19,9 @@ What it does:
 5. prints a summary; ``--json`` prints it as one JSON object on the last stdout line.
 
 Progress goes to stderr (a tqdm bar, on a terminal only), fed by the executors over
-UDP on 127.0.0.1 -- good for local mode only. The exit code is 1 if anything was lost
-or left behind, else 0.
+UDP on 127.0.0.1. That reaches the driver in local mode only, so with any other
+master the bar is off (a status line says so). The exit code is 1 if anything was
+lost or left behind, else 0.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class DemoHandler:
     >>> handler(Message(b"7", 0))
     Traceback (most recent call last):
     ...
-    pulsar_nack.demo.TransientError: event b'7' failed (first attempt)
+    pulsar_nack.cli.demo.TransientError: event b'7' failed (first attempt)
     """
 
     def __init__(self, failure_rate: float) -> None:
@@ -194,9 +198,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of events whose first processing fails (default 0.1)",
     )
     parser.add_argument("--tasks", type=_positive, default=4, help="consumer tasks per round (default 4)")
+    from ..testing import BROKER_HELP, DEMO_BROKER
+
+    kinds = "; ".join(f"{name}: {text}" for name, text in BROKER_HELP.items())
+    parser.add_argument(
+        "--broker", choices=sorted(BROKER_HELP), default=DEMO_BROKER,
+        help=f"the test broker to start ({kinds}); default {DEMO_BROKER}",
+    )
     parser.add_argument(
         "--service-url", default=None, metavar="URL",
-        help="use this Pulsar cluster instead of starting the embedded broker",
+        help="use this Pulsar cluster instead of starting a test broker",
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -252,15 +263,10 @@ class _Producer:
         self.seconds = time.monotonic() - start
 
 
-def _left_in_subscription(client: Any, url: str, topic: str) -> int:
+def _left_in_subscription(client: Any, topic: str) -> int:
     """Messages a fresh consumer still gets from the subscription (should be 0)."""
     import pulsar
 
-    from .embedded import apply_embedded_broker_consumer_id_shim, is_embedded_broker_url
-
-    if is_embedded_broker_url(url):
-        # pulsar-lite only: make this process's consumer id unique on the subscription.
-        apply_embedded_broker_consumer_id_shim(client, url)
     consumer = client.subscribe(topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared)
     left = 0
     timeout_ms = 2000  # unacked messages return at once when the workers' connections close
@@ -276,43 +282,39 @@ def _left_in_subscription(client: Any, url: str, topic: str) -> int:
     return left
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the demo; return the exit code (1 if anything was lost or left behind)."""
-    from .backoff import MultiplierRedeliveryBackoff
-    from .embedded import EmbeddedBroker, quiet_client
-    from .spark import ConsumerConfig, TaskBudget, local_session, run_consumer_tasks, stop_session
+def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
+    """(the broker started here or None, the service URL)."""
+    if args.service_url:
+        return None, args.service_url
+    from ..testing import start_broker
 
-    started = time.monotonic()
-    broker = None
-    client = None
-    spark = None
+    _status(f"starting the {args.broker} broker")
+    broker = start_broker(args.broker)
+    return broker, broker.url
+
+
+def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
+    """Run the consumer tasks until the subscription is drained; the RunStats."""
+    from ..backoff import MultiplierRedeliveryBackoff
+    from ..spark import ConsumerConfig, TaskBudget, run_consumer_tasks
+    from ..testing import client_factory_for
+
+    config = ConsumerConfig(
+        url,
+        topic,
+        SUBSCRIPTION,
+        backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+        retryable=(TransientError,),
+        client_factory=client_factory_for(url),
+    )
+    budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
     progress = None
-    try:
-        if args.service_url:
-            url = args.service_url
-        else:
-            _status("starting the embedded broker")
-            broker = EmbeddedBroker().start()
-            url = broker.url
-        client = quiet_client(url)
-        topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
-        producer = _Producer(client, topic, args.messages)
-        producer.thread.start()  # the stream runs while Spark starts
-        _status(f"producing {args.messages:,} events to {topic}; starting Spark ({args.master})")
-        spark_started = time.monotonic()
-        spark = local_session(args.master, "pulsar-nack demo")
-        spark_start_s = time.monotonic() - spark_started
-        config = ConsumerConfig(
-            url,
-            topic,
-            SUBSCRIPTION,
-            backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
-            retryable=(TransientError,),
-        )
-        budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
+    if args.master.startswith("local"):
         progress = _ProgressListener(args.messages)
-        consume_started = time.monotonic()
-        stats = run_consumer_tasks(
+    else:
+        _status(f"progress bar off: executors of {args.master} cannot reach the driver's UDP socket")
+    try:
+        return run_consumer_tasks(
             spark,
             config,
             DemoHandler(args.failure_rate),
@@ -321,34 +323,67 @@ def run(args: argparse.Namespace) -> int:
             until_drained=True,
             record_timings=True,
             collect=event_id,
-            progress=UdpProgress(progress.address),
+            progress=None if progress is None else UdpProgress(progress.address),
         )
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; return the exit code (1 if anything was lost or left behind)."""
+    from ..spark import local_session, stop_session
+    from ..testing import client_factory_for, quiet_client
+
+    started = time.monotonic()
+    broker = client = spark = None
+    try:
+        broker, url = _start_broker(args)
+        factory = client_factory_for(url)
+        client = quiet_client(url) if factory is None else factory(url)
+        topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
+        producer = _Producer(client, topic, args.messages)
+        producer.thread.start()  # the stream runs while Spark starts
+        _status(f"producing {args.messages:,} events to {topic}; starting Spark ({args.master})")
+        spark_started = time.monotonic()
+        spark = local_session(args.master, "pulsar-nack demo")
+        spark_start_s = time.monotonic() - spark_started
+        consume_started = time.monotonic()
+        stats = _consume(args, url, topic, spark)
         consume_s = time.monotonic() - consume_started
-        progress.close()
-        progress = None
         producer.thread.join()
         if producer.error is not None:
             raise producer.error
         _status("stopping Spark; checking the subscription")
         stop_session(spark)
         spark = None
-        left = _left_in_subscription(client, url, topic)
+        left = _left_in_subscription(client, topic)
     finally:
-        if progress is not None:
-            progress.close()
         if spark is not None:
             stop_session(spark)
         if client is not None:
             client.close()
         if broker is not None:
             broker.stop()
-    wall_s = time.monotonic() - started
+    times = {"spark_start_s": spark_start_s, "consume_s": consume_s, "wall_s": time.monotonic() - started}
+    summary = _summarize(args, producer, stats, left, times, url if broker is None else args.broker)
+    if args.json:
+        print(json.dumps(summary, sort_keys=False))
+    else:
+        _print_summary(summary)
+    return 0 if summary["ok"] else 1
 
+
+def _summarize(
+    args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, float], broker: str
+) -> dict[str, Any]:
+    """The demo's summary: what was produced, handled, lost, duplicated, and how late."""
+    consume_s = times["consume_s"]
     produced = set(producer.confirmed)
     acked_ids = stats["collected"]
     seen = set(acked_ids)
     lost = len(produced - seen)
-    summary = {
+    return {
         "messages": args.messages,
         "produced": len(produced),
         "produce_failed": producer.failed,
@@ -359,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
         "lost": lost,
         "left_in_subscription": left,
         "duplicates": len(acked_ids) - len(seen),
+        "duplicates_pct": round(100 * (len(acked_ids) - len(seen)) / max(len(produced), 1), 3),
         "swallowed_batch_duplicates": stats["swallowed"],
         "handler_errors": stats["handler_errors"],
         "failure_rate": args.failure_rate,
@@ -370,20 +406,17 @@ def run(args: argparse.Namespace) -> int:
         "workers": stats["workers"],
         "consumers": stats["consumers"],
         "max_tasks_per_consumer": stats["max_tasks_per_consumer"],
-        "spark_start_s": round(spark_start_s, 2),
+        "spark_start_s": round(times["spark_start_s"], 2),
         "produce_s": round(producer.seconds, 2),
         "consume_s": round(consume_s, 2),
-        "wall_s": round(wall_s, 2),
+        "wall_s": round(times["wall_s"], 2),
         "messages_per_s": round(len(produced) / consume_s, 1) if consume_s > 0 else 0.0,
         "master": args.master,
-        "broker": "embedded pulsar-lite" if broker is not None else url,
+        "broker": broker,
+        "driver_pid": os.getpid(),
+        "worker_pids": sorted({t["worker_pid"] for t in stats["task_stats"]}),
         "ok": lost == 0 and left == 0,
     }
-    if args.json:
-        print(json.dumps(summary, sort_keys=False))
-    else:
-        _print_summary(summary)
-    return 0 if summary["ok"] else 1
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""``pulsar-nack``: the command line (``demo`` and ``bench``).
+"""``pulsar-nack``: the command line (``demo``, ``broker`` and ``bench``).
 
 Each subcommand lives in its own module and contributes ``add_arguments(parser)`` and
 ``run(args) -> int``; this module only wires them to argparse, importing them on use.
@@ -9,27 +9,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
 __all__ = ["main"]
 
 # subcommand -> (module, one-line help)
 _COMMANDS = {
-    "demo": ("pulsar_nack.demo", "run the Spark pipeline on the embedded broker and print a summary"),
+    "demo": ("pulsar_nack.cli.demo", "run the Spark pipeline on a test broker and print a summary"),
+    "broker": ("pulsar_nack.cli.broker", "start a test broker, print its URL, run until Ctrl-C"),
     "bench": ("bench.cli", "run the benchmarks (tracker vs hash-map baseline vs built-in client)"),
 }
 
 
-def _add_checkout_to_path() -> None:
-    """Make the checkout's top-level ``bench/`` importable (it is not in the wheel)."""
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "bench" / "__init__.py").is_file() and str(checkout) not in sys.path:
-        sys.path.append(str(checkout))
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pulsar-nack`` script; returns the exit code."""
-    _add_checkout_to_path()
     parser = argparse.ArgumentParser(prog="pulsar-nack", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
@@ -37,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         try:
             module = importlib.import_module(module_name)
-        except ImportError as error:  # e.g. bench/ is not shipped in the wheel
-            sub.set_defaults(_missing=f"{name} is unavailable: {error}")
+        except ImportError as error:  # bench/ is not in the wheel: run from a checkout
+            sub.set_defaults(_missing=f"{name} is unavailable ({error}); run it from a checkout: python -m {module_name}")
             continue
         module.add_arguments(sub)
         modules[name] = module
@@ -48,7 +40,3 @@ def main(argv: list[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return 2
     return int(modules[args.command].run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,278 @@
+"""What a Spark consumer task consumes and how it retries: :class:`ConsumerConfig`, :class:`TaskBudget`.
+
+Both are frozen, picklable dataclasses that Spark ships with every task. Validation
+happens once, on the driver, when they are built: ``TypeError`` for a wrong type,
+``ValueError`` for a bad value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._validate import MAX_DELAY_MS, check_int, check_ms, check_optional_int, check_topics
+from ..backoff import RedeliveryBackoff
+from ..buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ..keys import PARTITION_SUFFIX
+
+__all__ = ["NON_RETRYABLE_ACTIONS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
+
+NON_RETRYABLE_ACTIONS: tuple[str, ...] = ("ack", "dead_letter", "raise")
+"""What :func:`~pulsar_nack.spark.consume_partition` does with a message whose handler raised a
+non-retryable exception: ack it (drop), produce it to the dead-letter topic and ack it,
+or re-raise (the task fails; the message returns to the subscription)."""
+
+_CONSUMER_TYPES = ("Shared", "KeyShared", "Failover", "Exclusive")
+_INITIAL_POSITIONS = ("Earliest", "Latest")
+_LOG_LEVELS = ("debug", "info", "warn", "error")
+
+
+def _enum_name(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """Accept ``"Shared"`` or ``pulsar.ConsumerType.Shared``; return the name."""
+    text = getattr(value, "name", value)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str or a pulsar enum, not {type(value).__name__}")
+    if text == "Key_Shared":
+        text = "KeyShared"
+    if text not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerConfig:
+    """What a Spark task consumes and how it retries; picklable, shipped with each task.
+
+    Every field must pickle (Spark ships the config to the executors): plain values,
+    a :class:`~pulsar_nack.backoff.RedeliveryBackoff`, exception classes, and a
+    module-level ``client_factory``.
+
+    Parameters
+    ----------
+    service_url : str
+        ``pulsar://host:6650``.
+    topics : str or sequence of str
+        One topic, or several (one multi-topic consumer). Stored as a tuple.
+    subscription : str
+        The subscription name; all workers join it.
+    subscription_type : str or pulsar.ConsumerType
+        ``"Shared"`` (default) spreads messages over the workers and redelivers single
+        entries. ``"KeyShared"`` keeps keys on one worker. ``"Failover"`` and
+        ``"Exclusive"`` allow one active consumer: the other workers wait, and a nack
+        redelivers every unacked message of the consumer.
+    nack_delay_ms : int
+        Fixed retry delay when no ``backoff`` is given (pulsar's
+        ``negative_ack_redelivery_delay_ms``). Default 60 s.
+    precision_bits : int
+        Retry deadlines are trimmed by this many bits (default 8: 256 ms buckets; a
+        retry may come up to ``2**bits - 1`` ms early unless ``never_early``).
+    backoff : RedeliveryBackoff, optional
+        Delay by redelivery count, e.g.
+        :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`.
+    never_early : bool
+        Round deadlines up instead of down.
+    receive_timeout_ms : int
+        How long one ``receive`` waits; the task checks its budget at least this often.
+        Default 100.
+    initial_position : str or pulsar.InitialPosition
+        Where a *new* subscription starts. Default ``"Earliest"``: a Spark job usually
+        starts after the data was produced and must not skip it (pulsar's own default
+        is ``Latest``). No effect on an existing subscription.
+    client_options : mapping
+        Keywords for ``pulsar.Client`` (e.g. ``operation_timeout_seconds``,
+        ``io_threads``); values must pickle.
+    consumer_options : mapping
+        Extra keywords for ``Client.subscribe`` (e.g. ``receiver_queue_size``,
+        ``consumer_name``); not ``negative_ack_redelivery_delay_ms``.
+    client_factory : callable, optional
+        ``client_factory(service_url) -> pulsar.Client``, a module-level function, for
+        what does not pickle (authentication objects, custom loggers). Replaces
+        ``client_options``. It is also where a broker-specific client goes, e.g. the
+        test brokers' factories in :mod:`pulsar_nack.testing`.
+    log_level : str
+        The C++ client's log level: ``"warn"`` (default; no INFO lines), ``"error"``,
+        ``"info"``, ``"debug"``.
+    retryable : tuple of exception classes
+        Exceptions from the handler that mean "retry later" (nack with backoff).
+        Default ``(Exception,)``: every exception retries.
+    on_non_retryable : {"dead_letter", "ack", "raise"}
+        For any other exception: produce the message to :attr:`dead_letter_topic` and
+        ack it (default); ack it (drop it); or nack it, flush and re-raise, failing the
+        task (Spark shows a ``PythonException`` with the worker traceback).
+    max_redeliveries : int, optional
+        A retryable failure of a message already redelivered this many times is
+        handled as non-retryable (poison messages). None (default): retry forever.
+    dead_letter_topic : str, optional
+        Default ``<topic>-<subscription>-DLQ`` of the message's topic, as pulsar's
+        client-side dead-letter policy names it.
+    ack_flush_ms : int
+        A task returns no sooner than this after its last ack, so the client's 100 ms
+        ack grouping has sent it. Default 200; 0 disables (acks may then be lost with
+        a worker that dies right after the task: they come back as duplicates).
+    batch_index_ack : bool
+        Subscribe with ``batch_index_ack_enabled=True`` (default): the consumer acks
+        single messages of a batched entry, and a broker with
+        ``acknowledgmentAtBatchIndexLevelEnabled=true`` redelivers such an entry with
+        its ack set, so no worker hands acked siblings back to the handler. A broker
+        without the setting ignores the ack sets (whole entries come back, as with
+        False). ``consumer_options["batch_index_ack_enabled"]`` wins over this.
+
+    Examples
+    --------
+    >>> from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+    >>> config = ConsumerConfig("pulsar://127.0.0.1:6650", "orders", "billing",
+    ...     backoff=MultiplierRedeliveryBackoff(1000, 60_000))
+    >>> config.topics, config.subscription_type, config.key
+    (('orders',), 'Shared', ('pulsar://127.0.0.1:6650', ('orders',), 'billing'))
+    >>> import pickle; pickle.loads(pickle.dumps(config)).backoff.next_delay_ms(2)
+    4000
+    """
+
+    service_url: str
+    topics: str | Sequence[str]  # stored as a tuple (see __post_init__)
+    subscription: str
+    subscription_type: str = "Shared"
+    nack_delay_ms: int = 60_000
+    precision_bits: int = DEFAULT_PRECISION_BITS
+    backoff: RedeliveryBackoff | None = None
+    never_early: bool = False
+    receive_timeout_ms: int = 100
+    initial_position: str = "Earliest"
+    client_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    consumer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    client_factory: Callable[[str], Any] | None = None
+    log_level: str = "warn"
+    retryable: tuple[type[BaseException], ...] = (Exception,)
+    on_non_retryable: str = "dead_letter"
+    max_redeliveries: int | None = None
+    dead_letter_topic: str | None = None
+    ack_flush_ms: int = 200
+    batch_index_ack: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.service_url, str) or not self.service_url:
+            raise TypeError("service_url must be a non-empty str")
+        set_(self, "topics", tuple(check_topics("topics", self.topics)))
+        if not isinstance(self.subscription, str) or not self.subscription:
+            raise TypeError("subscription must be a non-empty str")
+        set_(self, "subscription_type", _enum_name("subscription_type", self.subscription_type, _CONSUMER_TYPES))
+        set_(self, "initial_position", _enum_name("initial_position", self.initial_position, _INITIAL_POSITIONS))
+        check_ms("nack_delay_ms", self.nack_delay_ms)
+        check_ms("receive_timeout_ms", self.receive_timeout_ms, 1)
+        check_ms("ack_flush_ms", self.ack_flush_ms)
+        check_optional_int("max_redeliveries", self.max_redeliveries, 0)
+        check_int("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
+        if self.backoff is not None and not callable(getattr(self.backoff, "next_delay_ms", None)):
+            raise TypeError("backoff must have a next_delay_ms(redelivery_count) method")
+        if not isinstance(self.never_early, bool):
+            raise TypeError("never_early must be bool")
+        if not isinstance(self.batch_index_ack, bool):
+            raise TypeError("batch_index_ack must be bool")
+        for name in ("client_options", "consumer_options"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping):
+                raise TypeError(f"{name} must be a mapping, not {type(value).__name__}")
+            set_(self, name, dict(value))
+        if "negative_ack_redelivery_delay_ms" in self.consumer_options or "pattern" in self.consumer_options:
+            raise ValueError("consumer_options must not set negative_ack_redelivery_delay_ms or pattern")
+        if self.client_factory is not None and not callable(self.client_factory):
+            raise TypeError("client_factory must be callable")
+        if not isinstance(self.log_level, str) or self.log_level.lower() not in _LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
+        retryable = (self.retryable,) if isinstance(self.retryable, type) else tuple(self.retryable)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in retryable):
+            raise TypeError("retryable must be a tuple of exception classes")
+        set_(self, "retryable", retryable)
+        if self.on_non_retryable not in NON_RETRYABLE_ACTIONS:
+            raise ValueError(f"on_non_retryable must be one of {NON_RETRYABLE_ACTIONS}, got {self.on_non_retryable!r}")
+        if self.dead_letter_topic is not None and (not isinstance(self.dead_letter_topic, str) or not self.dead_letter_topic):
+            raise TypeError("dead_letter_topic must be a non-empty str or None")
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...], str]:
+        """The registry key: ``(service_url, topics, subscription)``."""
+        return (self.service_url, self.topic_names, self.subscription)
+
+    @property
+    def topic_names(self) -> tuple[str, ...]:
+        """:attr:`topics` as the tuple it is stored as (typed as such)."""
+        return tuple(self.topics)
+
+    def _consumer_settings(self) -> tuple[Any, ...]:
+        """What the worker's consumer was built with; a change rebuilds it."""
+        return (
+            self.subscription_type,
+            self.nack_delay_ms,
+            self.precision_bits,
+            repr(self.backoff),
+            self.never_early,
+            self.initial_position,
+            sorted(self.client_options.items(), key=lambda kv: kv[0]),
+            sorted(self.consumer_options.items(), key=lambda kv: kv[0]),
+            self.client_factory,
+            self.log_level.lower(),
+            self.batch_index_ack,
+        )
+
+    def retry_delay_ms(self, redelivery_count: int) -> int:
+        """The delay a nack of a message with this redelivery count asks for. O(1).
+
+        >>> ConsumerConfig("pulsar://h:6650", "t", "s", nack_delay_ms=500).retry_delay_ms(3)
+        500
+        """
+        if self.backoff is None:
+            return self.nack_delay_ms
+        return check_ms("backoff delay_ms", self.backoff.next_delay_ms(max(redelivery_count, 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBudget:
+    """When a consumer task stops receiving and returns.
+
+    A task stops at the first of: ``max_messages`` handed to the handler;
+    ``max_time_ms`` since it started; or ``idle_timeout_ms`` with nothing received
+    (and, with ``drain_pending``, nothing waiting in this worker's tracker). Pending
+    retries left when a task stops stay in the worker's consumer and fire on time,
+    to be handled by whichever task receives them next.
+
+    Parameters
+    ----------
+    max_messages : int, optional
+        None: no limit.
+    max_time_ms : int, optional
+        Default 60 s. None: no limit (then rely on the idle timeout).
+    idle_timeout_ms : int
+        Default 1 s. Keep it above ~300 ms with ``drain_pending``: a retry handed to
+        the client comes back 100-133 ms later.
+    drain_pending : bool
+        Keep receiving while this worker has retries pending (default True), so a
+        task that ends on its idle timeout leaves nothing scheduled behind it.
+
+    >>> TaskBudget(max_messages=10_000).idle_timeout_ms
+    1000
+    """
+
+    max_messages: int | None = None
+    max_time_ms: int | None = 60_000
+    idle_timeout_ms: int = 1_000
+    drain_pending: bool = True
+
+    def __post_init__(self) -> None:
+        check_optional_int("max_messages", self.max_messages, 1)
+        check_optional_int("max_time_ms", self.max_time_ms, 0, MAX_DELAY_MS)
+        check_ms("idle_timeout_ms", self.idle_timeout_ms)
+        if not isinstance(self.drain_pending, bool):
+            raise TypeError("drain_pending must be bool")
+        if self.max_time_ms is None and self.idle_timeout_ms == 0 and self.max_messages is None:
+            raise ValueError("a budget needs some limit")
+
+
+def dead_letter_topic(topic: str, subscription: str) -> str:
+    """``<topic>-<subscription>-DLQ``, the partition suffix removed, as pulsar names it.
+
+    >>> dead_letter_topic("persistent://public/default/orders-partition-2", "billing")
+    'persistent://public/default/orders-billing-DLQ'
+    """
+    return f"{PARTITION_SUFFIX.sub('', topic)}-{subscription}-DLQ"

@@ -1,0 +1,228 @@
+"""The executor-side registry: one client and one consumer per Python worker per config key.
+
+A consumer opened and closed inside every Spark task would lose its pending retries at
+the task boundary. So the first task that needs one builds it, and every later task of
+the same worker process reuses it (PySpark reuses Python workers by default).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .config import ConsumerConfig
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..consumer import NackingConsumer
+
+__all__ = ["close_executor_consumers", "executor_consumer"]
+
+_log = logging.getLogger(__name__)
+
+_RECONNECT_GRACE_S = 2.0
+
+
+class _Entry:
+    """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
+
+    __slots__ = ("client", "consumer", "pid", "producers", "settings", "tasks", "uid")
+
+    settings: tuple[Any, ...]
+    pid: int
+    client: Any
+    consumer: NackingConsumer
+    uid: str
+    tasks: int
+    producers: dict[str, Any]
+
+    def close(self, redeliver_pending: bool = True) -> None:
+        """Close consumer, dead-letter producers and client; log, never raise."""
+        for closer in (
+            lambda: self.consumer.close(redeliver_pending=redeliver_pending),
+            *(producer.close for producer in self.producers.values()),
+            self.client.close,
+        ):
+            try:
+                closer()
+            except Exception:  # a broken connection: nothing more to do
+                _log.debug("closing %s failed", self.uid, exc_info=True)
+        self.producers.clear()
+
+
+_REGISTRY: dict[tuple[str, tuple[str, ...], str], _Entry] = {}
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY_PID: int = os.getpid()
+_ABANDONED: list[_Entry] = []  # inherited through fork(): never touched, never collected
+_ATEXIT_PID: int | None = None
+_CONSUMERS_BUILT = itertools.count(1)
+_TASKS_RUN = 0
+
+
+def _check_fork() -> None:
+    """After a fork, forget (but keep alive) what the parent built. Lock held."""
+    global _REGISTRY_PID, _TASKS_RUN
+    if os.getpid() != _REGISTRY_PID:
+        # The parent's client threads do not exist here; closing or collecting its
+        # objects could hang. Keep them referenced and start afresh.
+        _ABANDONED.extend(_REGISTRY.values())
+        _REGISTRY.clear()
+        _REGISTRY_PID = os.getpid()
+        _TASKS_RUN = 0
+
+
+def _new_client(config: ConsumerConfig) -> Any:
+    if config.client_factory is not None:
+        return config.client_factory(config.service_url)
+    import pulsar
+
+    level = {"debug": "Debug", "info": "Info", "warn": "Warn", "error": "Error"}[config.log_level.lower()]
+    options = dict(config.client_options)
+    options.setdefault("logger", pulsar.ConsoleLogger(getattr(pulsar.LoggerLevel, level)))
+    return pulsar.Client(config.service_url, **options)
+
+
+def _build(config: ConsumerConfig) -> _Entry:
+    """Create a client (``config.client_factory`` or ``pulsar.Client``) and a consumer."""
+    import pulsar
+
+    from ..consumer import subscribe
+
+    client = _new_client(config)
+    options = {"batch_index_ack_enabled": config.batch_index_ack, **config.consumer_options}
+    try:
+        consumer = subscribe(
+            client,
+            list(config.topic_names) if len(config.topic_names) > 1 else config.topic_names[0],
+            config.subscription,
+            consumer_type=getattr(pulsar.ConsumerType, config.subscription_type),
+            initial_position=getattr(pulsar.InitialPosition, config.initial_position),
+            negative_ack_redelivery_delay_ms=config.nack_delay_ms,
+            negative_ack_precision_bit_cnt=config.precision_bits,
+            redelivery_backoff=config.backoff,
+            never_early=config.never_early,
+            **options,
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.close()
+        raise
+    entry = _Entry()
+    entry.settings = config._consumer_settings()
+    entry.pid = os.getpid()
+    entry.client = client
+    entry.consumer = consumer
+    entry.uid = f"{os.getpid()}-{next(_CONSUMERS_BUILT)}-{uuid.uuid4().hex[:6]}"
+    entry.tasks = 0
+    entry.producers = {}
+    return entry
+
+
+def _discard(key: tuple[str, tuple[str, ...], str], entry: _Entry) -> None:
+    """Drop *entry* from the registry and close it: what it held returns at once."""
+    with _REGISTRY_LOCK:
+        if _REGISTRY.get(key) is entry:
+            del _REGISTRY[key]
+    entry.close(redeliver_pending=True)
+
+
+def _healthy(entry: _Entry) -> bool:
+    """False if the consumer is closed, or stays disconnected past a short grace."""
+    consumer = entry.consumer
+    if consumer.closed:
+        return False
+    deadline = time.monotonic() + _RECONNECT_GRACE_S
+    while True:
+        try:
+            if consumer.is_connected():
+                return True
+        except Exception:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)  # the client reconnects by itself; wait for that, bounded
+
+
+def _register_atexit() -> None:
+    global _ATEXIT_PID
+    if os.getpid() != _ATEXIT_PID:
+        atexit.register(_close_at_exit, os.getpid())
+        _ATEXIT_PID = os.getpid()
+
+
+def _close_at_exit(pid: int) -> None:
+    if pid == os.getpid():
+        close_executor_consumers()
+
+
+def _acquire(config: ConsumerConfig) -> tuple[_Entry, bool]:
+    """The worker's entry for *config*, built or rebuilt if needed; (entry, created)."""
+    with _REGISTRY_LOCK:
+        _check_fork()
+        entry = _REGISTRY.get(config.key)
+        if entry is not None:
+            if entry.settings == config._consumer_settings() and _healthy(entry):
+                return entry, False
+            del _REGISTRY[config.key]
+            # Closing returns whatever it held to the subscription: nothing is lost.
+            entry.close(redeliver_pending=True)
+        entry = _build(config)
+        _REGISTRY[config.key] = entry
+        _register_atexit()
+        return entry, True
+
+
+def executor_consumer(config: ConsumerConfig) -> NackingConsumer:
+    """This worker process's consumer for *config*: created on first use, then reused.
+
+    One client and one :class:`~pulsar_nack.consumer.NackingConsumer` per process per
+    ``config.key``. Rebuilt after a fork (pid check), when the consumer is closed or
+    stays disconnected for 2 s, or when a consumer setting of *config* changed.
+    Closed by :func:`close_executor_consumers` or at interpreter exit, where Python
+    gets to run ``atexit`` (PySpark's forked workers leave through ``os._exit``).
+
+    Runtime complexity: O(1) when it exists; a subscribe round trip otherwise.
+
+    Parameters
+    ----------
+    config : ConsumerConfig
+
+    Returns
+    -------
+    NackingConsumer
+        Do not close it yourself; use :func:`close_executor_consumers`.
+    """
+    if not isinstance(config, ConsumerConfig):
+        raise TypeError(f"config must be a ConsumerConfig, not {type(config).__name__}")
+    return _acquire(config)[0].consumer
+
+
+def close_executor_consumers(redeliver_pending: bool = True) -> int:
+    """Close every consumer and client this process's registry holds. Idempotent.
+
+    ``redeliver_pending=True`` hands pending retries to the client now (they come back
+    at once); ``False`` leaves them unacked for the broker to redeliver when the
+    consumer is gone. Either way nothing is lost. Returns how many were closed.
+    """
+    with _REGISTRY_LOCK:
+        _check_fork()
+        entries = list(_REGISTRY.values())
+        _REGISTRY.clear()
+    for entry in entries:
+        entry.close(redeliver_pending=redeliver_pending)
+    return len(entries)
+
+
+def _next_worker_task() -> int:
+    """Count one more consumer task run by this worker process; return the count."""
+    global _TASKS_RUN
+    with _REGISTRY_LOCK:
+        _check_fork()
+        _TASKS_RUN += 1
+        return _TASKS_RUN

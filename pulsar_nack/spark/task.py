@@ -1,0 +1,416 @@
+"""The task runner: one consumer task on this worker's consumer, and its Spark wrapper.
+
+:func:`consume_partition` receives, calls the handler, acks, nacks or dead-letters per
+:func:`~pulsar_nack.spark.policy.retry_action`, flushes its acks and returns
+:class:`~pulsar_nack.spark.TaskStats`. :func:`consumer_task` wraps it for
+``rdd.mapPartitions`` / ``rdd.foreachPartition``. The loop itself is :class:`_TaskRun`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._validate import check_ms
+from .config import ConsumerConfig, TaskBudget, dead_letter_topic
+from .policy import retry_action
+from .registry import _acquire, _discard, _Entry, _next_worker_task
+from .stats import TaskStats
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..consumer import NackingConsumer
+
+__all__ = ["consume_partition", "consumer_task"]
+
+_log = logging.getLogger(__name__)
+
+_HOUSEKEEPING_S = 0.2
+_COUNTERS = ("received", "acked", "nacked", "redelivered")
+
+Key = tuple[str, int, int, int]
+
+
+def _message_key(message: Any) -> Key:
+    """``(topic, ledger, entry, batch index)`` of a message."""
+    mid = message.message_id()
+    return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+
+def _flush_acks(consumer: NackingConsumer, last_ack: float | None, flush_ms: int) -> float:
+    """Make sure the client has sent the grouped acks; return the time spent in ms.
+
+    There is no flush in pulsar-client 3.13: the acks go out on the client's 100 ms
+    grouping timer. Wait until *flush_ms* have passed since the last ack, then make a
+    request/response round trip on the consumer so they are on the wire.
+    """
+    start = time.monotonic()
+    if flush_ms == 0 or last_ack is None:
+        # Nothing acked. (And no round trip: a broker may answer get_last_message_id
+        # on an empty topic with an error, which the client logs.)
+        return 0.0
+    remaining = last_ack + flush_ms / 1000 - start
+    if remaining > 0:
+        time.sleep(remaining)  # the client's ack-grouping period: nothing to poll
+    try:
+        if consumer.is_connected():  # a broken connection would block for the operation timeout
+            consumer._consumer.get_last_message_id()
+    except Exception:  # e.g. not supported by a multi-topic consumer: the wait did it
+        _log.debug("round trip after the ack flush failed", exc_info=True)
+    return (time.monotonic() - start) * 1000
+
+
+def _dead_letter(entry: _Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
+    """Produce *message* to its dead-letter topic (synchronously)."""
+    topic = config.dead_letter_topic or dead_letter_topic(message.topic_name(), config.subscription)
+    producer = entry.producers.get(topic)
+    if producer is None:
+        producer = entry.producers[topic] = entry.client.create_producer(topic, batching_enabled=False)
+    properties = dict(message.properties())
+    properties.update(
+        {
+            "REAL_TOPIC": message.topic_name(),
+            "ORIGIN_MESSAGE_ID": str(message.message_id()),
+            "PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000],
+        }
+    )
+    kwargs: dict[str, Any] = {"properties": properties}
+    if message.partition_key():
+        kwargs["partition_key"] = message.partition_key()
+    if message.event_timestamp():
+        kwargs["event_timestamp"] = message.event_timestamp()
+    producer.send(message.data(), **kwargs)
+
+
+def _task_context() -> tuple[int, int]:
+    """(partition id, attempt number) inside a Spark task, else (-1, 0)."""
+    if "pyspark" not in sys.modules:
+        return -1, 0
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+    except Exception:
+        return -1, 0
+    if context is None:
+        return -1, 0
+    return context.partitionId(), context.attemptNumber()
+
+
+class _TaskRun:
+    """One consumer task: its counters, its budget, and the receive-handle-settle loop.
+
+    Every step is O(1) apart from the handler and the client calls; ``run`` is
+    O(messages received).
+    """
+
+    def __init__(self, config: ConsumerConfig, handler: Callable[[Any], object], budget: TaskBudget, options: dict[str, Any]) -> None:
+        self.config, self.handler, self.budget = config, handler, budget
+        self.record_timings: bool = options.get("record_timings", False)
+        self.collect: Callable[[Any], Any] | None = options.get("collect")
+        self.progress: Callable[[dict[str, int]], None] | None = options.get("progress")
+        self.progress_every = options.get("progress_interval_ms", 500) / 1000
+        self.partition, self.attempt = _task_context()
+        self.started_at_ms = time.time() * 1000
+        self.start = time.monotonic()
+        self.entry, self.created = _acquire(config)
+        self.entry.tasks += 1
+        self.worker_tasks = _next_worker_task()
+        self.consumer: NackingConsumer = self.entry.consumer
+        self.tracker = self.consumer.tracker
+        self.swallowed_before = self.consumer.stats()["swallowed"]
+        self.counts = dict.fromkeys(("received", "acked", "nacked", "redelivered", "non_retryable", "dead_lettered"), 0)
+        self.reported = dict.fromkeys(_COUNTERS, 0)
+        self.handler_errors: dict[str, int] = {}
+        self.nacks: list[tuple[Key, float, float]] = []
+        self.arrivals: list[tuple[Key, float, int]] = []
+        self.collected: list[Any] = []
+        self.peak_pending = len(self.tracker)
+        self.peak_memory = 0
+        self.last_ack: float | None = None
+        self.end = math.inf if budget.max_time_ms is None else self.start + budget.max_time_ms / 1000
+        self.next_housekeeping = self.start
+        self.next_progress = self.start + self.progress_every
+        self.stop_reason = "error"
+        self.flush_ms = 0.0
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> TaskStats:
+        """Receive and handle until the budget says stop; flush; return the stats."""
+        failed = True
+        try:
+            self._loop()
+            failed = False
+        finally:
+            if failed:
+                # The task fails, and PySpark replaces a worker after a failed task.
+                # Close the consumer now (acks are flushed on close; pending retries
+                # and prefetched messages go back to the subscription at once).
+                flush_start = time.monotonic()
+                _discard(self.config.key, self.entry)
+                self.flush_ms = (time.monotonic() - flush_start) * 1000
+            else:
+                self.flush_ms = _flush_acks(self.consumer, self.last_ack, self.config.ack_flush_ms)
+            self._report()
+        return self._stats()
+
+    def _loop(self) -> None:
+        import pulsar
+
+        budget, receive_timeout = self.budget, self.config.receive_timeout_ms
+        last_busy = self.start
+        while True:
+            now = time.monotonic()
+            self._housekeeping(now)
+            if budget.max_messages is not None and self.counts["received"] >= budget.max_messages:
+                self.stop_reason = "max_messages"
+                return
+            if now >= self.end:
+                self.stop_reason = "max_time"
+                return
+            timeout = receive_timeout if self.end == math.inf else max(1, min(receive_timeout, int((self.end - now) * 1000)))
+            try:
+                message = self.consumer.receive(timeout)
+            except pulsar.Timeout:
+                now = time.monotonic()
+                if budget.drain_pending and len(self.tracker):
+                    last_busy = now
+                elif now - last_busy >= budget.idle_timeout_ms / 1000:
+                    self.stop_reason = "idle"
+                    return
+                continue
+            last_busy = now
+            self._handle(message)
+
+    def _handle(self, message: Any) -> None:
+        """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
+        self.counts["received"] += 1
+        count = message.redelivery_count()
+        if count:
+            self.counts["redelivered"] += 1
+            if self.record_timings:
+                self.arrivals.append((_message_key(message), time.time() * 1000, count))
+        try:
+            self.handler(message)
+        except BaseException as error:
+            self._failed(message, count, error)
+            return
+        self._ack(message)
+        if self.collect is not None:
+            self.collected.append(self.collect(message))
+
+    def _failed(self, message: Any, count: int, error: BaseException) -> None:
+        """Settle a message whose handler raised, per :func:`retry_action`."""
+        if isinstance(error, Exception):
+            name = type(error).__name__
+            self.handler_errors[name] = self.handler_errors.get(name, 0) + 1
+        action = retry_action(self.config, error, count)
+        if action == "retry":
+            self._nack(message, count)
+            return
+        if isinstance(error, Exception):
+            self.counts["non_retryable"] += 1
+        if action == "raise":
+            self._nack(message, count)
+            raise error
+        if action == "dead_letter":
+            _dead_letter(self.entry, self.config, message, error)
+            self.counts["dead_lettered"] += 1
+        self._ack(message)
+
+    def _ack(self, message: Any) -> None:
+        self.consumer.acknowledge(message)
+        self.counts["acked"] += 1
+        self.last_ack = time.monotonic()
+
+    def _nack(self, message: Any, count: int) -> None:
+        self.consumer.negative_acknowledge(message)
+        self.counts["nacked"] += 1
+        if self.record_timings:
+            now_ms = time.time() * 1000
+            self.nacks.append((_message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
+        self.peak_pending = max(self.peak_pending, len(self.tracker))
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _housekeeping(self, now: float) -> None:
+        """Every 200 ms: sample the tracker's size and memory; report progress when due."""
+        if now < self.next_housekeeping:
+            return
+        stats = self.tracker.stats()
+        self.peak_memory = max(self.peak_memory, stats["memory_bytes"])
+        self.peak_pending = max(self.peak_pending, stats["pending_messages"])
+        self.next_housekeeping = now + _HOUSEKEEPING_S
+        if now >= self.next_progress:
+            self._report()
+            self.next_progress = now + self.progress_every
+
+    def _report(self) -> None:
+        """Hand the counts since the last report to the progress callback, if any."""
+        delta = {k: self.counts[k] - self.reported[k] for k in _COUNTERS}
+        self.reported.update({k: self.counts[k] for k in _COUNTERS})
+        if self.progress is not None and any(delta.values()):
+            try:
+                self.progress({**delta, "pid": os.getpid()})
+            except Exception:
+                _log.warning("progress callback failed", exc_info=True)
+
+    def _stats(self) -> TaskStats:
+        stats = self.tracker.stats()
+        counts = self.counts
+        return TaskStats(
+            partition=self.partition,
+            attempt=self.attempt,
+            worker_pid=os.getpid(),
+            consumer_uid=self.entry.uid,
+            consumer_created=self.created,
+            consumer_tasks=self.entry.tasks,
+            worker_tasks=self.worker_tasks,
+            received=counts["received"],
+            acked=counts["acked"],
+            nacked=counts["nacked"],
+            redelivered=counts["redelivered"],
+            swallowed=self.consumer.stats()["swallowed"] - self.swallowed_before,
+            handler_errors=self.handler_errors,
+            non_retryable=counts["non_retryable"],
+            dead_lettered=counts["dead_lettered"],
+            stop_reason=self.stop_reason,
+            pending_nacks=stats["pending_messages"],
+            peak_pending_nacks=max(self.peak_pending, stats["pending_messages"]),
+            tracker_memory_bytes=stats["memory_bytes"],
+            peak_tracker_memory_bytes=max(self.peak_memory, stats["memory_bytes"]),
+            flush_ms=round(self.flush_ms, 3),
+            wall_ms=round((time.monotonic() - self.start) * 1000, 3),
+            started_at_ms=self.started_at_ms,
+            nacks=self.nacks,
+            arrivals=self.arrivals,
+            collected=self.collected,
+        )
+
+
+def consume_partition(
+    config: ConsumerConfig,
+    handler: Callable[[Any], object],
+    budget: TaskBudget | None = None,
+    *,
+    record_timings: bool = False,
+    collect: Callable[[Any], Any] | None = None,
+    progress: Callable[[dict[str, int]], None] | None = None,
+    progress_interval_ms: int = 500,
+) -> TaskStats:
+    """Run one consumer task in this process: receive, handle, ack or nack, flush.
+
+    Uses this worker's consumer for *config* (see :func:`~pulsar_nack.spark.executor_consumer`). For each
+    message: ``handler(message)``; on return, ack. On an exception that is an instance
+    of ``config.retryable`` (and within ``config.max_redeliveries``), nack: the message
+    comes back after ``config.backoff``'s delay for its redelivery count (or
+    ``config.nack_delay_ms``), to this or another worker. Any other ``Exception`` is
+    handled per ``config.on_non_retryable``. Other ``BaseException`` s (e.g.
+    ``KeyboardInterrupt``) nack the message and propagate. Before returning (or
+    raising) the task flushes its acks (see "Ack flush" in :mod:`pulsar_nack.spark`).
+
+    If the task fails (the handler's exception with ``on_non_retryable="raise"``, a
+    ``BaseException``, an error of the client), it closes this worker's consumer for
+    *config* before the exception propagates: PySpark replaces a worker after a failed
+    task anyway, and a clean close returns the consumer's messages to the
+    subscription at once. The next task builds a new consumer.
+
+    Works outside Spark too (then partition is -1).
+
+    Parameters
+    ----------
+    config : ConsumerConfig
+    handler : callable
+        ``handler(message)`` with a ``pulsar.Message``; its return value is ignored.
+    budget : TaskBudget, optional
+        When to stop; default ``TaskBudget()``.
+    record_timings : bool
+        Record ``(key, nacked_at, requested_at)`` for every nack and
+        ``(key, arrived_at, redelivery_count)`` for every redelivered message, to
+        measure retry lateness across workers (see :func:`aggregate_task_stats`).
+    collect : callable, optional
+        ``collect(message)`` for every acked message; the results are returned in
+        ``collected`` (e.g. event ids, to check that nothing was lost).
+    progress : callable, optional
+        Called about every *progress_interval_ms* and at the end with the counts since
+        the previous call: ``received``, ``acked``, ``nacked``, ``redelivered``, and
+        ``pid``. Errors in it are logged and ignored.
+
+    Returns
+    -------
+    TaskStats
+
+    Raises
+    ------
+    Exception
+        The handler's exception with ``on_non_retryable="raise"``; errors of the
+        client (the next task rebuilds a broken consumer).
+    """
+    if not isinstance(config, ConsumerConfig):
+        raise TypeError(f"config must be a ConsumerConfig, not {type(config).__name__}")
+    if budget is None:
+        budget = TaskBudget()
+    elif not isinstance(budget, TaskBudget):
+        raise TypeError(f"budget must be a TaskBudget, not {type(budget).__name__}")
+    if not callable(handler):
+        raise TypeError("handler must be callable")
+    check_ms("progress_interval_ms", progress_interval_ms, 1)
+    options = {
+        "record_timings": record_timings,
+        "collect": collect,
+        "progress": progress,
+        "progress_interval_ms": progress_interval_ms,
+    }
+    return _TaskRun(config, handler, budget, options).run()
+
+
+class _ConsumerTask:
+    """The picklable function Spark runs per partition: one :func:`consume_partition`."""
+
+    def __init__(self, config: ConsumerConfig, handler: Callable[[Any], object], budget: TaskBudget | None, options: dict[str, Any]) -> None:
+        self.config = config
+        self.handler = handler
+        self.budget = budget
+        self.options = options
+
+    def __call__(self, iterator: Iterable[Any]) -> Iterator[TaskStats]:
+        yield consume_partition(self.config, self.handler, self.budget, **self.options)
+
+    def __repr__(self) -> str:
+        return f"consumer_task({self.config.key}, {getattr(self.handler, '__name__', self.handler)!r})"
+
+
+def consumer_task(
+    config: ConsumerConfig,
+    handler: Callable[[Any], object],
+    budget: TaskBudget | None = None,
+    **options: Any,
+) -> Callable[[Iterable[Any]], Iterator[TaskStats]]:
+    """A function for ``rdd.mapPartitions`` or ``rdd.foreachPartition``.
+
+    Each partition runs one :func:`consume_partition` (the partition's own elements are
+    ignored) and, under ``mapPartitions``, yields its :class:`TaskStats`.
+    *options* are :func:`consume_partition`'s keywords.
+
+    >>> task = consumer_task(ConsumerConfig("pulsar://h:6650", "t", "s"), print)
+    >>> callable(task)
+    True
+
+    A typical use::
+
+        stats = (spark.sparkContext.parallelize(range(8), 8)
+                 .mapPartitions(consumer_task(config, handle)).collect())
+    """
+    if not isinstance(config, ConsumerConfig):
+        raise TypeError(f"config must be a ConsumerConfig, not {type(config).__name__}")
+    if not callable(handler):
+        raise TypeError("handler must be callable")
+    unknown = set(options) - {"record_timings", "collect", "progress", "progress_interval_ms"}
+    if unknown:
+        raise TypeError(f"unexpected keyword(s): {sorted(unknown)}")
+    return _ConsumerTask(config, handler, budget, options)
