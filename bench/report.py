@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = {
     "README.md": ["results-table"],
-    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta"],
+    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "client", "e2e", "scaling", "meta"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
 }
@@ -167,6 +167,17 @@ def memory_table() -> str:
     lines.append("|---|---|---|")
     for v in memory["verdicts"]:
         lines.append(f"| `{v['case']}` {v['target']} | {v['value']} | {'pass' if v['pass'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def profile_table() -> str:
+    """The py-spy summary of ``add`` on the cases where it misses its target."""
+    profile = _load("profile_add")
+    lines = ["| case | function (inside `add`) | inclusive | self |", "|---|---|---:|---:|"]
+    for name, case in profile["cases"].items():
+        for row in case["functions"][:10]:
+            function = re.sub(r" \(.*\)$", "", row["function"])
+            lines.append(f"| `{name}` | `{function}` | {row['inclusive']:.0%} | {row['self']:.0%} |")
     return "\n".join(lines)
 
 
@@ -324,6 +335,7 @@ BLOCKS = {
     "results-table": results_table,
     "goals": goals_table,
     "memory": memory_table,
+    "profile": profile_table,
     "core": core_table,
     "client": client_table,
     "e2e": e2e_table,
