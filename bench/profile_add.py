@@ -48,7 +48,7 @@ def child(case_name: str, n: int) -> None:
     for key, t, rc in items:
         cell[0] = t
         add(key, None, rc)
-    print(f"{n / (time.perf_counter() - start):.0f}")
+    print(f"adds_per_s={n / (time.perf_counter() - start):.0f}")
 
 
 def summarise(raw: str, top: int = 25) -> dict[str, Any]:
@@ -116,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"py-spy failed on {name} (exit {proc.returncode})")
             with open(out, encoding="utf-8") as f:
                 summary = summarise(f.read())
-        summary["adds_per_s_under_profiler"] = float(proc.stdout.split()[-1])
+        rate = re.search(r"adds_per_s=(\d+)", proc.stdout)
+        if rate is None:
+            raise RuntimeError(f"no rate from the profiled child of {name}: {proc.stdout[-200:]!r}")
+        summary["adds_per_s_under_profiler"] = float(rate.group(1))
         cases[name] = summary
         print(f"\n{name}: {summary['adds_per_s_under_profiler']:,.0f} adds/s under py-spy")
         for row in summary["functions"][:15]:
