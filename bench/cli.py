@@ -8,6 +8,8 @@ Parts (each writes ``bench/results/<part>.json``, or ``<part>-quick.json`` with
 * ``client``    built-in pulsar-client tracker: memory per id and call cost (bench/client.py)
 * ``e2e``       redelivery lateness on the embedded broker, ours vs built-in (bench/e2e.py)
 * ``scaling``   memory and add cost from 10^4 to 10^7 pending (bench/scaling.py)
+* ``consumer``  NackingConsumer vs plain pulsar.Consumer on Apache Pulsar: receive+ack,
+                bytes per pending nack (batched), nack(message) cost (bench/consumer.py)
 
 ``--quick`` runs reduced sizes in under two minutes; the full run takes much longer
 (10M-message memory cases). ``--plot`` redraws docs/img/ from the committed JSON.
@@ -25,6 +27,7 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "client": ("bench.client", []),
     "e2e": ("bench.e2e", []),
     "scaling": ("bench.scaling", []),
+    "consumer": ("bench.consumer", []),
 }
 # Quick mode: small enough that all parts together finish in under two minutes.
 QUICK_ARGS = {
@@ -33,6 +36,7 @@ QUICK_ARGS = {
     "client": ["--quick", "--ids", "100000"],
     "e2e": ["--quick", "--modes", "stream"],
     "scaling": ["--quick"],
+    "consumer": ["--quick"],
 }
 
 

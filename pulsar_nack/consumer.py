@@ -2,6 +2,9 @@
 
 The application keeps the consumer API it knows; ``negative_acknowledge`` goes to a
 :class:`~pulsar_nack.tracker.NegativeAcksTracker` instead of the client's own tracker.
+The broker-agnostic part (tracker, keys, pending set, handoff) is
+:class:`~pulsar_nack._nacking.NackingCore`; this module adds the ``pulsar.Consumer``
+surface around it.
 
 Handoff to the client
     The Python client can redeliver specific messages in one way only:
@@ -10,121 +13,121 @@ Handoff to the client
     ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
     ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
     strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
-    132 ms later (measured: 134-137 ms with the broker round trip on loopback). Our
-    buckets fire early by exactly that client latency (:func:`client_handoff_latency_ms`),
-    so a message arrives a few ms after its bucket deadline. That holds while the
-    client's tracker is idle at each handoff, i.e. bursts at least 165 ms apart (its
-    last tick runs 33 ms after a redelivery): true for buckets of 256 ms and more.
-    Below 8 precision bits, and with ``never_early``, buckets fire early by only the
-    client's delay (100 ms): a message then arrives 0-33 ms after its bucket deadline,
-    never before it. Each due entry is handed over as
+    132 ms later. Our buckets fire early by exactly that client latency
+    (:func:`~pulsar_nack._nacking.client_handoff_latency_ms`), so a message arrives a
+    few ms after its bucket deadline, while bursts are at least 165 ms apart (buckets
+    of 256 ms and more). Below 8 precision bits, and with ``never_early``, buckets fire
+    early by only the client's delay (100 ms): a message then arrives 0-33 ms after its
+    bucket deadline, never before it. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 
 Bursts, not a trickle
     Every ``negative_acknowledge`` into the C++ client re-arms its ~33 ms timer, so
     handoffs closer together than that starve it. The tracker coalesces: one burst per
-    due bucket, never two bursts less than ``coalesce_ms`` (50) apart; a bucket falling
-    due sooner waits for the gap (it matters only below 6 precision bits, where
-    buckets are closer than 64 ms).
+    due bucket, never two bursts less than ``coalesce_ms`` (50) apart.
 
-Batch-index awareness
-    The broker redelivers whole entries. For every batched entry in flight we keep one
-    byte per batch index (:class:`BatchIndexState`). A redelivered copy yields only the
-    indexes that are released (their own nack delay is over) or never delivered;
-    acked, in-flight and still-pending siblings are swallowed. Swallowed copies stay
-    unacked, so nothing is lost; when every index of an entry is acked, the entry is
-    acked as a whole and its state dropped.
+Batches
+    The broker redelivers whole entries. With batch-index acknowledgement (which
+    :func:`subscribe` turns on) the broker's ack set makes the client skip acked
+    siblings of a redelivered entry. Siblings whose own nack is still pending are
+    swallowed (left unacked; their own handoff brings them back); every other sibling is
+    delivered again, as the plain client does, so nothing unsettled is stuck. No state
+    is kept for a batch without a pending nack.
 """
 
 from __future__ import annotations
 
-import enum
+import inspect
 import logging
+import re
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
+from time import monotonic_ns as _monotonic_ns
 from typing import Any, TypedDict
 
 import _pulsar
 import pulsar
 
-from ._base import DueKeys
+from ._nacking import (
+    COALESCE_MS,
+    HANDOFF_DELAY_MS,
+    PARTITION_SUFFIX,
+    NackingCore,
+    client_handoff_latency_ms,
+)
 from ._validate import check_bool, check_int, check_ms, check_topics
 from .backoff import RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS
 from .errors import ConsumerClosedError
-from .keys import PARTITION_SUFFIX as _PARTITION_SUFFIX
-from .keys import MessageKey, redelivery_count_of
 from .timer import monotonic_ms
-from .tracker import NegativeAcksTracker, TrackerStats
+from .tracker import TrackerStats
 
-__all__ = ["BatchIndexState", "ConsumerClosedError", "ConsumerStats", "NackingConsumer", "subscribe"]
+__all__ = [
+    "ConsumerClosedError",
+    "ConsumerStats",
+    "DeadLetter",
+    "NackingConsumer",
+    "client_handoff_latency_ms",
+    "subscribe",
+]
 
 _log = logging.getLogger(__name__)
 
-HANDOFF_DELAY_MS = 100
-"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
+_Message = pulsar.Message
+ACK_FLUSH_MS = 150
+"""Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
 
 
-def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
-    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+def _is_received(message: Any) -> bool:
+    return isinstance(message, (pulsar.Message, _pulsar.Message))
 
-    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
-    entries whose deadline is strictly past, so the id comes back on the first tick
-    after ``delay``. O(1).
 
-    >>> client_handoff_latency_ms(100)
-    132
-    >>> client_handoff_latency_ms(300)
-    400
+class DeadLetter:
+    """Sends messages to a dead-letter topic once the application saw them often enough.
+
+    Counts deliveries to the application, not the broker's per-entry redeliveries: a
+    copy of a batch message swallowed while its own nack was pending does not count.
+    Mirrors the client's ``ConsumerDeadLetterPolicy``: the topic defaults to
+    ``<topic>-<subscription>-DLQ`` (per topic, partition suffix removed), the message
+    keeps its payload, key and properties, plus ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``.
     """
-    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
-    interval = delay // 3
-    return (delay // interval + 1) * interval
 
+    def __init__(self, client: pulsar.Client, subscription: str, policy: pulsar.ConsumerDeadLetterPolicy) -> None:
+        self.max_redeliver_count: int = policy.max_redeliver_count
+        self._topic: str = policy.dead_letter_topic or ""
+        self._initial_subscription: str = policy.initial_subscription_name or ""
+        self._client = client
+        self._subscription = subscription
+        self._producers: dict[str, pulsar.Producer] = {}
+        self._lock = threading.Lock()
 
-def _handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
-    """How early buckets fire: the client's full latency only where it is exact (see above)."""
-    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
-    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+    def _producer(self, topic: str) -> pulsar.Producer:
+        target = self._topic or f"{PARTITION_SUFFIX.sub('', topic)}-{self._subscription}-DLQ"
+        with self._lock:
+            producer = self._producers.get(target)
+            if producer is None:
+                if self._initial_subscription:
+                    self._client.subscribe(target, self._initial_subscription).close()
+                producer = self._producers[target] = self._client.create_producer(target)
+            return producer
 
+    def send(self, message: Any) -> None:
+        """Publish *message* to its dead-letter topic (blocks until stored)."""
+        message_id = message.message_id()
+        properties = dict(message.properties())
+        properties.setdefault("REAL_TOPIC", message.topic_name())
+        properties.setdefault("ORIGIN_MESSAGE_ID", str(message_id))
+        key = message.partition_key()
+        self._producer(message.topic_name()).send(message.data(), properties, partition_key=key or None)
 
-COALESCE_MS = 50
-"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
-SETTLED_MEMORY = 4096
-"""Entries settled after a nack that are remembered, to swallow straggling copies."""
-_EntryKey = tuple[str, int, int]  # (topic, ledger_id, entry_id)
-
-
-class BatchIndexState(enum.IntEnum):
-    """Where one message of a batched entry stands."""
-
-    NOT_DELIVERED = 0  # not handed to the application yet
-    IN_FLIGHT = 1  # delivered, not settled
-    ACKED = 2
-    NACKED = 3  # negatively acknowledged, its delay not over
-    RELEASED = 4  # its delay is over: the next copy of the entry delivers it
-
-
-class _BatchEntry:
-    """Per-index states of one batched entry in flight. One byte per index."""
-
-    __slots__ = ("irregular", "states")
-
-    states: bytearray
-    irregular: bool  # a nack or a swallowed copy happened: settle by an entry-level ack
-
-    def __init__(self, size: int) -> None:
-        self.states = bytearray(size)
-        self.irregular = False
-
-    def grow(self, index: int) -> None:
-        if index >= len(self.states):
-            self.states.extend(bytes(index + 1 - len(self.states)))
-
-    def settled(self) -> bool:
-        return self.states.count(BatchIndexState.ACKED) == len(self.states)
+    def close(self) -> None:
+        with self._lock:
+            producers, self._producers = list(self._producers.values()), {}
+        for producer in producers:
+            producer.close()
 
 
 class ConsumerStats(TypedDict):
@@ -135,68 +138,11 @@ class ConsumerStats(TypedDict):
     swallowed: int
     acked: int
     nacked: int
+    dead_lettered: int
     handed_off_entries: int
     handoff_bursts: int
-    open_batch_entries: int
+    pending_guarded: int
     tracker: TrackerStats
-
-
-def _batch_size(message_id: Any) -> int:
-    """``batch_size`` from a serialized ``MessageIdData`` (protobuf field 6), or 0."""
-    try:
-        data = message_id.serialize()
-    except Exception:
-        return 0
-    pos, size = 0, 0
-    while pos < len(data):
-        tag, pos = _varint(data, pos)
-        field, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            if field == 6:
-                size = value
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            return 0
-    return size
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _raw_id(obj: Any) -> Any:
-    """The ``_pulsar.MessageId`` of a message or id, wrapped or raw."""
-    if isinstance(obj, _pulsar.MessageId):
-        return obj
-    if isinstance(obj, (pulsar.Message, _pulsar.Message)):
-        return _raw_id(obj.message_id())
-    inner = getattr(obj, "_msg_id", None)
-    if isinstance(inner, _pulsar.MessageId):
-        return inner
-    raise TypeError(f"expected a pulsar Message or MessageId, not {type(obj).__name__}")
-
-
-def _handoff_id(topic: str, ledger_id: int, entry_id: int) -> _pulsar.MessageId:
-    """The entry-level id the client redelivers: partition from the topic name, topic set."""
-    match = _PARTITION_SUFFIX.search(topic)
-    message_id = _pulsar.MessageId(int(match.group(1)) if match else -1, ledger_id, entry_id, -1)
-    if topic:
-        message_id.topic_name(topic)
-    return message_id
 
 
 class NackingConsumer:
@@ -210,7 +156,7 @@ class NackingConsumer:
     ----------
     consumer : pulsar.Consumer
         Subscribed with ``negative_ack_redelivery_delay_ms=handoff_delay_ms``.
-    topics : list of str
+    topics : list of str, str, or re.Pattern
         The topics the consumer reads (to refuse messages of other consumers).
     negative_ack_redelivery_delay_ms : int
         Fixed delay when no per-call delay or backoff applies. Default 60 s.
@@ -224,21 +170,21 @@ class NackingConsumer:
     handoff_delay_ms, coalesce_ms : int
         The consumer's own nack delay (we hand off that much early) and the minimum gap
         between handoff bursts. Leave the defaults unless you measured.
+    guard_unbatched : bool
+        Swallow early copies of nacked non-batched messages too (set by :func:`subscribe`
+        when ``unacked_messages_timeout_ms`` is given: the client's ack timeout would
+        otherwise redeliver a nacked message before its delay).
     """
 
-    tracker: NegativeAcksTracker
     _consumer: pulsar.Consumer
-    _topics: frozenset[str]
-    _batches: dict[_EntryKey, _BatchEntry]
-    _settled: dict[_EntryKey, None]  # recently settled irregular entries, oldest first
-    _lock: threading.Lock
+    _raw: Any  # the _pulsar.Consumer inside, or the stand-in itself
+    _core: NackingCore
     _closed: bool
-    _counts: dict[str, int]
 
     def __init__(
         self,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: Iterable[str] | re.Pattern[str],
         *,
         negative_ack_redelivery_delay_ms: int = 60_000,
         negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
@@ -246,38 +192,42 @@ class NackingConsumer:
         never_early: bool = False,
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
         coalesce_ms: int = COALESCE_MS,
+        guard_unbatched: bool = False,
+        dead_letter: DeadLetter | None = None,
+        _core: NackingCore | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
-        topic_list = check_topics("topics", topics)
-        check_int("handoff_delay_ms", handoff_delay_ms, 0)
-        check_int("coalesce_ms", coalesce_ms, 0)
+        if _core is None:
+            check_ms("handoff_delay_ms", handoff_delay_ms)
+            check_ms("coalesce_ms", coalesce_ms)
+            _core = NackingCore(
+                self._hand_off,
+                topics,
+                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
+                redelivery_backoff=redelivery_backoff,
+                never_early=never_early,
+                handoff_delay_ms=handoff_delay_ms,
+                coalesce_ms=coalesce_ms,
+                guard_unbatched=guard_unbatched,
+                count_deliveries=dead_letter is not None,
+            )
+        self._core = _core
+        self._dead_letter = dead_letter
         self._consumer = consumer
-        self._topics = frozenset(_full_topic_name(t) for t in topic_list)
-        self._batches = {}
-        self._settled = {}
-        self._lock = threading.Lock()
+        raw = getattr(consumer, "_consumer", None)
+        self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
+        self._schema = getattr(consumer, "_schema", None)
         self._closed = False
-        self._counts = dict.fromkeys(
-            ("received", "delivered", "swallowed", "acked", "nacked", "handed_off_entries", "handoff_bursts"), 0
-        )
-        self.handoff_delay_ms = handoff_delay_ms
-        self.tracker = NegativeAcksTracker(
-            self._hand_off,
-            delay_ms=negative_ack_redelivery_delay_ms,
-            precision_bits=negative_ack_precision_bit_cnt,
-            round_up=never_early,
-            backoff=redelivery_backoff,
-            lead_ms=_handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
-            coalesce_ms=coalesce_ms,
-            default_topic=topic_list[0] if len(topic_list) == 1 else "",
-        )
+        self.tracker = _core.tracker
+        self.handoff_delay_ms = _core.handoff_delay_ms
 
     @classmethod
     def wrap(
         cls,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: str | list[str] | tuple[str, ...],
         *,
         handoff_delay_ms: int | None = None,
         **kwargs: Any,
@@ -314,79 +264,89 @@ class NackingConsumer:
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Copies of batch siblings that are acked, in flight or still waiting for their
-        own delay are swallowed here (left unacked). Raises ``pulsar.Timeout`` as the
-        client does when nothing arrives within *timeout_millis*.
+        Early copies of messages whose nack is still pending (a batch sibling's
+        redelivery, the client's ack timeout) are swallowed here, left unacked: their own
+        handoff brings them back. Raises ``pulsar.Timeout`` as the client does when
+        nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
-        self._check_open()
-        if timeout_millis is not None:
-            check_int("timeout_millis", timeout_millis, 0)
-        deadline = None if timeout_millis is None else monotonic_ms() + timeout_millis
+        if self._closed:
+            raise ConsumerClosedError("this NackingConsumer is closed")
+        raw = self._raw
+        if raw is None:
+            return self._receive_wrapped(timeout_millis)
+        core = self._core
+        if timeout_millis is None:
+            message = raw.receive()
+        else:
+            if type(timeout_millis) is not int or timeout_millis < 0:
+                check_int("timeout_millis", timeout_millis, 0)
+            start_ns = _monotonic_ns()
+            message = raw.receive(timeout_millis)
+        while True:
+            if not core._pending._count:  # the common path: nothing to compare with
+                next(core.received)
+            elif not core.admit(message):  # an early copy: swallowed, wait for the next
+                if timeout_millis is None:
+                    message = raw.receive()
+                else:
+                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                    message = raw.receive(max(left, 0))
+                continue
+            wrapped = _Message()
+            wrapped._message = message
+            wrapped._schema = self._schema
+            return wrapped
+
+    def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
+        """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
+        deadline = None if timeout_millis is None else monotonic_ms() + check_int("timeout_millis", timeout_millis, 0)
         while True:
             if deadline is None:
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
-            if self._admit(message):
+            if self._core.admit(getattr(message, "_message", message)):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
-        """Receive a batch (per the consumer's batch receive policy), swallowed copies removed."""
+        """Receive a batch (per the consumer's batch receive policy), early copies removed."""
         self._check_open()
-        return [m for m in self._consumer.batch_receive() if self._admit(m)]
+        return [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
 
     def _admit(self, message: Any) -> bool:
-        """Record a received message; False if it is a copy to swallow. O(1)."""
-        message_id = message.message_id()
-        batch_index = message_id.batch_index()
-        with self._lock:
-            self._counts["received"] += 1
-            if batch_index < 0:
-                self._counts["delivered"] += 1
-                return True
-            entry_key = (message.topic_name(), message_id.ledger_id(), message_id.entry_id())
-            entry = self._batches.get(entry_key)
-            if entry is None:
-                if entry_key in self._settled:
-                    # A copy still in the receive queue of an entry acked as a whole.
-                    self._counts["swallowed"] += 1
-                    return False
-                entry = self._batches[entry_key] = _BatchEntry(_batch_size(message_id))
-            entry.grow(batch_index)
-            state = entry.states[batch_index]
-            if state in (BatchIndexState.NOT_DELIVERED, BatchIndexState.RELEASED):
-                entry.states[batch_index] = BatchIndexState.IN_FLIGHT
-                self._counts["delivered"] += 1
-                return True
-            entry.irregular = True
-            self._counts["swallowed"] += 1
-            return False
+        """Record a received message (wrapped or raw); False if it is an early copy."""
+        return self._core.admit(getattr(message, "_message", message))
 
     # ------------------------------------------------------------------ settling
 
     def acknowledge(self, message: Any) -> None:
-        """Acknowledge a message or id (wrapped or raw)."""
-        self._check_open()
-        raw = _raw_id(message)
-        settle = self._settle(message, raw, BatchIndexState.ACKED)
-        self._consumer.acknowledge(message)
-        if settle is not None:
-            self._consumer.acknowledge(settle)
-        with self._lock:
-            self._counts["acked"] += 1
+        """Acknowledge a message or id (``pulsar`` or ``_pulsar``). O(1).
+
+        Raises TypeError for something that is not a message or id, ValueError for a
+        message of another topic or a batch index outside its batch (nothing is sent).
+        """
+        if self._closed:
+            raise ConsumerClosedError("this NackingConsumer is closed")
+        core = self._core
+        if type(message) is _Message and not core._pending._count and self._raw is not None:
+            self._raw.acknowledge(message._message)  # the common path: nothing to check
+        else:
+            raw = core.before_ack(message)
+            if self._raw is not None:
+                self._raw.acknowledge(raw)
+            else:
+                self._consumer.acknowledge(raw)
+        next(core.acked)
 
     def acknowledge_cumulative(self, message: Any) -> None:
         """Acknowledge everything up to *message* (not supported on Shared subscriptions).
 
-        Batch state of the acknowledged topic is dropped: everything in it is settled.
+        Accepts a message or an id, also a bare id on a multi-topic consumer (the id
+        carries its topic inside the client). Validated before anything is sent.
         """
         self._check_open()
-        _raw_id(message)
-        self._consumer.acknowledge_cumulative(message)
-        topic = self._topic_of(message)
-        with self._lock:
-            for entry_key in [k for k in self._batches if k[0] == topic]:
-                del self._batches[entry_key]
+        raw = self._core.before_ack(message)
+        self._consumer.acknowledge_cumulative(raw)
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
@@ -396,107 +356,68 @@ class NackingConsumer:
         TypeError
             For something that is not a pulsar message or id, or a non-int delay.
         ValueError
-            For a negative delay, a message of another consumer, or a batch message that
-            is not in flight here (already acked or already nacked).
+            For a negative delay, a message of another consumer, a batch index outside
+            its batch, or a batch message whose nack is already pending.
         ConsumerClosedError
             After :meth:`close`.
         """
-        self._check_open()
-        raw = _raw_id(message)
+        if self._closed:
+            raise ConsumerClosedError("this NackingConsumer is closed")
         if delay_ms is not None:
             check_ms("delay_ms", delay_ms)
-        key = self._key(message, raw)
-        if key[3] >= 0:
-            with self._lock:
-                entry = self._batch_entry(key)
-                self._transition(entry, key[3], BatchIndexState.NACKED)
-                try:
-                    self.tracker.add(key, delay_ms, self._redelivery_count(message, delay_ms))
-                except BaseException:
-                    entry.states[key[3]] = BatchIndexState.IN_FLIGHT
-                    raise
-                entry.irregular = True
-                self._counts["nacked"] += 1
-            return
-        self.tracker.add(key, delay_ms, self._redelivery_count(message, delay_ms))
-        with self._lock:
-            self._counts["nacked"] += 1
-
-    def _redelivery_count(self, message: Any, delay_ms: int | None) -> int | None:
-        """The count the backoff needs, or None when no backoff applies (saves a client call)."""
-        if delay_ms is not None or self.tracker.backoff is None:
-            return None
-        return redelivery_count_of(message)
-
-    def _settle(self, message: Any, raw: Any, state: BatchIndexState) -> _pulsar.MessageId | None:
-        """Mark a batch index settled; return the entry id to ack when the entry is done."""
-        if raw.batch_index() < 0:
-            return None
-        key = self._key(message, raw)
-        with self._lock:
-            entry = self._batch_entry(key)
-            self._transition(entry, key[3], state)
-            if not entry.settled():
-                return None
-            del self._batches[key[:3]]
-            if not entry.irregular:
-                return None  # the client acks the entry itself once every index is acked
-            self._settled[key[:3]] = None
-            if len(self._settled) > SETTLED_MEMORY:
-                del self._settled[next(iter(self._settled))]
-        return _handoff_id(key[0], key[1], key[2])
-
-    def _batch_entry(self, key: MessageKey) -> _BatchEntry:
-        entry = self._batches.get(key[:3])
-        if entry is None:
-            raise ValueError(f"message {key} is not in flight on this consumer (already settled, or never received)")
-        return entry
-
-    @staticmethod
-    def _transition(entry: _BatchEntry, index: int, state: BatchIndexState) -> None:
-        """Move an in-flight index to ACKED or NACKED, refusing anything else."""
-        entry.grow(index)
-        current = BatchIndexState(entry.states[index])
-        if current is not BatchIndexState.IN_FLIGHT:
-            raise ValueError(f"batch index {index} is {current.name}, not in flight; cannot mark it {state.name}")
-        entry.states[index] = state
+        dead_letter = self._dead_letter
+        if dead_letter is not None and _is_received(message):
+            self._core.key_of(message)  # validates: nothing is sent for bad input
+            if self._core.deliveries(message) >= dead_letter.max_redeliver_count:
+                dead_letter.send(message)
+                self.acknowledge(message)
+                self._core.dead_lettered(message)
+                return
+        self._core.nack(message, delay_ms)
 
     # ------------------------------------------------------------------ handoff
 
-    def _hand_off(self, due: DueKeys) -> None:
-        """Tracker callback: hand each due entry to the client once, in one burst."""
-        ids = []
-        with self._lock:
-            for topic, keys in due.items():
-                seen: set[tuple[int, int]] = set()
-                for _, ledger_id, entry_id, batch_index in keys:
-                    if batch_index >= 0:
-                        entry = self._batches.get((topic, ledger_id, entry_id))
-                        if entry is None or entry.states[batch_index] != BatchIndexState.NACKED:
-                            continue  # settled meanwhile (e.g. redeliver_unacknowledged_messages)
-                        entry.states[batch_index] = BatchIndexState.RELEASED
-                    if (ledger_id, entry_id) not in seen:
-                        seen.add((ledger_id, entry_id))
-                        ids.append(_handoff_id(topic, ledger_id, entry_id))
-            self._counts["handed_off_entries"] += len(ids)
-            self._counts["handoff_bursts"] += bool(ids)
+    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+        """Core callback: give each due entry to the client's own tracker."""
+        if self._raw is not None:
+            nack = self._raw.negative_acknowledge
+        else:
+            nack = self._consumer.negative_acknowledge
         for message_id in ids:
-            self._consumer.negative_acknowledge(message_id)  # a raw id passes through as is
+            nack(message_id)
 
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacked message now.
 
-        Pending nacks are dropped (their messages are unacked, so they come back now
-        with the rest) and batch state is reset.
+        Pending nacks are dropped: their messages are unacked, so they come back now
+        with the rest. With batch-index acknowledgement (what :func:`subscribe` sets) the
+        broker's ack set keeps acked batch siblings from coming back. The client groups
+        acks for 100 ms before sending them, so this call first waits ``ACK_FLUSH_MS``
+        (150 ms): the broker has then recorded every earlier ack when the request arrives.
         """
         self._check_open()
-        with self._lock:
-            self.tracker.drain()
-            self._batches.clear()
-            self._settled.clear()
+        self._core.reset()
+        time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
         self._consumer.redeliver_unacknowledged_messages()
+
+    def seek(self, message_id: Any) -> None:
+        """Reset the subscription to a message id or a publish timestamp (ms), as the client.
+
+        Pending nacks are dropped first: messages after the new position are delivered
+        again anyway, and those before it are skipped by the seek itself.
+        """
+        self._check_open()
+        if isinstance(message_id, bool) or not isinstance(message_id, (int, pulsar.MessageId, _pulsar.MessageId)):
+            raise TypeError(f"seek takes a MessageId or a timestamp in ms, not {type(message_id).__name__}")
+        self._core.reset()
+        self._consumer.seek(message_id)
+
+    def get_last_message_id(self) -> Any:
+        """The id of the last message of the topic, as the client returns it."""
+        self._check_open()
+        return self._consumer.get_last_message_id()
 
     def topic(self) -> str:
         return self._consumer.topic()
@@ -521,9 +442,9 @@ class NackingConsumer:
     def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
-        self.tracker.close(flush=False)
+        self._core.close(redeliver_pending=False)
         self._consumer.unsubscribe()
-        self._mark_closed()
+        self._closed = True
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.
@@ -536,14 +457,11 @@ class NackingConsumer:
         check_bool("redeliver_pending", redeliver_pending)
         if self._closed:
             return
-        self._mark_closed()
-        self.tracker.close(flush=redeliver_pending)
+        self._closed = True
+        self._core.close(redeliver_pending)
         self._consumer.close()
-
-    def _mark_closed(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._batches.clear()
+        if self._dead_letter is not None:
+            self._dead_letter.close()
 
     @property
     def closed(self) -> bool:
@@ -551,10 +469,7 @@ class NackingConsumer:
 
     def stats(self) -> ConsumerStats:
         """Counters, plus the tracker's stats."""
-        with self._lock:
-            counts = dict(self._counts)
-            open_entries = len(self._batches)
-        return ConsumerStats(**counts, open_batch_entries=open_entries, tracker=self.tracker.stats())  # type: ignore[typeddict-item]
+        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]
 
     def __enter__(self) -> NackingConsumer:
         return self
@@ -563,43 +478,43 @@ class NackingConsumer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<NackingConsumer topics={sorted(self._topics)} pending={len(self.tracker)} closed={self._closed}>"
-
-    # ------------------------------------------------------------------ helpers
+        return f"<NackingConsumer topics={self._core.topics!r} pending={len(self.tracker)} closed={self._closed}>"
 
     def _check_open(self) -> None:
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
 
-    def _topic_of(self, message: Any) -> str:
-        topic_name = getattr(message, "topic_name", None)
-        if callable(topic_name) and not isinstance(message, _pulsar.MessageId):
-            return topic_name()
-        if len(self._topics) == 1:
-            return next(iter(self._topics))
-        raise ValueError("on a consumer of several topics, pass the message, not its id: an id carries no topic")
 
-    def _key(self, message: Any, raw: Any) -> MessageKey:
-        """The tracker key of a message or id; refuses messages of other topics."""
-        topic = self._topic_of(message)
-        if topic not in self._topics and _PARTITION_SUFFIX.sub("", topic) not in self._topics:
-            raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({sorted(self._topics)})")
-        return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index())  # checked by the tracker
+_SUBSCRIBE_KEYWORDS = frozenset(inspect.signature(pulsar.Client.subscribe).parameters) - {
+    "self",
+    "topic",
+    "subscription_name",
+    "negative_ack_redelivery_delay_ms",
+    "message_listener",
+}
 
 
-def _full_topic_name(topic: str) -> str:
-    """``persistent://public/default/x`` for a short name ``x``, as the client does."""
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
+def _check_subscribe_args(
+    client: Any, topic: Any, subscription_name: Any, message_listener: Any, subscribe_kwargs: dict[str, Any]
+) -> list[str] | re.Pattern[str]:
+    """Validate every argument :func:`subscribe` checks itself; return the topics. Changes nothing."""
+    if not isinstance(client, pulsar.Client):
+        raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
+    if not isinstance(subscription_name, str) or not subscription_name:
+        raise TypeError("subscription_name must be a non-empty str")
+    topics: list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
+    unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
+    if unknown:
+        raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
+    if message_listener is not None and not callable(message_listener):
+        raise TypeError("message_listener must be callable")
+    check_bool("batch_index_ack_enabled", subscribe_kwargs.get("batch_index_ack_enabled", True))
+    return topics
 
 
 def subscribe(
     client: pulsar.Client,
-    topic: str | list[str],
+    topic: str | list[str] | re.Pattern[str],
     subscription_name: str,
     *,
     negative_ack_redelivery_delay_ms: int = 60_000,
@@ -611,29 +526,43 @@ def subscribe(
 ) -> NackingConsumer:
     """Subscribe like ``client.subscribe(...)`` and return a :class:`NackingConsumer`.
 
-    Takes every keyword of ``pulsar.Client.subscribe`` (*topic* may be a list);
-    ``negative_ack_redelivery_delay_ms`` becomes the tracker's fixed delay and the
-    consumer itself is subscribed with the 100 ms handoff delay. A ``message_listener``
-    receives the :class:`NackingConsumer` and only the messages it should see.
+    Takes every keyword of ``pulsar.Client.subscribe`` (*topic* may be a list or a
+    ``re.Pattern``); ``negative_ack_redelivery_delay_ms`` becomes the tracker's fixed
+    delay and the consumer itself is subscribed with the 100 ms handoff delay.
+    ``batch_index_ack_enabled`` defaults to True here (False in pulsar): with it the
+    broker's ack set keeps acked batch siblings from coming back. A
+    ``message_listener`` receives the :class:`NackingConsumer` and only the messages it
+    should see. Every argument is validated before anything is subscribed.
 
     Example (needs a broker; ``examples/wrap_consumer.py`` runs one)::
 
         consumer = pulsar_nack.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
-    if not isinstance(client, pulsar.Client):
-        raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
-    if not isinstance(subscription_name, str) or not subscription_name:
-        raise TypeError("subscription_name must be a non-empty str")
-    topics = check_topics("topic", topic)
-    if "pattern" in subscribe_kwargs or "negative_ack_redelivery_delay_ms" in subscribe_kwargs:
-        raise TypeError("unsupported keyword")
-    ready = threading.Event()
+    topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
+    subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
+    policy = subscribe_kwargs.pop("dead_letter_policy", None)
+    if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
+        raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
+    dead_letter = None if policy is None else DeadLetter(client, subscription_name, policy)
     holder: list[NackingConsumer] = []
+
+    def hand_off(ids: list[_pulsar.MessageId]) -> None:
+        holder[0]._hand_off(ids)
+
+    core = NackingCore(  # validates the tracker's settings before the broker sees anything
+        hand_off,
+        topics,
+        negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+        negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
+        redelivery_backoff=redelivery_backoff,
+        never_early=never_early,
+        guard_unbatched=subscribe_kwargs.get("unacked_messages_timeout_ms") is not None,
+        count_deliveries=dead_letter is not None,
+    )
+    ready = threading.Event()
     listener = None
     if message_listener is not None:
-        if not callable(message_listener):
-            raise TypeError("message_listener must be callable")
 
         def listener(_consumer: pulsar.Consumer, message: pulsar.Message) -> None:
             ready.wait()
@@ -645,25 +574,18 @@ def subscribe(
             except Exception:
                 _log.exception("message listener failed")
 
-    consumer = client.subscribe(
-        topics if len(topics) > 1 else topics[0],
-        subscription_name,
-        negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
-        message_listener=listener,
-        **subscribe_kwargs,
-    )
     try:
-        wrapper = NackingConsumer(
-            consumer,
-            topics,
-            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-            negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
-            redelivery_backoff=redelivery_backoff,
-            never_early=never_early,
+        consumer = client.subscribe(
+            topics if isinstance(topics, re.Pattern) or len(topics) > 1 else topics[0],
+            subscription_name,
+            negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
+            message_listener=listener,
+            **subscribe_kwargs,
         )
     except BaseException:
-        consumer.close()
+        core.close(redeliver_pending=False)
         raise
+    wrapper = NackingConsumer(consumer, topics, dead_letter=dead_letter, _core=core)
     holder.append(wrapper)
     ready.set()
     return wrapper

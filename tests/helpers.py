@@ -54,6 +54,47 @@ class PurePythonTracker(NegativeAcksTracker):
         assert type(self._buckets._hot) is _accel.PyHotSlot and "add" not in vars(self)
 
 
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _batch_size(serialized: bytes) -> int:
+    """Field 6 (batch_size) of a serialized MessageIdData (varint fields only)."""
+    pos, size = 0, 0
+    while pos < len(serialized):
+        values = []
+        for _ in range(2):  # tag, then value
+            shift = value = 0
+            while True:
+                byte = serialized[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            values.append(value)
+        if values[0] >> 3 == 6:
+            size = values[1]
+    return size
+
+
+def out_of_batch_id(message_id: Any, batch_index: int) -> Any:
+    """*message_id* with another batch index, keeping its batch size (as ``deserialize`` gives it)."""
+    import _pulsar
+
+    size = _batch_size(message_id.serialize())
+    assert size > 0, "not a batch message id"
+    fields = [(1, message_id.ledger_id()), (2, message_id.entry_id()), (3, message_id.partition()),
+              (4, batch_index), (6, size)]
+    return _pulsar.MessageId.deserialize(b"".join(_varint(n << 3) + _varint(v) for n, v in fields))
+
+
 def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
     """Send *payloads* to *topic*; with *batch_size* > 0 they go out in batches of that many."""
     if batch_size:

@@ -68,9 +68,7 @@ def test_acknowledge_cumulative_settles_everything_up_to_the_message(client, top
     try:
         produce(client, topic, [b"%d" % i for i in range(10)], batch_size=5)
         messages = receive_all(consumer, 10)
-        assert consumer.stats()["open_batch_entries"] == 2
         consumer.acknowledge_cumulative(messages[-1])
-        assert consumer.stats()["open_batch_entries"] == 0  # batch state of the topic dropped
         assert wait_for(lambda: apache_broker.admin.backlog(topic, "cumulative") == 0, 30)
     finally:
         consumer.close()
@@ -85,7 +83,7 @@ def test_acknowledge_cumulative_settles_everything_up_to_the_message(client, top
         again.acknowledge_cumulative(messages[-1])
 
 
-def test_batch_receive_admits_messages_and_swallows_acked_siblings(client, topic):
+def test_batch_receive_admits_messages_and_never_returns_acked_siblings(client, topic):
     """A batch of 4: three acked, one nacked; the redelivered entry yields only the nacked one."""
     policy = pulsar.ConsumerBatchReceivePolicy(4, -1, 200)
     consumer = pulsar_nack.subscribe(client, topic, "batch-receive", consumer_type=SHARED, batch_receive_policy=policy)
@@ -104,7 +102,7 @@ def test_batch_receive_admits_messages_and_swallows_acked_siblings(client, topic
         assert [m.data() for m in again] == [b"c"]
         assert again[0].redelivery_count() >= 1
         consumer.acknowledge(again[0])
-        assert consumer.stats()["swallowed"] >= 3  # the copies of a, b and d
+        # a, b and d are not in the copy: the broker's ack set (batch-index acks) leaves them out
         assert nothing_more(consumer)
     finally:
         consumer.close()

@@ -1,0 +1,319 @@
+"""The consumer level: ``NackingConsumer`` beside the plain ``pulsar.Consumer``, one run, Apache Pulsar.
+
+Three measurements (issue 13, goals A, B and D), each system on its own fresh topic of
+the same shape, on one Apache Pulsar standalone broker started by this program:
+
+* **A, receive + acknowledge** (no nack at all): µs per message over ``n`` messages
+  already pushed into the consumer's receive queue (``receiver_queue_size=n``; the
+  broker's ``msgOutCounter`` is awaited), batched (batches of 10) and non-batched. Repetitions alternate the
+  two systems in one process; the first repetition is the warmup. Both consumers are
+  subscribed with the same keywords (Shared, ``batch_index_ack_enabled=True``, which
+  :func:`pulsar_nack.subscribe` sets by default).
+* **B, bytes per pending nack, batched**: ``n`` messages in batches of 10, the first
+  message of each batch nacked with a one-hour delay, the rest acked. Process RSS
+  delta (after ``gc.collect`` and ``malloc_trim``) divided by the pending nacks, each
+  system in a fresh worker process. A control run per system acks everything; the
+  *net* figure subtracts its RSS delta (what receiving alone costs). Ours also reports
+  its structures' own estimate.
+* **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
+  one-hour delay, both systems in one process.
+
+Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
+``bench/results/consumer.json`` (``consumer-quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ._common import REPO, print_table, rss_bytes, start_context, summarize, trim_heap, write_result
+
+HOUR_MS = 3_600_000
+BATCH = 10
+SYSTEMS = ("plain", "pulsar-nack")
+
+
+def _topic(kind: str) -> str:
+    return f"persistent://public/default/bench-consumer-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
+    producer = client.create_producer(
+        topic,
+        batching_enabled=batched,
+        batching_max_messages=BATCH,
+        batching_max_publish_delay_ms=10,
+        block_if_queue_full=True,
+        max_pending_messages=10_000,
+    )
+    for _ in range(n):
+        producer.send_async(b"x" * 16, None)
+    producer.flush()
+    producer.close()
+
+
+def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS, queue: int = 1000) -> Any:
+    import pulsar
+
+    import pulsar_nack
+
+    kwargs = {
+        "consumer_type": pulsar.ConsumerType.Shared,
+        "initial_position": pulsar.InitialPosition.Earliest,
+        "batch_index_ack_enabled": True,
+        "negative_ack_redelivery_delay_ms": delay_ms,
+        "receiver_queue_size": queue,
+    }
+    if system == "plain":
+        return client.subscribe(topic, "bench", **kwargs)
+    return pulsar_nack.subscribe(client, topic, "bench", **kwargs)
+
+
+def _close(consumer: Any) -> None:
+    if hasattr(consumer, "tracker"):
+        consumer.close(redeliver_pending=False)
+    else:
+        consumer.close()
+
+
+def _timed(loop: Callable[[], int]) -> float:
+    start = time.perf_counter()
+    count = loop()
+    return (time.perf_counter() - start) / count * 1e6
+
+
+def _prefill(admin: Any, topic: str, n: int) -> bool:
+    """Wait (deadline 60 s) until the broker has pushed all *n* messages into the consumer's queue.
+
+    Then the timed loop measures the client side (receive from the queue, acknowledge),
+    not the broker's dispatch.
+    """
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        subscription = admin.topic_stats(topic)["subscriptions"]["bench"]
+        if subscription.get("msgOutCounter", 0) >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> float:
+    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
+    topic = _topic("a")
+    _produce(client, topic, n, batched)
+    consumer = _subscribe(client, system, topic, queue=n)
+    consumer.acknowledge(consumer.receive(30_000))
+    if not _prefill(admin, topic, n):
+        print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
+    receive, acknowledge = consumer.receive, consumer.acknowledge
+
+    def loop() -> int:
+        for _ in range(n - 1):
+            acknowledge(receive(30_000))
+        return n - 1
+
+    cost = _timed(loop)
+    _close(consumer)
+    return cost
+
+
+def _nack_us(client: Any, system: str, n: int) -> float:
+    """µs per ``negative_acknowledge(message)`` on *n* received non-batched messages."""
+    topic = _topic("d")
+    _produce(client, topic, n, batched=False)
+    consumer = _subscribe(client, system, topic)
+    messages = [consumer.receive(30_000) for _ in range(n)]
+    nack = consumer.negative_acknowledge
+
+    def loop() -> int:
+        for message in messages:
+            nack(message)
+        return len(messages)
+
+    cost = _timed(loop)
+    _close(consumer)
+    return cost
+
+
+def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
+    """Goals A and D: interleaved repetitions of both systems in this process."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    samples: dict[str, dict[str, list[float]]] = {
+        case: {s: [] for s in SYSTEMS} for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
+    }
+    for rep in range(reps + 1):
+        order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+        for system in order:
+            costs = {
+                "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
+                "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
+                "nack_message": _nack_us(client, system, min(n, 20_000)),
+            }
+            if rep:  # the first repetition is the warmup
+                for case, cost in costs.items():
+                    samples[case][system].append(cost)
+            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
+    client.close()
+    result: dict[str, Any] = {}
+    for case, per_system in samples.items():
+        stats = {s: summarize(v) for s, v in per_system.items()}
+        result[case] = {
+            "messages": n if case != "nack_message" else min(n, 20_000),
+            "us": stats,
+            "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
+        }
+    return result
+
+
+def _memory_worker(url: str, system: str, topic: str, n: int, nack: bool = True) -> dict[str, Any]:
+    """Fresh process: receive the batched backlog, nack one message per batch, ack the rest.
+
+    With *nack* False (the control run) every message is acked: what receiving alone costs.
+    """
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    consumer = _subscribe(client, system, topic)
+    first = consumer.receive(30_000)
+    gc.collect()
+    trim_heap()
+    before = rss_bytes()
+    nacked = 0
+    message = first
+    for i in range(n):
+        if i:
+            message = consumer.receive(30_000)
+        if nack and message.message_id().batch_index() == 0:
+            consumer.negative_acknowledge(message)
+            nacked += 1
+        else:
+            consumer.acknowledge(message)
+    del message, first
+    gc.collect()
+    trim_heap()
+    after = rss_bytes()
+    result: dict[str, Any] = {
+        "system": system,
+        "nack": nack,
+        "messages": n,
+        "pending_nacks": nacked,
+        "rss_delta_bytes": after - before,
+        "bytes_per_pending_nack": (after - before) / max(nacked, 1),
+    }
+    if system == "pulsar-nack":
+        stats = consumer.stats()
+        result["tracker_memory_bytes"] = stats["tracker"]["memory_bytes"]
+        result["pending_set_bytes"] = consumer._core._pending.memory_bytes()
+        result["structures_bytes_per_pending_nack"] = (
+            result["tracker_memory_bytes"] + result["pending_set_bytes"]
+        ) / max(nacked, 1)
+        result["tracked"] = len(consumer.tracker)
+    _close(consumer)
+    client.close()
+    return result
+
+
+def run_memory(url: str, n: int) -> dict[str, Any]:
+    """Goal B: each system in a fresh process on its own topic of the same shape."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    cases: list[dict[str, Any]] = []
+    controls: list[dict[str, Any]] = []
+    for system in SYSTEMS:
+        for nack, into in ((True, cases), (False, controls)):
+            topic = _topic("b")
+            _produce(client, topic, n, batched=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.consumer", "--worker", url, system, topic, str(n), str(int(nack))],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=1800,
+            )
+            into.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    client.close()
+    for case, control in zip(cases, controls):
+        net = case["rss_delta_bytes"] - control["rss_delta_bytes"]
+        case["control_rss_delta_bytes"] = control["rss_delta_bytes"]
+        case["net_bytes_per_pending_nack"] = net / max(case["pending_nacks"], 1)
+    plain, ours = cases
+    return {
+        "cases": cases,
+        "ratio_ours_over_plain": ours["bytes_per_pending_nack"] / plain["bytes_per_pending_nack"],
+        "net_ratio_ours_over_plain": ours["net_bytes_per_pending_nack"] / plain["net_bytes_per_pending_nack"],
+    }
+
+
+def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
+    from pulsar_nack.testing import PulsarStandalone
+
+    with PulsarStandalone() as broker:
+        calls = run_calls(broker.url, broker.admin, n, reps)
+        memory = run_memory(broker.url, memory_n)
+        version = broker.version
+    return {
+        "broker": f"Apache Pulsar {version} standalone",
+        "batch_size": BATCH,
+        "repetitions": reps,
+        **calls,
+        "pending_nack_memory_batched": memory,
+    }
+
+
+def _report(payload: dict[str, Any]) -> None:
+    rows = []
+    for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message"):
+        c = payload[case]
+        rows.append(
+            [case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
+             f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x"]
+        )
+    print_table(["case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows, title="Per-message cost")
+    memory = payload["pending_nack_memory_batched"]
+    print_table(
+        ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
+        [[c["system"], f"{c['messages']:,}", f"{c['pending_nacks']:,}", f"{c['rss_delta_bytes']:,}",
+          f"{c['control_rss_delta_bytes']:,}", f"{c['bytes_per_pending_nack']:.1f}",
+          f"{c['net_bytes_per_pending_nack']:.1f}"] for c in memory["cases"]],
+        title="Bytes per pending nack, batched workload",
+    )
+    print(f"memory ours/plain: {memory['ratio_ours_over_plain']:.3f} (net {memory['net_ratio_ours_over_plain']:.3f})")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--worker":
+        url, system, topic, n, nack = argv[1], argv[2], argv[3], int(argv[4]), bool(int(argv[5]))
+        print(json.dumps(_memory_worker(url, system, topic, n, nack)))
+        return None
+    parser = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20,000 messages, 3 repetitions")
+    parser.add_argument("--messages", type=int, default=None, help="backlog per call-cost case (default 100,000)")
+    parser.add_argument("--memory-messages", type=int, default=200_000, help="messages of the memory case")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    start = start_context()
+    n = args.messages or (20_000 if args.quick else 100_000)
+    memory_n = 50_000 if args.quick else args.memory_messages
+    payload = run(n, memory_n, 3 if args.quick else 5)
+    _report(payload)
+    path = write_result(args.out or ("consumer-quick" if args.quick else "consumer"), payload, start)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

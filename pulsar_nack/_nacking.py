@@ -1,0 +1,644 @@
+"""The broker-agnostic heart of a nacking consumer, shared by the sync and asyncio consumers.
+
+:class:`NackingCore` owns everything between the application's calls and the client's
+``negative_acknowledge(MessageId)`` handoff, and calls into no client itself:
+
+* the :class:`~pulsar_nack.tracker.NegativeAcksTracker` and its timer;
+* the keying of messages and ids (:meth:`NackingCore.key_of`), with the topic taken from
+  the message, from the consumer's only topic (plus ``-partition-N``), or kept inside
+  the caller's id object when neither is known (a bare id on a multi-topic consumer);
+* :class:`PendingNacks`, the compact set of nacked messages whose delay is not over,
+  so that a copy of one of them (a batch sibling's redelivery, an ack timeout) is
+  swallowed instead of delivered early;
+* the handoff: due keys become one entry-level ``_pulsar.MessageId`` per entry, passed
+  to the ``hand_off`` callable the consumer supplies (the sync consumer calls
+  ``consumer.negative_acknowledge(id)`` for each).
+
+A consumer built on it calls :meth:`NackingCore.admit` on every received message (a
+``_pulsar.Message``), :meth:`NackingCore.nack` for a negative acknowledgement,
+:meth:`NackingCore.before_ack` before an acknowledgement, :meth:`NackingCore.reset`
+before ``seek`` or ``redeliver_unacknowledged_messages``, and :meth:`NackingCore.close`.
+
+State is kept only while a nack is pending. Acknowledgements of batch messages rely on
+batch-index acknowledgement (``batch_index_ack_enabled=True`` with a broker that has
+``acknowledgmentAtBatchIndexLevelEnabled``, the default since Apache Pulsar 4.0): the
+broker's ack set tells the client which siblings of a redelivered entry were acked, and
+the client skips them. No per-entry object exists for batches in flight.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import _pulsar
+from pyroaring import BitMap64
+
+from ._base import DueKeys
+from ._validate import check_int, check_topics
+from .backoff import RedeliveryBackoff
+from .buckets import DEFAULT_PRECISION_BITS
+from .keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from .tracker import NegativeAcksTracker
+
+__all__ = [
+    "COALESCE_MS",
+    "HANDOFF_DELAY_MS",
+    "PARTITION_SUFFIX",
+    "HandOff",
+    "NackingCore",
+    "PendingNacks",
+    "TopicMatcher",
+    "batch_size_of",
+    "client_handoff_latency_ms",
+    "full_topic_name",
+    "handoff_id",
+    "handoff_lead_ms",
+    "raw_id",
+]
+
+HANDOFF_DELAY_MS = 100
+"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
+COALESCE_MS = 50
+"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+
+def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
+    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
+
+    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
+    entries whose deadline is strictly past, so the id comes back on the first tick
+    after ``delay``. O(1).
+
+    >>> client_handoff_latency_ms(100)
+    132
+    >>> client_handoff_latency_ms(300)
+    400
+    """
+    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
+    interval = delay // 3
+    return (delay // interval + 1) * interval
+
+
+def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
+    """How early buckets fire: the client's full latency only where it is exact.
+
+    A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
+    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
+    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
+    the client's delay, so a message is never early.
+    """
+    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
+    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+
+
+HandOff = Callable[[list[_pulsar.MessageId]], None]
+"""What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
+
+_BATCH_BITS = 10
+_BATCH_LIMIT = 1 << _BATCH_BITS
+_PACK_LIMIT = 1 << (64 - _BATCH_BITS)
+_UNTITLED = ""  # the tracker topic of a key whose id object carries the real topic
+
+
+def full_topic_name(topic: str) -> str:
+    """``persistent://public/default/x`` for a short name ``x``, as the client does.
+
+    >>> full_topic_name("orders")
+    'persistent://public/default/orders'
+    >>> full_topic_name("t/ns/orders")
+    'persistent://t/ns/orders'
+    """
+    if "://" in topic:
+        return topic
+    parts = topic.split("/")
+    if len(parts) == 1:
+        return f"persistent://public/default/{topic}"
+    return f"persistent://{topic}"
+
+
+def raw_id(obj: Any) -> _pulsar.MessageId:
+    """The ``_pulsar.MessageId`` of a message or id, ``pulsar`` wrapper or raw. O(1).
+
+    Raises TypeError for anything else. Duck-typed on the wrappers' private fields
+    (``pulsar.Message._message``, ``pulsar.MessageId._msg_id``), so this module does not
+    import ``pulsar``.
+    """
+    if isinstance(obj, _pulsar.MessageId):
+        return obj
+    if isinstance(obj, _pulsar.Message):
+        return obj.message_id()
+    inner = getattr(obj, "_message", None)
+    if isinstance(inner, _pulsar.Message):
+        return inner.message_id()
+    inner = getattr(obj, "_msg_id", None)
+    if isinstance(inner, _pulsar.MessageId):
+        return inner
+    message_id = getattr(obj, "message_id", None)  # a stand-in message (unit tests)
+    if callable(message_id) and callable(getattr(obj, "topic_name", None)):
+        return raw_id(message_id())
+    raise TypeError(f"expected a pulsar Message or MessageId, not {type(obj).__name__}")
+
+
+def _is_message(obj: Any) -> bool:
+    return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+
+
+def batch_size_of(message_id: _pulsar.MessageId) -> int:
+    """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
+    data = message_id.serialize()
+    pos, size, end = 0, 0, len(data)
+    while pos < end:
+        tag, pos = _varint(data, pos)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            if field == 6:
+                size = value
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            pos += length
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            return 0
+    return size
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def handoff_id(topic: str, ledger_id: int, entry_id: int) -> _pulsar.MessageId:
+    """The entry-level id the client redelivers: partition from the topic name, topic set.
+
+    The multi-topic C++ consumer routes ids by topic name and silently drops ids without one.
+    """
+    match = PARTITION_SUFFIX.search(topic)
+    message_id = _pulsar.MessageId(int(match.group(1)) if match else -1, ledger_id, entry_id, -1)
+    if topic:
+        message_id.topic_name(topic)
+    return message_id
+
+
+class TopicMatcher:
+    """Which topics a consumer reads: a list of names, or a regular expression.
+
+    ``partition`` topics of a listed topic match too. Runtime complexity: O(1) for a list
+    (a set lookup), the regex's cost for a pattern.
+    """
+
+    __slots__ = ("names", "pattern")
+
+    names: frozenset[str]
+    pattern: re.Pattern[str] | None
+
+    def __init__(self, topics: Iterable[str] | re.Pattern[str]) -> None:
+        if isinstance(topics, re.Pattern):
+            if not isinstance(topics.pattern, str):
+                raise TypeError("a topic pattern must be a str pattern, not bytes")
+            self.names, self.pattern = frozenset(), topics
+            return
+        topic_list = check_topics("topics", topics)
+        self.names, self.pattern = frozenset(full_topic_name(t) for t in topic_list), None
+
+    @property
+    def single(self) -> str | None:
+        """The consumer's one topic, or None for several topics or a pattern."""
+        return next(iter(self.names)) if len(self.names) == 1 else None
+
+    def __contains__(self, topic: str) -> bool:
+        base = PARTITION_SUFFIX.sub("", topic)
+        if self.pattern is not None:
+            return bool(self.pattern.fullmatch(base) or self.pattern.fullmatch(base.split("://", 1)[-1]))
+        return topic in self.names or base in self.names
+
+    def __repr__(self) -> str:
+        return f"TopicMatcher({self.pattern.pattern!r})" if self.pattern else f"TopicMatcher({sorted(self.names)})"
+
+
+class PendingNacks:
+    """The set of nacked messages whose delay is not over, a few bytes each.
+
+    Keyed by ledger id (ledger ids are unique in a cluster, across topics), then one
+    :class:`pyroaring.BitMap64` of ``entry_id << 10 | (batch_index + 1)`` values, so the
+    messages of consecutive entries share Roaring containers. Values that do not pack
+    (a batch index of 1023 or more, an entry id of ``2**54`` or more) go to a plain set.
+
+    Not thread-safe: :class:`NackingCore` holds its lock around every call.
+
+    >>> p = PendingNacks()
+    >>> p.add(7, 100, 3); (7, 100, 3) in p, (7, 100, 4) in p, len(p)
+    (True, False, 1)
+    >>> p.discard(7, 100, 3); len(p)
+    0
+    """
+
+    __slots__ = ("_by_ledger", "_count", "_wide")
+
+    _by_ledger: dict[int, BitMap64]
+    _wide: set[tuple[int, int, int]]
+    _count: int
+
+    def __init__(self) -> None:
+        self._by_ledger = {}
+        self._wide = set()
+        self._count = 0
+
+    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Add a message. O(log n) in the ledger's bitmap."""
+        if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
+            bitmap = self._by_ledger.get(ledger_id)
+            if bitmap is None:
+                bitmap = self._by_ledger[ledger_id] = BitMap64()
+            value = entry_id << _BATCH_BITS | (batch_index + 1)
+            if value not in bitmap:
+                bitmap.add(value)
+                self._count += 1
+        elif (ledger_id, entry_id, batch_index) not in self._wide:
+            self._wide.add((ledger_id, entry_id, batch_index))
+            self._count += 1
+
+    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Remove a message if present. O(log n)."""
+        if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
+            bitmap = self._by_ledger.get(ledger_id)
+            value = entry_id << _BATCH_BITS | (batch_index + 1)
+            if bitmap is not None and value in bitmap:
+                bitmap.discard(value)
+                self._count -= 1
+                if not bitmap:
+                    del self._by_ledger[ledger_id]
+        elif (ledger_id, entry_id, batch_index) in self._wide:
+            self._wide.discard((ledger_id, entry_id, batch_index))
+            self._count -= 1
+
+    def __contains__(self, item: tuple[int, int, int]) -> bool:
+        ledger_id, entry_id, batch_index = item
+        if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
+            bitmap = self._by_ledger.get(ledger_id)
+            return bitmap is not None and (entry_id << _BATCH_BITS | (batch_index + 1)) in bitmap
+        return item in self._wide
+
+    def __len__(self) -> int:
+        return self._count
+
+    def clear(self) -> None:
+        self._by_ledger.clear()
+        self._wide.clear()
+        self._count = 0
+
+    def memory_bytes(self) -> int:
+        """Serialized size of the bitmaps plus the dict and set slots (an estimate). O(ledgers)."""
+        total = 64 * len(self._by_ledger) + 100 * len(self._wide)
+        return total + sum(b.get_statistics()["n_bytes_array_containers"] + b.get_statistics()[
+            "n_bytes_bitset_containers"] + b.get_statistics()["n_bytes_run_containers"] for b in self._by_ledger.values())
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        # The count is the number of stored values; no empty bitmap is kept.
+        assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert all(self._by_ledger.values())
+
+
+def _counter_value(counter: itertools.count[int]) -> int:
+    """How many times ``next`` was called on a counter started at 0 (read without advancing)."""
+    return int(repr(counter)[6:-1])
+
+
+class NackingCore:
+    """Tracker, pending set, keys and handoff of one consumer; no client calls.
+
+    Parameters
+    ----------
+    hand_off : callable
+        Called from the tracker's timer thread (and by :meth:`close`) with the
+        entry-level ids to redeliver; it must ``negative_acknowledge`` each on the
+        client. No lock is held during the call. If it raises, the tracker logs the
+        error and retries the keys after ``retry_delay_ms``.
+    topics : list of str, str, or re.Pattern
+        What the consumer reads; messages of other topics are refused.
+    negative_ack_redelivery_delay_ms, negative_ack_precision_bit_cnt, redelivery_backoff, never_early
+        The tracker's settings (see :class:`~pulsar_nack.consumer.NackingConsumer`).
+    handoff_delay_ms, coalesce_ms : int
+        The client's own nack delay (we hand off that much early) and the minimum gap
+        between handoff bursts.
+    guard_unbatched : bool
+        Also remember nacked non-batched messages until their handoff, so that a copy
+        delivered early by the client (its ack timeout) is swallowed. Batched messages
+        are always remembered: a sibling's redelivery brings their copies.
+    count_deliveries : bool
+        Count the nacks and the swallowed copies of each message until it is settled, so
+        that :meth:`deliveries` can tell how often the application saw it (the broker
+        counts redeliveries per entry, swallowed copies included, and forgets the count
+        when a sibling is acked). For a dead-letter policy; costs a dict entry per
+        pending nack.
+    """
+
+    tracker: NegativeAcksTracker
+    topics: TopicMatcher
+    guard_unbatched: bool
+    _hand_off_ids: HandOff
+    _pending: PendingNacks
+    _bare: dict[tuple[int, int], _pulsar.MessageId]
+    _copies: dict[tuple[int, int, int], int] | None
+    _nacks: dict[tuple[int, int, int], int]
+    _lock: threading.Lock
+    _counts: dict[str, int]
+
+    def __init__(
+        self,
+        hand_off: HandOff,
+        topics: Iterable[str] | re.Pattern[str],
+        *,
+        negative_ack_redelivery_delay_ms: int = 60_000,
+        negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
+        redelivery_backoff: RedeliveryBackoff | None = None,
+        never_early: bool = False,
+        handoff_delay_ms: int = HANDOFF_DELAY_MS,
+        coalesce_ms: int = COALESCE_MS,
+        guard_unbatched: bool = False,
+        count_deliveries: bool = False,
+    ) -> None:
+        if not callable(hand_off):
+            raise TypeError("hand_off must be callable")
+        check_int("handoff_delay_ms", handoff_delay_ms, 0)
+        check_int("coalesce_ms", coalesce_ms, 0)
+        self.topics = TopicMatcher(topics)
+        if not isinstance(guard_unbatched, bool):
+            raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
+        self.guard_unbatched = guard_unbatched
+        self._hand_off_ids = hand_off
+        self._pending = PendingNacks()
+        self._bare = {}
+        self._copies = {} if count_deliveries else None
+        self._nacks = {}
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(
+            ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
+        )
+        self.received = itertools.count()
+        self.acked = itertools.count()
+        self._nacked = itertools.count()
+        self.tracker = NegativeAcksTracker(
+            self._on_due,
+            delay_ms=negative_ack_redelivery_delay_ms,
+            precision_bits=negative_ack_precision_bit_cnt,
+            round_up=never_early,
+            backoff=redelivery_backoff,
+            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
+            coalesce_ms=coalesce_ms,
+            default_topic=self.topics.single or "",
+        )
+        self.handoff_delay_ms = handoff_delay_ms
+        # nack() may skip the general path: no backoff, no guard, no delivery counts.
+        self._fast_nack = redelivery_backoff is None and not guard_unbatched and not count_deliveries
+
+    # ------------------------------------------------------------------ receiving
+
+    def admit(self, message: _pulsar.Message) -> bool:
+        """Record a received message; False if it is an early copy of a pending nack.
+
+        Runtime complexity: O(1) with nothing pending (one counter step); otherwise one
+        id read and a bitmap lookup.
+        """
+        next(self.received)
+        if not self._pending._count:
+            return True
+        message_id = message.message_id()
+        batch_index = message_id.batch_index()
+        if batch_index < 0 and not self.guard_unbatched:
+            return True
+        item = (message_id.ledger_id(), message_id.entry_id(), batch_index)
+        with self._lock:
+            if item not in self._pending:
+                return True
+            self._counts["swallowed"] += 1
+            if self._copies is not None:
+                self._copies[item] = self._copies.get(item, 0) + 1
+        return False
+
+    def deliveries(self, message: Any) -> int:
+        """How many times the application received *message* before this delivery.
+
+        The larger of the nacks it made of it and the broker's ``redelivery_count()``
+        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
+        the broker's count). The broker counts per entry and forgets the count when a
+        sibling is acked, so neither figure alone is right for batch messages; both are
+        never above the true count. O(1).
+        """
+        count = redelivery_count_of(message)
+        if self._copies is None:
+            return count
+        message_id = raw_id(message)
+        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        with self._lock:
+            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
+
+    def dead_lettered(self, message: Any) -> None:
+        """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
+        self.forget(message)
+        next(self._nacked)
+        with self._lock:
+            self._counts["dead_lettered"] += 1
+
+    def forget(self, message: Any) -> None:
+        """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
+        if self._copies is not None and (self._copies or self._nacks):
+            message_id = raw_id(message)
+            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+            with self._lock:
+                self._copies.pop(item, None)
+                self._nacks.pop(item, None)
+
+    # ------------------------------------------------------------------ settling
+
+    def key_of(self, message: Any) -> tuple[MessageKey, _pulsar.MessageId]:
+        """The tracker key of a message or id, and its raw id; validates, changes nothing.
+
+        Raises
+        ------
+        TypeError
+            For something that is not a pulsar message or id.
+        ValueError
+            For a message of a topic this consumer does not read, or a batch index
+            outside the id's batch.
+        """
+        inner = getattr(message, "_message", None)
+        if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
+            raw = inner.message_id()
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()), raw
+        raw = raw_id(message)
+        batch_index = raw.batch_index()
+        if _is_message(message):
+            topic = message.topic_name()
+            if topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+        else:
+            if batch_index >= 0:
+                size = batch_size_of(raw)
+                if size and batch_index >= size:
+                    raise ValueError(f"batch index {batch_index} is outside its batch of {size} messages")
+            if batch_index > MAX_BATCH_INDEX:
+                raise ValueError(f"batch_index must be below 2**31, got {batch_index}")
+            single = self.topics.single
+            if single is None:
+                topic = _UNTITLED  # the id object knows its topic; we keep the object
+            else:
+                partition = raw.partition()
+                topic = f"{single}-partition-{partition}" if partition >= 0 else single
+        return (topic, raw.ledger_id(), raw.entry_id(), batch_index), raw
+
+    def nack(self, message: Any, delay_ms: int | None = None) -> None:
+        """Track a negative acknowledgement: the message comes back after its delay.
+
+        Runtime complexity: O(1) (the tracker's add) plus a bitmap insert for a message
+        that must be remembered (batched, guarded, or a bare id of unknown topic).
+
+        Raises TypeError or ValueError for bad input (nothing changes then).
+        """
+        inner = getattr(message, "_message", None)
+        if (
+            isinstance(inner, _pulsar.Message)
+            and self._fast_nack
+            and delay_ms is None
+            and (raw := inner.message_id()).batch_index() < 0
+        ):
+            # The common call: a received non-batched pulsar.Message, the fixed delay.
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            self.tracker.add((topic, raw.ledger_id(), raw.entry_id(), -1))
+            next(self._nacked)
+            return
+        key, raw = self.key_of(message)
+        count = None
+        if delay_ms is None and self.tracker.backoff is not None:
+            count = redelivery_count_of(message)
+        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and self._copies is None:
+            self.tracker.add(key, delay_ms, count)
+            next(self._nacked)
+            return
+        item = (key[1], key[2], key[3])
+        remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
+        with self._lock:
+            if item in self._pending:
+                raise ValueError(f"message {key} is already NACKED (its nack is pending)")
+            if self._copies is not None:
+                self._nacks[item] = self._nacks.get(item, 0) + 1
+            if remember:
+                self._pending.add(*item)
+            if key[0] is _UNTITLED:
+                self._bare[(key[1], key[2])] = raw
+        try:
+            self.tracker.add(key, delay_ms, count)
+        except BaseException:
+            with self._lock:
+                if remember:
+                    self._pending.discard(*item)
+                self._bare.pop((key[1], key[2]), None)
+                if self._copies is not None:
+                    self._nacks[item] -= 1
+            raise
+        next(self._nacked)
+
+    def before_ack(self, message: Any) -> _pulsar.MessageId:
+        """Validate an acknowledgement and forget the message's pending nack; return its raw id.
+
+        Raises TypeError or ValueError for bad input (nothing changes then). O(1).
+        """
+        if self._pending._count or self._nacks or self._copies or not _is_message(message):
+            key, raw = self.key_of(message)
+            if self._pending:
+                with self._lock:
+                    self._pending.discard(key[1], key[2], key[3])
+            if self._nacks or self._copies:
+                self.forget(raw)
+            return raw
+        return raw_id(message)
+
+    # ------------------------------------------------------------------ handoff
+
+    def _on_due(self, due: DueKeys) -> None:
+        """Tracker callback: hand each due entry to the client once, in one burst."""
+        ids = []
+        released = []
+        with self._lock:
+            for topic, keys in due.items():
+                seen: set[tuple[int, int]] = set()
+                for _, ledger_id, entry_id, batch_index in keys:
+                    released.append((ledger_id, entry_id, batch_index))
+                    if (ledger_id, entry_id) in seen:
+                        continue
+                    seen.add((ledger_id, entry_id))
+                    if topic is _UNTITLED or topic == _UNTITLED:
+                        bare = self._bare.pop((ledger_id, entry_id), None)
+                        if bare is not None:
+                            ids.append(bare)
+                    else:
+                        ids.append(handoff_id(topic, ledger_id, entry_id))
+            self._counts["handed_off_entries"] += len(ids)
+            self._counts["handoff_bursts"] += bool(ids)
+        if ids:
+            self._hand_off_ids(ids)
+        with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
+            for item in released:
+                self._pending.discard(*item)
+
+    # ------------------------------------------------------------------ resets
+
+    def reset(self) -> DueKeys:
+        """Forget every pending nack (before ``seek`` or redelivering everything); return them."""
+        with self._lock:
+            dropped = self.tracker.drain()
+            self._pending.clear()
+            self._bare.clear()
+            if self._copies is not None:
+                self._copies.clear()
+            self._nacks.clear()
+        return dropped
+
+    def close(self, redeliver_pending: bool) -> None:
+        """Stop the tracker: hand every pending nack off now, or leave it unacked."""
+        self.tracker.close(flush=redeliver_pending)
+        with self._lock:
+            self._pending.clear()
+            self._bare.clear()
+
+    # ------------------------------------------------------------------ counters
+
+    def counts(self) -> dict[str, int]:
+        """Counters: received, swallowed, delivered, acked, nacked, handoffs, pending batch messages."""
+        with self._lock:
+            counts = dict(self._counts)
+            pending = len(self._pending)
+        received = _counter_value(self.received)
+        return {
+            "received": received,
+            "delivered": received - counts["swallowed"],
+            "acked": _counter_value(self.acked),
+            "nacked": _counter_value(self._nacked),
+            **counts,
+            "pending_guarded": pending,
+        }
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        with self._lock:
+            self._pending._check()
+            # Every bare id waiting for its handoff is a pending key.
+            assert len(self._bare) <= len(self.tracker) or not self._bare
