@@ -51,6 +51,7 @@ RESULTS = REPO / "bench" / "results"
 _PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "tqdm", "numpy")
 _CORE_MODULES = (
     "buckets.py",
+    "_pages.py",
     "_accel.py",
     "_speedups.c",
     "tracker.py",

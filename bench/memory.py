@@ -38,6 +38,16 @@ Keys share one topic ``str`` per topic and one ledger-id ``int`` per ledger (a r
 consumer creates both anew for every message; sharing them flatters the baseline, not
 the tracker). Entry ids and deadlines are new ints per message, as in real use.
 
+**Limit.** Each case also reports the information-theoretic lower bound of what any
+structure must hold for it, computed from the pattern: per bucket window of
+``W = x * 2**y`` stream messages (the messages whose deadlines share one bucket), the
+entry selection, ``log2 C(W, k)`` bits for ``k`` nacked messages among ``W`` (0 when every
+message is nacked; ``W * H(p)`` for a random fraction ``p``; ``log2 C(10, 3)`` per batch
+entry; ``log2 6`` per message for the backoff's random redelivery count), plus one bit
+per bucket window for its deadline (whether that bucket exists). Topics, ledgers and
+the first id of each run follow from the pattern and cost nothing. ``ours / limit``
+shows how far the tracker's RSS is from that bound.
+
 Run ``python -m bench.memory`` (10M nacks; committed as ``bench/results/memory.json``)
 or ``--quick`` (1M nacks, fewer cases; ``memory-quick.json``).
 """
@@ -113,13 +123,13 @@ def _cases() -> dict[str, Case]:
                 )
             )
     cases += [
-        Case("rand10-x8-y10", "random", 8, 10, 0.10, "random 10% of entries", None, 3.0, 1 / 20),
-        Case("rand1-x8-y10", "random", 8, 10, 0.01, "random 1% of entries", None, 6.0, 1 / 20),
-        Case("rand10-x1-y8", "random", 1, 8, 0.10, "random 10% of entries", None, 10.0, 1 / 20),
+        Case("rand10-x8-y10", "random", 8, 10, 0.10, "random 10% of entries", None, 1.2, 1 / 20),
+        Case("rand1-x8-y10", "random", 8, 10, 0.01, "random 1% of entries", None, 2.0, 1 / 20),
+        Case("rand10-x1-y8", "random", 1, 8, 0.10, "random 10% of entries", None, 4.0, 1 / 20),
         Case("batch-x8-y10", "batch", 8, 10, 0.3, "10 msg/entry, 3 random indexes nacked", None, None, 1 / 20),
         Case("topics8-x8-y10", "topics", 8, 10, 1.0, "8 topics round-robin, own ledgers", None, None, 1 / 20),
         Case("backoff-x8-y10", "backoff", 8, 10, 1.0, "backoff 1s..60s x2, count 0..5", None, None, 1 / 20),
-        Case("y0-x1", "consec", 1, 0, 1.0, "precision 0, one nack per ms", None, None, 1.0),
+        Case("y0-x1", "consec", 1, 0, 1.0, "precision 0, one nack per ms", None, 48.0, 1 / 4),
     ]
     return {c.name: c for c in cases}
 
@@ -224,6 +234,32 @@ def generator(case: Case, n: int) -> Iterator[tuple[tuple[str, int, int, int], i
     raise ValueError(case.pattern)
 
 
+# ---------------------------------------------------------------------- limit
+
+
+def _log2_binomial(n: int, k: int) -> float:
+    """log2 C(n, k), through lgamma (exact enough for bounds)."""
+    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+
+
+def limit_bytes_per_msg(case: Case) -> float:
+    """Information-theoretic lower bound, bytes per nacked message (see the module docstring)."""
+    window = case.x * 2**case.y  # stream messages whose deadlines share one bucket
+    if case.pattern in ("consec", "topics"):
+        bits_per_window, nacked = 0.0, window
+    elif case.pattern == "random":
+        nacked = max(1, round(window * case.fraction))
+        bits_per_window = _log2_binomial(window, nacked)
+    elif case.pattern == "batch":  # 10 messages per entry, 3 of them nacked
+        entries = window / 10
+        bits_per_window, nacked = entries * _log2_binomial(10, 3), round(entries * 3)
+    elif case.pattern == "backoff":  # every message nacked, its bucket chosen by a count 0..5
+        bits_per_window, nacked = window * math.log2(6), window
+    else:
+        raise ValueError(case.pattern)
+    return (bits_per_window + 1) / nacked / 8
+
+
 # ---------------------------------------------------------------------- worker
 
 _PROGRESS_MASK = (1 << 18) - 1
@@ -274,18 +310,18 @@ def _tracker_breakdown(tracker: Any) -> dict[str, Any]:
         sys.getsizeof(sub) for sub in sorted_list._lists
     )
     map_bytes += sys.getsizeof(sorted_list._maxes) + sum(sys.getsizeof(idx) for idx in [sorted_list._index])
-    sealed_int = sealed_bytes_n = 0
-    sealed_int_bytes = sealed_bytes_bytes = 0
+    from pulsar_nack import _pages
+
+    pages = sealed_buckets = 0
+    page_bytes = 0
     open_bytes = 0
     open_bitmaps = 0
     for deadline in keys:
         bucket = buckets[deadline]
-        if type(bucket) is int:
-            sealed_int += 1
-            sealed_int_bytes += sys.getsizeof(bucket)
-        elif type(bucket) is bytes:
-            sealed_bytes_n += 1
-            sealed_bytes_bytes += sys.getsizeof(bucket)
+        if type(bucket) is bytes:
+            pages += 1
+            sealed_buckets += len(_pages.records(deadline, bucket))
+            page_bytes += sys.getsizeof(bucket)
         else:
             open_bytes += sys.getsizeof(bucket)
             for bitmap in bucket.values():
@@ -298,15 +334,14 @@ def _tracker_breakdown(tracker: Any) -> dict[str, Any]:
         "buckets": len(keys),
         "open_buckets": len(tb._open),
         "open_bitmaps": open_bitmaps,
-        "sealed_int_buckets": sealed_int,
-        "sealed_bytes_buckets": sealed_bytes_n,
+        "pages": pages,
+        "sealed_buckets": sealed_buckets,
         "streams": streams,
         "bytes_sorted_map": map_bytes,  # dict table + SortedList lists (no keys)
         "bytes_bucket_keys": key_bytes,  # the deadline int objects
-        "bytes_sealed_int": sealed_int_bytes,
-        "bytes_sealed_bytes": sealed_bytes_bytes,
+        "bytes_pages": page_bytes,
         "bytes_open": open_bytes,
-        "mean_sealed_bytes_object": (sealed_bytes_bytes / sealed_bytes_n) if sealed_bytes_n else None,
+        "mean_page_bytes": (page_bytes / pages) if pages else None,
     }
 
 
@@ -440,7 +475,19 @@ def _verdicts(case: Case, tracker: dict[str, Any], baseline: dict[str, Any], n: 
                 "pass": rss <= baseline["rss_delta"] * frac,
             }
         )
+    out.append(
+        {
+            "case": case.name,
+            "target": f"add >= {ADD_OVER_BASELINE}x baseline",
+            "value": f"{tracker['add_rate'] / baseline['add_rate']:.2f}x",
+            "pass": tracker["add_rate"] >= ADD_OVER_BASELINE * baseline["add_rate"],
+        }
+    )
     return out
+
+
+ADD_OVER_BASELINE = 1.5
+"""Target: the tracker's add rate over the baseline's, on every case (same run)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -493,11 +540,15 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         t, b = runs["tracker"], runs["baseline"]
+        limit = limit_bytes_per_msg(case)
         results.append(
             {
                 "case": asdict(case),
                 "tracker": t,
                 "baseline": b,
+                "limit_bytes_per_msg": limit,
+                "ratio_tracker_over_limit": t["rss_bytes_per_msg"] / limit,
+                "ratio_tracker_over_baseline_rss": t["rss_delta"] / b["rss_delta"],
                 "ratio_baseline_over_tracker_rss": b["rss_delta"] / t["rss_delta"] if t["rss_delta"] > 0 else None,
                 "ratio_baseline_over_tracker_estimate": b["estimate_bytes"] / t["estimate_bytes"],
                 "verdicts": _verdicts(case, t, b, n),
@@ -507,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = [
         "case", "x", "y", "buckets",
         "trk RSS B/msg", "trk est B/msg", "trk total", "base RSS B/msg", "base est B/msg",
-        "base/trk", "trk add/s", "base add/s", "trk pop/s", "base pop/s",
+        "base/trk", "limit B/msg", "trk/limit", "trk add/s", "base add/s", "trk pop/s", "base pop/s",
     ]
     rows = []
     for r in results:
@@ -519,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{t['rss_bytes_per_msg']:.3f}", f"{t['estimate_bytes_per_msg']:.3f}", fmt_bytes(t["rss_delta"]),
                 f"{b['rss_bytes_per_msg']:.1f}", f"{b['estimate_bytes_per_msg']:.1f}",
                 "-" if ratio is None else f"{ratio:.0f}x",
+                f"{r['limit_bytes_per_msg']:.3g}", f"{r['ratio_tracker_over_limit']:,.1f}x",
                 fmt_rate(t["add_rate"]), fmt_rate(b["add_rate"]), fmt_rate(t["pop_rate"]), fmt_rate(b["pop_rate"]),
             ]
         )
@@ -526,16 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     table = print_table(headers, rows, title=f"Memory of {n:,} pending nacks (RSS delta after gc + malloc_trim)")
     print()
     detail_headers = [
-        "case", "open", "sealed int", "sealed bytes", "streams", "map+keys", "sealed", "open bytes", "sealed-all RSS B/msg",
+        "case", "open", "pages", "sealed buckets", "streams", "map+keys", "pages bytes", "open bytes", "sealed-all RSS B/msg",
     ]
     detail_rows = []
     for r in results:
         br = r["tracker"].get("breakdown", {})
         detail_rows.append(
             [
-                r["case"]["name"], br.get("open_buckets"), br.get("sealed_int_buckets"), br.get("sealed_bytes_buckets"),
+                r["case"]["name"], br.get("open_buckets"), br.get("pages"), br.get("sealed_buckets"),
                 br.get("streams"), fmt_bytes(br.get("bytes_sorted_map", 0) + br.get("bytes_bucket_keys", 0)),
-                fmt_bytes(br.get("bytes_sealed_int", 0) + br.get("bytes_sealed_bytes", 0)), fmt_bytes(br.get("bytes_open")),
+                fmt_bytes(br.get("bytes_pages", 0)), fmt_bytes(br.get("bytes_open")),
                 f"{r['tracker']['rss_sealed_bytes_per_msg']:.3f}",
             ]
         )

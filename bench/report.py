@@ -18,19 +18,25 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
-    "docs/benchmarks.md": ["goals", "memory", "core", "client", "e2e", "scaling", "meta", "consumer"],
+    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo"],
+    "docs/metrics.md": ["metrics-cost"],
+    "docs/asyncio.md": ["asyncio-lateness"],
 }
 
-# Space model constants (bytes), from CPython 3.11 and the roaring portable format.
-SLOT = 75  # per bucket in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
-BYTES_OBJ = 33  # header of a `bytes` object
-RECORD = 8  # our per-stream record header (sid, length)
+DEMO_RESULTS = ("demo-apache", "demo-lite")
+"""The demo's result files, written by one ``python -m bench.demo`` run."""
+
+# Space model constants (bytes), from CPython 3.11, the roaring portable format and
+# pulsar_nack/_pages.py.
+SLOT = 75  # per page in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
+BYTES_OBJ = 33  # header of a `bytes` object (one per page)
+PAGE_BYTES = 4096  # a page grows up to this
+STREAM_HEADER = 2  # uvarint(sid << 2 | codec) + uvarint(payload length), small sids and payloads
 ROARING_HEADER = 8  # cookie + container count
 CONTAINER = 4  # per container: key + cardinality
 RUN = 4  # per run (start, length), plus 2 bytes run count per container
-PACKED_INT = 36  # a single-message bucket: sid << 64 | value
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -150,21 +156,33 @@ def goals_table() -> str:
 def memory_table() -> str:
     memory = _load("memory")
     lines = [
-        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | baseline / ours | add/s ours | add/s baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | limit B/msg | ours / limit | ours / baseline | add/s ours | add/s baseline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in memory["cases"]:
         t, b = c["tracker"], c["baseline"]
         lines.append(
             f"| `{c['case']['name']}` | {c['case']['description']} | {t['buckets']:,} | {_b(t['rss_bytes_per_msg'])} | "
             f"{_b(t['estimate_bytes_per_msg'])} | {t['rss_delta'] / 2**20:.2f} MiB | {b['rss_bytes_per_msg']:.0f} | "
-            f"{c['ratio_baseline_over_tracker_rss']:,.0f}× | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
+            f"{c['limit_bytes_per_msg']:.3g} | {c['ratio_tracker_over_limit']:,.1f}× | "
+            f"1/{c['ratio_baseline_over_tracker_rss']:,.0f} | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
         )
     lines.append("")
     lines.append("| target | value | result |")
     lines.append("|---|---|---|")
     for v in memory["verdicts"]:
         lines.append(f"| `{v['case']}` {v['target']} | {v['value']} | {'pass' if v['pass'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def profile_table() -> str:
+    """The py-spy summary of ``add`` on the cases where it misses its target."""
+    profile = _load("profile_add")
+    lines = ["| case | function (inside `add`) | inclusive | self |", "|---|---|---:|---:|"]
+    for name, case in profile["cases"].items():
+        for row in case["functions"][:10]:
+            function = re.sub(r" \(.*\)$", "", row["function"])
+            lines.append(f"| `{name}` | `{function}` | {row['inclusive']:.0%} | {row['self']:.0%} |")
     return "\n".join(lines)
 
 
@@ -230,7 +248,7 @@ def scaling_table() -> str:
 
 def meta_table() -> str:
     lines = ["| result file | commit | when (UTC) | machine | Python | pulsar-client | pyroaring |", "|---|---|---|---|---|---|---|"]
-    for name in ("memory", "core_perf", "client", "e2e", "scaling", "demo"):
+    for name in ("memory", "core_perf", "client", "e2e", "scaling", *DEMO_RESULTS):
         meta = _load(name)["meta"]
         git, machine, packages = meta["git"], meta["machine"], meta["packages"]
         commit = (git["commit"] or "?")[:10] + (" + uncommitted changes" if git.get("dirty") else "")
@@ -242,21 +260,36 @@ def meta_table() -> str:
     return "\n".join(lines)
 
 
+def _uvarint_len(value: float) -> int:
+    return max(1, -(-int(value).bit_length() // 7))
+
+
+def _paged(body: float, y: int) -> float:
+    """Bytes per sealed bucket in a page: its record (deadline delta, length, body) plus its
+    share of the page's own cost (map slot and bytes header)."""
+    per_page = max(1, int(PAGE_BYTES // (body + 4)))
+    record = _uvarint_len(per_page * 2**y / 2) + _uvarint_len(body) + body
+    return record + (SLOT + BYTES_OBJ) / per_page
+
+
 def _model_bytes_per_msg(case: dict[str, Any], entries_per_ledger: int) -> float:
     """Predicted bytes per message of a sealed layout (see the table's notes)."""
     x, y, p, pattern = case["x"], case["y"], case["fraction"], case["pattern"]
     messages = x * 2**y  # messages per bucket
-    if pattern == "consec" and messages == 1:
-        return SLOT + PACKED_INT
     ledgers = 1 + messages / entries_per_ledger  # streams per bucket (ledger switches)
+    if pattern == "consec" and messages == 1:
+        # One GAPS value: the entry id as a uvarint, averaged over a ledger's ids.
+        value = sum(_uvarint_len(e) for e in range(0, entries_per_ledger, 97)) / len(range(0, entries_per_ledger, 97))
+        return _paged(1 + STREAM_HEADER + value, y)
     if pattern == "consec":
-        per_stream = RECORD + ROARING_HEADER + CONTAINER + 2 + RUN  # one run per ledger
-        return (SLOT + BYTES_OBJ + ledgers * per_stream) / messages
+        body = 1 + ledgers * (STREAM_HEADER + ROARING_HEADER + CONTAINER + 2 + RUN)  # one run per ledger
+        return _paged(body, y) / messages
     if pattern == "random":
         values = messages * p
-        containers = ledgers * max(1, min(values, messages / 65536 + 1))
-        per_bucket = SLOT + BYTES_OBJ + ledgers * (RECORD + ROARING_HEADER) + containers * (CONTAINER + 4)
-        return 2 + per_bucket / values  # array containers: 2 bytes per value
+        # GAPS: one byte per gap below 128, two below 16,384 (gaps are geometric with parameter p).
+        per_value = 1 + (1 - p) ** 127 + (1 - p) ** 16383
+        body = 1 + ledgers * (STREAM_HEADER + 3) + values * per_value
+        return _paged(body, y) / values
     raise ValueError(pattern)
 
 
@@ -280,24 +313,66 @@ def space_table() -> str:
 
 
 def demo_table() -> str:
-    demo = _load("demo")
     lines = [
-        "| run | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
+        "| broker (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
         "| retry lateness p50 / p99 / max | peak pending nacks / tracker memory (one worker) "
         "| Spark start / consume / demo total | process wall time | messages/s | stderr lines |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
-    for run in demo["runs"]:
-        s = run["summary"]
-        late = s["redelivery_lateness_ms"]
-        lines.append(
-            f"| `pulsar-nack demo --messages {run['size']} --json` | {s['produced']:,} | {s['lost']} | "
-            f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | {s['duplicates']:,} | "
-            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
-            f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
-            f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
-            f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
-        )
+    for name in DEMO_RESULTS:
+        for run in _load(name)["runs"]:
+            s = run["summary"]
+            late = s["redelivery_lateness_ms"]
+            lines.append(
+                f"| {run['broker']} (`bench/results/{name}.json`) | {s['produced']:,} | {s['lost']} | "
+                f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
+                f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | "
+                f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
+                f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
+                f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
+                f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
+            )
+    return "\n".join(lines)
+
+
+def metrics_cost_table() -> str:
+    """``add`` with and without ``instrument()`` (bench/metrics.py)."""
+    result = _load("metrics")
+    add = result["add"]
+    meta = result["meta"]
+    lines = [
+        "| `add`, 1M keys, tracker with timer | min | median | max | median vs off |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("off", "on", "on+collecting"):
+        ns = add[name]["ns_per_add"]
+        ratio = ns["median"] / add["off"]["ns_per_add"]["median"]
+        lines.append(f"| {name} | {ns['min']:.1f} ns | {ns['median']:.1f} ns | {ns['max']:.1f} ns | {ratio:.3f}× |")
+    lines.append("")
+    lines.append(
+        f"{add['repetitions']} repetitions after {add['warmup']} warmup, systems in alternating order; "
+        f"{meta['machine']['cpu_model']}, {meta['machine']['cores']} cores, Python {meta['python']['version']}."
+    )
+    return "\n".join(lines)
+
+
+def asyncio_lateness_table() -> str:
+    """Steady-stream lateness, asyncio vs blocking vs built-in (bench/asyncio_stream.py)."""
+    result = _load("asyncio")
+    lines = [
+        "| system | redelivered | p50 | p99 | max | min |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for case in result["cases"]:
+        late = case["lateness_ms"]
+        cells = [f"{late[k]:,.0f} ms" for k in ("p50", "p99", "max", "min")] if late["n"] else ["-"] * 4
+        lines.append(f"| {case['system']} | {case['redelivered']:,}/{case['messages']:,} | " + " | ".join(cells) + " |")
+    case = result["cases"][0]
+    lines.append("")
+    lines.append(
+        f"{result['broker']}; {case['messages']:,} messages, one nack every {case['nack_interval_ms']:g} ms for "
+        f"{case['stream_s']:g} s, {case['delay_ms']:,} ms delay, 8 precision bits (up to 255 ms early by design)."
+    )
     return "\n".join(lines)
 
 
@@ -364,11 +439,14 @@ def consumer_summary() -> str:
 
 
 BLOCKS = {
+    "asyncio-lateness": asyncio_lateness_table,
+    "metrics-cost": metrics_cost_table,
     "demo": demo_table,
     "space": space_table,
     "results-table": results_table,
     "goals": goals_table,
     "memory": memory_table,
+    "profile": profile_table,
     "core": core_table,
     "client": client_table,
     "e2e": e2e_table,

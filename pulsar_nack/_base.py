@@ -34,7 +34,7 @@ from .errors import TrackerClosedError
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
-__all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "TrackerStats"]
+__all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "ReleaseListener", "TrackerStats"]
 
 NEVER = 1 << 127
 """A time later than any deadline."""
@@ -44,6 +44,8 @@ _log = logging.getLogger("pulsar_nack.tracker")
 DueKeys = dict[str, list[MessageKey]]
 """Due keys grouped by topic, each list in deadline order."""
 Redeliver = Callable[[DueKeys], None]
+ReleaseListener = Callable[[int, int], None]
+"""``listener(released_messages, lateness_ms)``, called after each timer release."""
 
 
 class TrackerStats(TypedDict):
@@ -57,6 +59,8 @@ class TrackerStats(TypedDict):
     redeliver_errors: int
     timer_wakeups: int
     last_lateness_ms: int | None
+    drained: int
+    """Keys removed without release: by :meth:`BaseTracker.drain`, or returned by ``close()``."""
 
 
 class BaseTracker(ABC):
@@ -77,6 +81,8 @@ class BaseTracker(ABC):
     _closed: bool
     _redeliveries: int
     _redeliver_errors: int
+    _drained: int
+    _release_listeners: tuple[ReleaseListener, ...]
     _armed: int
     """The earliest wake-up the timer was asked for (``NEVER`` when none)."""
     _put: Callable[[MessageKey, int], int]
@@ -116,6 +122,8 @@ class BaseTracker(ABC):
         self._closed = False
         self._redeliveries = 0
         self._redeliver_errors = 0
+        self._drained = 0
+        self._release_listeners = ()
         self._armed = NEVER
 
     # ------------------------------------------------------------------ storage
@@ -233,9 +241,15 @@ class BaseTracker(ABC):
         raise TrackerClosedError("the tracker is closed")
 
     def drain(self) -> DueKeys:
-        """Remove and return every pending key without releasing it. O(n)."""
+        """Remove and return every pending key without releasing it. O(n).
+
+        After :meth:`close`, this returns the keys of a ``redeliver`` call that failed
+        after ``close()`` stopped waiting for it (see the module docstring).
+        """
         with self._lock:
-            return self._drain()
+            due = self._drain()
+            self._drained += sum(map(len, due.values()))
+            return due
 
     def _release(self, due: DueKeys) -> None:
         """Hand due keys to ``redeliver`` (timer thread, no lock held); never lose them.
@@ -262,6 +276,38 @@ class BaseTracker(ABC):
                 elif wake_by < self._armed:
                     self._armed = wake_by
                     self._arm(wake_by)
+        else:
+            if self._release_listeners:
+                self._notify_release(sum(map(len, due.values())))
+
+    # ------------------------------------------------------------------ observers
+
+    def add_release_listener(self, listener: ReleaseListener) -> None:
+        """Call ``listener(released_messages, lateness_ms)`` after each timer release.
+
+        For observers such as :func:`pulsar_nack.metrics.instrument`: it runs on the
+        timer thread, after ``redeliver`` returned, with no lock held; an exception is
+        logged and ignored. ``lateness_ms`` is how late the timer woke for the earliest
+        bucket it released (the tracker's ``last_lateness_ms``). Nothing is added to
+        :meth:`add`. O(listeners).
+        """
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, not {type(listener).__name__}")
+        with self._lock:
+            self._release_listeners = (*self._release_listeners, listener)
+
+    def remove_release_listener(self, listener: ReleaseListener) -> None:
+        """Stop calling *listener* (no error if it was not added). O(listeners)."""
+        with self._lock:
+            self._release_listeners = tuple(f for f in self._release_listeners if f != listener)
+
+    def _notify_release(self, released: int) -> None:
+        lateness = self._timer_stats()[1]
+        for listener in self._release_listeners:
+            try:
+                listener(released, 0 if lateness is None else lateness)
+            except Exception:
+                _log.exception("release listener failed")
 
     def _restore(self, due: DueKeys, deadline_ms: int) -> int:
         """Track released keys again at *deadline_ms*, even once closed (lock held). O(k).
@@ -299,6 +345,8 @@ class BaseTracker(ABC):
             with self._lock:
                 pending = _merge(self._drain(), pending)
         if not (flush and self._redeliver is not None and pending):
+            with self._lock:
+                self._drained += sum(map(len, pending.values()))
             return pending
         count = sum(map(len, pending.values()))
         with self._lock:
@@ -309,6 +357,7 @@ class BaseTracker(ABC):
             _log.exception("redeliver callback failed while closing; returning the keys")
             with self._lock:
                 self._redeliveries -= count
+                self._drained += count
             return pending
         except BaseException:
             with self._lock:
@@ -334,6 +383,7 @@ class BaseTracker(ABC):
                 redeliver_errors=self._redeliver_errors,
                 timer_wakeups=wakeups,
                 last_lateness_ms=lateness,
+                drained=self._drained,
             )
 
     def __enter__(self) -> BaseTracker:

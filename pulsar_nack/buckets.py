@@ -4,9 +4,9 @@ The structure maps a *trimmed* deadline to the messages due at that time::
 
     SortedDict  deadline_ms (low `precision_bits` bits cleared)
       │
-      ├── 1_700_000_000_000 ─► open bucket:   {sid: BitMap, sid: BitMap64, ...}
-      ├── 1_700_000_000_256 ─► sealed bucket: bytes  [sid|len|roaring][sid|len|roaring]...
-      └── 1_700_000_000_512 ─► single entry:  int    sid << 64 | value
+      ├── 1_700_000_000_000 ─► open bucket: {sid: BitMap, sid: BitMap64, ...}
+      ├── 1_700_000_000_256 ─► page: bytes  [bucket 256][bucket 512][bucket 768]...
+      └── 1_700_000_001_024 ─► open bucket: {sid: BitMap}
 
 A *stream* is one ``(topic, ledger_id, kind)`` and gets a small integer id (``sid``)
 shared by every bucket, so a bucket stores each topic and ledger once, not once per
@@ -25,11 +25,14 @@ Values below ``2**32`` use :class:`pyroaring.BitMap`; a stream upgrades itself t
 Only a few buckets receive adds at any time (deadlines grow with the clock).  At most
 ``max_open_buckets`` buckets are kept *open* (mutable bitmaps, least recently written
 first out; when a new bucket opens, the previous one's runs are compressed in place);
-every other bucket is *sealed*: its bitmaps are run-length optimised and
-serialized into one ``bytes`` object, or, when the bucket holds a single message,
-packed into one ``int``.  Sealed buckets carry none of the fixed cost of a dict and
-bitmap objects, so a bucket with one message costs less than a hash-map entry, and
-consecutive entry ids cost a few bytes per *run*.  An add to a sealed bucket unseals it.
+every other bucket is *sealed* into a *page* (:mod:`pulsar_nack._pages`): one ``bytes``
+object holding consecutive sealed buckets, each stream as Roaring runs or as one-byte
+gaps, whichever is smaller.  A page is keyed by its first bucket's deadline and holds
+only buckets before the next key, so the map stays sorted by deadline; a bucket sealed
+right after a page joins it while it has room.  Sealed buckets carry none of the fixed
+cost of a dict, an int key and bitmap objects: a bucket with one message costs a few
+bytes, consecutive entry ids a few bytes per *run*, a sparse selection about one byte
+per message.  An add to a sealed bucket unseals it (and splits its page).
 
 This module has no threads and no locks; :class:`~pulsar_nack.tracker.NegativeAcksTracker`
 adds both.
@@ -38,16 +41,15 @@ adds both.
 from __future__ import annotations
 
 import enum
-import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from typing import Union
 
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
-from . import _accel
+from . import _accel, _pages
 from ._validate import check_bool, check_int
 from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
@@ -61,9 +63,6 @@ _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _BATCHED_ENTRY_LIMIT = 1 << (63 - _BATCH_BITS)  # packed values stay below 2**63
 _U32 = 1 << 32
-_PLAIN = -1  # batch_index of a non-batched message
-_U64_MASK = (1 << 64) - 1
-_RECORD = struct.Struct("<II")  # (sid << 1 | is_64_bit, length of the roaring bytes)
 
 
 class _Kind(enum.IntEnum):
@@ -77,7 +76,8 @@ class _Kind(enum.IntEnum):
 _Stream = tuple[str, int, _Kind, int]  # (topic, ledger_id, kind, entry_id if WIDE else -1)
 _Bitmap = Union[BitMap, BitMap64]  # noqa: UP007 (a runtime alias: X | Y needs 3.10 types)
 _OpenBucket = dict[int, _Bitmap]
-_Bucket = Union[_OpenBucket, bytes, int]  # noqa: UP007
+_Bucket = Union[_OpenBucket, bytes]  # noqa: UP007
+_Values = Union[_Bitmap, list[int]]  # noqa: UP007 (a bitmap, or ascending values from a page)
 
 
 def _encode(key: MessageKey) -> tuple[_Stream, int]:
@@ -90,7 +90,7 @@ def _encode(key: MessageKey) -> tuple[_Stream, int]:
     return (topic, ledger_id, _Kind.WIDE, entry_id), batch_index
 
 
-def _decode(stream: _Stream, values: Iterator[int] | _Bitmap) -> Iterator[MessageKey]:
+def _decode(stream: _Stream, values: Iterator[int] | _Values) -> Iterator[MessageKey]:
     """Inverse of :func:`_encode` for every value of one stream (ascending)."""
     topic, ledger_id, kind, wide_entry = stream
     if kind is _Kind.PLAIN:
@@ -100,7 +100,7 @@ def _decode(stream: _Stream, values: Iterator[int] | _Bitmap) -> Iterator[Messag
     return zip(repeat(topic), repeat(ledger_id), repeat(wide_entry), values)
 
 
-def _count_entries(kind: _Kind, bitmap: _Bitmap) -> int:
+def _count_entries(kind: _Kind, bitmap: _Values) -> int:
     """Distinct entries in one stream's bitmap. O(n) for BATCHED, O(1) otherwise."""
     if kind is _Kind.PLAIN:
         return len(bitmap)
@@ -155,10 +155,11 @@ class TimeBuckets:
     _messages: int
     _entries: int
     _sealed_bytes: int
-    # The bitmap the previous plain add went to: the hot path of add() skips every
-    # lookup, and its adds are counted as the bitmap's growth when the slot is cleared.
+    _sealed_max: int  # no page holds a bucket later than this (an upper bound)
+    _sealed_count: int  # buckets in pages
+    # The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
+    # adds are counted as the bitmaps' growth when a slot goes (_settle).
     _hot: _accel.PyHotSlot
-    _last_slow: _Bitmap | None  # the bitmap the previous slow add wrote (a hint only)
 
     def __init__(
         self,
@@ -181,8 +182,10 @@ class TimeBuckets:
         self._messages = 0
         self._entries = 0
         self._sealed_bytes = 0
+        self._sealed_max = -1
+        self._sealed_count = 0
         self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
-        self._last_slow = None
+        self._hot_add = self._hot.add
 
     # ------------------------------------------------------------------ queries
 
@@ -193,12 +196,12 @@ class TimeBuckets:
     @property
     def entries(self) -> int:
         """Pending entries (a batch counts once per bucket it appears in). O(1)."""
-        return self._entries + self._hot.growth()
+        return self._entries + self._hot.entry_growth()
 
     @property
     def bucket_count(self) -> int:
-        """Number of buckets. O(1)."""
-        return len(self._buckets)
+        """Number of buckets, open or sealed (in pages). O(1)."""
+        return len(self._open) + self._sealed_count
 
     def bucket_of(self, deadline_ms: int) -> int:
         """The bucket a deadline falls into (floored, or rounded up if ``round_up``).
@@ -219,10 +222,9 @@ class TimeBuckets:
 
         Meant for tests and debugging: O(n) and it decodes sealed buckets.
         """
-        for deadline, bucket in self._buckets.items():
-            for stream, bitmap in self._bitmaps(bucket):
-                for key in _decode(stream, bitmap):
-                    yield deadline, key
+        for deadline, stream, values in self._contents():
+            for key in _decode(stream, values):
+                yield deadline, key
 
     # ------------------------------------------------------------------ updates
 
@@ -260,20 +262,8 @@ class TimeBuckets:
             bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
         else:
             bucket_deadline = deadline_ms & ~self._low_mask
-        # Hot path. `batch_index is _PLAIN` holds only for the int -1 (a cached small int in
-        # CPython; anything else takes the checked path). The ledger and topic equal those
-        # of an already validated key; the entry id is checked here.
-        hot = self._hot
-        if (
-            batch_index is _PLAIN
-            and bucket_deadline == hot.deadline
-            and type(ledger_id) is int
-            and ledger_id == hot.ledger
-            and topic == hot.topic
-            and type(entry_id) is int
-            and 0 <= entry_id < _U32
-        ):
-            hot.bitmap.add(entry_id)  # type: ignore[union-attr]  # (set: the deadline matched)
+        # Hot path: a bitmap a recent add went to takes the key (it checks the key itself).
+        if self._hot_add(key, bucket_deadline):
             return bucket_deadline
         if (
             type(topic) is not str
@@ -287,9 +277,7 @@ class TimeBuckets:
         return bucket_deadline
 
     def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
-        """Add a validated key through the full lookup: bucket, stream, bitmap."""
-        if self._hot.bitmap is not None:
-            self._forget_hot()  # count what went through the slot before touching any bitmap
+        """Add a validated key through the full lookup: bucket, stream, bitmap; make the bitmap hot."""
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -300,9 +288,11 @@ class TimeBuckets:
             bitmap = BitMap() if value < _U32 else BitMap64()
             bucket[sid] = bitmap
             self._stream_refs[sid] += 1
-        elif value >= _U32 and type(bitmap) is BitMap:
-            bitmap = BitMap64(bitmap)
-            bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
+        else:
+            self._settle(self._hot.forget_bitmap(bitmap))  # count its hot adds before this one
+            if value >= _U32 and type(bitmap) is BitMap:
+                bitmap = BitMap64(bitmap)
+                bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
         kind = stream[2]
         new_entry = (
             kind is _Kind.PLAIN
@@ -315,144 +305,189 @@ class TimeBuckets:
         try:
             bitmap.add_checked(value)
         except KeyError:
-            return
-        self._messages += 1
-        self._entries += new_entry
-        # The second slow add in a row to one bitmap makes it hot: interleaved streams
-        # (several topics) then skip the slot's upkeep, runs of one stream do not.
-        if bitmap is self._last_slow and kind is _Kind.PLAIN and type(bitmap) is BitMap:
-            self._hot.set(bucket_deadline, key[0], key[1], bitmap)
-        self._last_slow = bitmap
+            pass
+        else:
+            self._messages += 1
+            self._entries += new_entry
+        if kind is not _Kind.WIDE and type(bitmap) is BitMap:
+            self._settle(self._hot.set(bucket_deadline, key[0], key[1], kind, bitmap))
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.
 
         Keys are grouped by topic; within a topic they are in deadline order.
 
-        Runtime complexity: O(d + k log b) for d due keys in k due buckets among b.
+        Runtime complexity: O(d + k log b) for d due keys in k due buckets among b,
+        plus O(page bytes) for a page that is only partly due.
         """
         due: dict[str, list[MessageKey]] = {}
         buckets = self._buckets
         while buckets:
-            deadline = buckets.keys()[0]
+            deadline, bucket = buckets.peekitem(0)
             if deadline > now_ms:
                 break
-            if deadline == self._hot.deadline:
-                self._forget_hot()
-            bucket = buckets.pop(deadline)
-            for stream, bitmap in self._bitmaps(bucket):
-                self._messages -= len(bitmap)
-                self._entries -= _count_entries(stream[2], bitmap)
-                keys = due.get(stream[0])
-                if keys is None:
-                    keys = due[stream[0]] = []
-                keys.extend(_decode(stream, bitmap))
-            self._drop_bucket(deadline, bucket)
+            del buckets[deadline]
+            if type(bucket) is dict:
+                del self._open[deadline]
+                self._settle(self._hot.forget(deadline))
+                self._release(bucket.items(), due)
+                continue
+            self._sealed_bytes -= sys.getsizeof(bucket)
+            for record_deadline, offset, start, end in _pages.iter_records(deadline, bucket):
+                if record_deadline > now_ms:  # the rest of the page stays, as a page of its own
+                    self._put_page(record_deadline, _pages.tail(bucket, deadline, record_deadline, offset))
+                    break
+                self._release(self._body_values(bucket, start, end), due)
+                self._sealed_count -= 1
         return due
+
+    def _release(self, pairs: Iterable[tuple[int, _Values]], due: dict[str, list[MessageKey]]) -> None:
+        """Move one removed bucket's ``(sid, values)`` into *due*; update counters and stream refs."""
+        streams = self._streams
+        for sid, values in pairs:
+            stream: _Stream = streams[sid]  # type: ignore[assignment]
+            self._messages -= len(values)
+            self._entries -= _count_entries(stream[2], values)
+            keys = due.get(stream[0])
+            if keys is None:
+                keys = due[stream[0]] = []
+            keys.extend(_decode(stream, values))
+            self._unref(sid)
 
     def clear(self) -> dict[str, list[MessageKey]]:
         """Remove and return every key, as :meth:`pop_due` at the end of time. O(n)."""
-        last = self._buckets.keys()[-1] if self._buckets else 0
+        if not self._buckets:
+            return {}
+        last, bucket = self._buckets.peekitem(-1)
+        if type(bucket) is bytes:
+            last = _pages.records(last, bucket)[-1][0]
         return self.pop_due(last)
 
     # ------------------------------------------------------------------ buckets
 
     def _open_bucket(self, deadline: int) -> _OpenBucket:
         """The open form of the bucket at *deadline*, creating or unsealing it."""
-        bucket = self._buckets.get(deadline)
+        buckets = self._buckets
+        bucket = buckets.get(deadline)
         if type(bucket) is dict:
             # Mark as most recently written.
             del self._open[deadline]
             self._open[deadline] = None
             return bucket
-        if bucket is None:
-            opened: _OpenBucket = {}
-            if self._open:
-                # A new bucket usually means the clock moved on: the most recently written
-                # one is likely complete. Compress its runs now (O(its containers)); it
-                # stays open, but consecutive ids no longer hold 8 KB bitset containers.
-                for bitmap in self._buckets[next(reversed(self._open))].values():
-                    bitmap.run_optimize()
-                    bitmap.shrink_to_fit()
-        else:
-            self._sealed_bytes -= sys.getsizeof(bucket)
-            opened = {}
-            for stream, bitmap in self._bitmaps(bucket):
-                opened[self._stream_ids[stream]] = bitmap
-        self._buckets[deadline] = opened
+        body = None
+        if bucket is not None:
+            body = self._split_page(deadline, bucket, deadline)
+        elif deadline <= self._sealed_max:  # a page may hold this bucket or later ones: split it here
+            index = buckets.bisect_left(deadline)
+            if index:
+                key, before = buckets.peekitem(index - 1)
+                if type(before) is bytes:
+                    body = self._split_page(key, before, deadline)
+        opened: _OpenBucket = {}
+        if body is not None:
+            page, start, end = body
+            for sid, values in self._body_values(page, start, end):
+                if type(values) is list:
+                    values = (BitMap if values[-1] < _U32 else BitMap64)(values)
+                opened[sid] = values  # type: ignore[assignment]
+        elif self._open:
+            # A new bucket usually means the clock moved on: the most recently written
+            # one is likely complete. Compress its runs now (O(its containers)); it
+            # stays open, but consecutive ids no longer hold 8 KB bitset containers.
+            for bitmap in buckets[next(reversed(self._open))].values():
+                bitmap.run_optimize()
+                bitmap.shrink_to_fit()
+        buckets[deadline] = opened
         self._open[deadline] = None
         if len(self._open) > self.max_open_buckets:
             self._seal(next(iter(self._open)))
         return opened
 
+    def _split_page(self, key: int, page: bytes, deadline: int) -> tuple[bytes, int, int] | None:
+        """Cut the page at *key* around *deadline*; return the bucket at *deadline*, if any.
+
+        Records before *deadline* stay at *key*, records after it become a page keyed by
+        the first of them, and the record at *deadline* (returned as ``(page, body start,
+        body end)``) leaves the pages. A page entirely before *deadline* is left alone. O(page).
+        """
+        found = None
+        after = None
+        cut = len(page)
+        for record_deadline, offset, start, end in _pages.iter_records(key, page):
+            if record_deadline < deadline:
+                continue
+            cut = offset if cut == len(page) else cut
+            if record_deadline == deadline:
+                found = (page, start, end)
+                self._sealed_count -= 1
+            else:
+                after = (record_deadline, offset)
+                break
+        if cut == len(page):
+            return None
+        del self._buckets[key]
+        self._sealed_bytes -= sys.getsizeof(page)
+        if key < deadline:
+            self._put_page(key, page[:cut])
+        if after is not None:
+            self._put_page(after[0], _pages.tail(page, key, after[0], after[1]))
+        return found
+
+    def _put_page(self, key: int, page: bytes) -> None:
+        self._buckets[key] = page
+        self._sealed_bytes += len(page) + _BYTES_HEADER
+
     def _seal(self, deadline: int) -> None:
-        """Replace the open bucket at *deadline* by its compact form."""
-        bucket: _OpenBucket = self._buckets[deadline]
+        """Replace the open bucket at *deadline* by its compact form, in a page. O(bucket + page)."""
+        buckets = self._buckets
+        bucket: _OpenBucket = buckets[deadline]
         del self._open[deadline]
-        if deadline == self._hot.deadline:
-            self._forget_hot()
-        sealed: bytes | int
-        if len(bucket) == 1:
-            ((sid, bitmap),) = bucket.items()
-            if len(bitmap) == 1:
-                self._buckets[deadline] = sealed = sid << 64 | bitmap.min()
-                self._sealed_bytes += sys.getsizeof(sealed)
+        self._settle(self._hot.forget(deadline))
+        body = _pages.encode_body(bucket.items())
+        if deadline > self._sealed_max:
+            self._sealed_max = deadline
+        self._sealed_count += 1
+        index = buckets.index(deadline)
+        if index:
+            key, before = buckets.peekitem(index - 1)
+            if type(before) is bytes and len(before) + len(body) <= _pages.PAGE_BYTES:
+                # Join the page just before: it then covers this deadline too.
+                del buckets[deadline]
+                self._sealed_bytes -= len(before) + _BYTES_HEADER
+                self._put_page(key, _pages.append(before, key, deadline, body))
                 return
-        parts = []
-        for sid, bitmap in bucket.items():
-            bitmap.run_optimize()
-            data = bitmap.serialize()
-            parts.append(_RECORD.pack(sid << 1 | (type(bitmap) is BitMap64), len(data)))
-            parts.append(data)
-        self._buckets[deadline] = sealed = b"".join(parts)
-        self._sealed_bytes += sys.getsizeof(sealed)
+        del buckets[deadline]
+        self._put_page(deadline, _pages.build(deadline, [(deadline, body)]))
 
     def seal_all(self) -> None:
         """Seal every open bucket (e.g. before measuring memory). O(open buckets)."""
-        for deadline in list(self._open):
+        for deadline in sorted(self._open):
             self._seal(deadline)
 
-    def _bitmaps(self, bucket: _Bucket) -> Iterator[tuple[_Stream, _Bitmap]]:
-        """``(stream, bitmap)`` pairs of a bucket in any form; sealed ones are decoded."""
-        streams = self._streams
-        if type(bucket) is dict:
-            for sid, bitmap in bucket.items():
-                yield streams[sid], bitmap  # type: ignore[misc]
-        elif type(bucket) is int:
-            value = bucket & _U64_MASK
-            yield streams[bucket >> 64], (BitMap([value]) if value < _U32 else BitMap64([value]))  # type: ignore[misc]
-        else:
-            view = memoryview(bucket)  # type: ignore[arg-type]
-            offset = 0
-            while offset < len(view):
-                tagged_sid, length = _RECORD.unpack_from(view, offset)
-                offset += _RECORD.size
-                cls = BitMap64 if tagged_sid & 1 else BitMap
-                yield streams[tagged_sid >> 1], cls.deserialize(bytes(view[offset : offset + length]))
-                offset += length
+    def _body_values(self, page: bytes, start: int, end: int) -> Iterator[tuple[int, _Values]]:
+        """``(sid, values)`` of the sealed bucket whose body is ``page[start:end]``."""
+        for sid, codec, payload in _pages.body_streams(page, start, end):
+            yield sid, _pages.decode_values(codec, payload)
 
-    def _drop_bucket(self, deadline: int, bucket: _Bucket) -> None:
-        """Account for a bucket removed from ``_buckets``: open set, streams, bytes."""
-        if type(bucket) is dict:
-            del self._open[deadline]
-            sids = list(bucket)
-        else:
-            self._sealed_bytes -= sys.getsizeof(bucket)
-            if type(bucket) is int:
-                sids = [bucket >> 64]
-            else:
-                sids = []
-                offset = 0
-                while offset < len(bucket):  # type: ignore[arg-type]
-                    tagged_sid, length = _RECORD.unpack_from(bucket, offset)  # type: ignore[arg-type]
-                    sids.append(tagged_sid >> 1)
-                    offset += _RECORD.size + length
-        for sid in sids:
-            self._stream_refs[sid] -= 1
-            if not self._stream_refs[sid]:
-                del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]
-                self._streams[sid] = None
-                self._free_sids.append(sid)
+    def _contents(self) -> Iterator[tuple[int, _Stream, _Values]]:
+        """``(bucket deadline, stream, values)`` of every bucket, open or sealed, in order."""
+        streams = self._streams
+        for key, bucket in self._buckets.items():
+            if type(bucket) is dict:
+                for sid, bitmap in bucket.items():
+                    yield key, streams[sid], bitmap  # type: ignore[misc]
+                continue
+            for deadline, _, start, end in _pages.records(key, bucket):
+                for sid, values in self._body_values(bucket, start, end):
+                    yield deadline, streams[sid], values  # type: ignore[misc]
+
+    def _unref(self, sid: int) -> None:
+        """One bucket fewer holds stream *sid*; free the id when none does."""
+        self._stream_refs[sid] -= 1
+        if not self._stream_refs[sid]:
+            del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]
+            self._streams[sid] = None
+            self._free_sids.append(sid)
 
     def _new_sid(self, stream: _Stream) -> int:
         """Give *stream* an id, reusing a freed one when possible."""
@@ -467,10 +502,13 @@ class TimeBuckets:
         return sid
 
     def _forget_hot(self) -> None:
-        """Empty the hot slot, counting the adds that went through it. O(1)."""
-        grown = self._hot.clear()
-        self._messages += grown
-        self._entries += grown
+        """Empty every hot slot, counting the adds that went through them. O(slots)."""
+        self._settle(self._hot.clear())
+
+    def _settle(self, grown: tuple[int, int]) -> None:
+        """Count the ``(messages, entries)`` added through hot slots that were removed. O(1)."""
+        self._messages += grown[0]
+        self._entries += grown[1]
 
     # ------------------------------------------------------------------ memory
 
@@ -515,29 +553,44 @@ class TimeBuckets:
         # Exactly the open buckets are dicts, and there are not too many of them.
         assert set(self._open) == {k for k in keys if type(self._buckets[k]) is dict}
         assert len(self._open) <= self.max_open_buckets
+        sealed = sum(sys.getsizeof(b) for b in self._buckets.values() if type(b) is bytes)
+        records = sum(len(_pages.records(k, b)) for k, b in self._buckets.items() if type(b) is bytes)
+        assert records == self._sealed_count == self.bucket_count - len(self._open)
         refs = [0] * len(self._streams)
-        messages = entries = sealed = 0
-        for deadline in keys:
-            bucket = self._buckets[deadline]
-            assert type(bucket) in (dict, bytes, int)
-            if type(bucket) is not dict:
-                sealed += sys.getsizeof(bucket)
-            pairs = list(self._bitmaps(bucket))
-            # No empty bucket and no empty bitmap.
-            assert pairs and all(len(bitmap) for _, bitmap in pairs)
-            sids = [self._stream_ids[stream] for stream, _ in pairs]
-            # A stream appears once per bucket.
-            assert len(sids) == len(set(sids))
-            for (stream, bitmap), sid in zip(pairs, sids):
-                refs[sid] += 1
-                messages += len(bitmap)
-                entries += _count_entries(stream[2], bitmap)
-                # A 32-bit bitmap is used whenever it can be (open buckets upgrade lazily).
-                if type(bucket) is not dict and type(bitmap) is BitMap64:
-                    assert bitmap.max() >= _U32 or len(bitmap) == 1
-                for key in _decode(stream, bitmap):
-                    # Every stored value decodes to a valid key of its own stream.
-                    assert validate_key(key) == key and _encode(key)[0] == stream
+        messages = entries = 0
+        for index, key in enumerate(keys):
+            bucket = self._buckets[key]
+            assert type(bucket) in (dict, bytes)
+            if type(bucket) is dict:
+                groups = [(key, list(bucket.items()))]
+            else:
+                # A page: records in deadline order, the first at its key, all before the next key.
+                limit = keys[index + 1] if index + 1 < len(keys) else None
+                groups = [(d, list(self._body_values(bucket, s, e))) for d, _, s, e in _pages.records(key, bucket)]
+                deadlines = [d for d, _ in groups]
+                assert deadlines[0] == key and deadlines == sorted(set(deadlines))
+                assert limit is None or deadlines[-1] < limit
+                assert deadlines[-1] <= self._sealed_max
+                assert all(d & self._low_mask == 0 for d in deadlines)
+            for _, pairs in groups:
+                # No empty bucket and no empty bitmap; a stream appears once per bucket.
+                assert pairs and all(len(values) for _, values in pairs)
+                sids = [sid for sid, _ in pairs]
+                assert len(sids) == len(set(sids))
+                for sid, values in pairs:
+                    stream = self._streams[sid]
+                    assert stream is not None
+                    refs[sid] += 1
+                    messages += len(values)
+                    entries += _count_entries(stream[2], values)
+                    # A sealed 64-bit bitmap is used only when it must be (open ones upgrade lazily).
+                    if type(bucket) is not dict and type(values) is BitMap64:
+                        assert values.max() >= _U32
+                    if type(values) is list:
+                        assert values == sorted(set(values)) and values[0] >= 0
+                    for message in _decode(stream, values):
+                        # Every stored value decodes to a valid key of its own stream.
+                        assert validate_key(message) == message and _encode(message)[0] == stream
         # Reference counts, free list and stream table agree.
         assert refs == self._stream_refs
         assert all(self._streams[s] is None and refs[s] == 0 for s in self._free_sids)
@@ -545,16 +598,16 @@ class TimeBuckets:
         assert all(refs[i] > 0 for i, s in enumerate(self._streams) if s is not None)
         # Counters match the content.
         assert (messages, entries, sealed) == (len(self), self.entries, self._sealed_bytes)
-        # The hot bitmap, if any, is the live 32-bit bitmap of a plain stream in an open bucket.
-        hot = self._hot
-        if hot.bitmap is not None:
-            assert hot.topic is not None
-            sid = self._stream_ids[(hot.topic, hot.ledger, _Kind.PLAIN, -1)]
-            assert self._buckets[hot.deadline][sid] is hot.bitmap and type(hot.bitmap) is BitMap
-            assert len(hot.bitmap) >= hot.base
-        else:
-            assert (hot.deadline, hot.topic, hot.ledger, hot.base) == (-1, None, -1, 0)
+        # Each hot bitmap is the live 32-bit bitmap of its plain or batched stream in an open bucket.
+        slots = self._hot.slots()
+        assert len({id(bitmap) for *_, bitmap, _ in slots}) == len(slots) <= 16
+        for deadline, topic, ledger, kind, bitmap, base in slots:
+            sid = self._stream_ids[(topic, ledger, _Kind(kind), -1)]
+            assert self._buckets[deadline][sid] is bitmap and type(bitmap) is BitMap
+            assert len(bitmap) >= base
 
 
+_BYTES_HEADER = sys.getsizeof(b"")
+"""``sys.getsizeof`` of a bytes object beyond its length."""
 _BITMAP_OVERHEAD = 96
 """Bytes per live bitmap besides its containers: the Python object and roaring header."""

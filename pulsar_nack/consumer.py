@@ -199,8 +199,8 @@ class NackingConsumer:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         if _core is None:
-            check_int("handoff_delay_ms", handoff_delay_ms, 0)
-            check_int("coalesce_ms", coalesce_ms, 0)
+            check_ms("handoff_delay_ms", handoff_delay_ms)
+            check_ms("coalesce_ms", coalesce_ms)
             _core = NackingCore(
                 self._hand_off,
                 topics,
@@ -227,7 +227,7 @@ class NackingConsumer:
     def wrap(
         cls,
         consumer: pulsar.Consumer,
-        topics: Iterable[str],
+        topics: str | list[str] | tuple[str, ...],
         *,
         handoff_delay_ms: int | None = None,
         **kwargs: Any,

@@ -17,11 +17,34 @@ from collections.abc import Callable
 from . import _accel
 from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
 from ._validate import check_ms
-from .backoff import RedeliveryBackoff
+from .backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
 from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
 from .timer import DeadlineTimer, monotonic_ms
 
 __all__ = ["DueKeys", "NegativeAcksTracker", "TrackerStats"]
+
+_MAX_BACKOFF_TABLE = 64
+"""Backoff delays the C hot path holds (counts beyond take the last)."""
+
+
+def _backoff_table(backoff: RedeliveryBackoff | None) -> tuple[int, ...] | bool | None:
+    """The delays of a multiplier backoff by redelivery count, up to the count where it
+    stops growing (larger counts take the last); None without a backoff; False for a
+    backoff the C path cannot take (any other class, or one still growing after 64 counts).
+
+    >>> _backoff_table(MultiplierRedeliveryBackoff(100, 1000, 2))
+    (100, 200, 400, 800, 1000)
+    """
+    if backoff is None:
+        return None
+    if type(backoff) is not MultiplierRedeliveryBackoff:
+        return False
+    delays = [backoff.next_delay_ms(0)]
+    while len(delays) < _MAX_BACKOFF_TABLE and delays[-1] < backoff.max_delay_ms and backoff.min_delay_ms:
+        delays.append(backoff.next_delay_ms(len(delays)))
+    if delays[-1] != backoff.next_delay_ms(1 << 30):
+        return False  # it still grows at the table's end: leave it to the Python path
+    return tuple(delays)
 
 
 class NegativeAcksTracker(BaseTracker):
@@ -125,14 +148,17 @@ class NegativeAcksTracker(BaseTracker):
             self._install_fast_add()
 
     def _install_fast_add(self) -> None:
-        """Bind ``add`` to the C hot path when it is built and no backoff is set.
+        """Bind ``add`` to the C hot path when it is built.
 
-        The C code handles ``add(key)`` for a plain key into the hot slot and calls the
-        Python code (:meth:`add`, :meth:`_track`) for everything else, so behaviour is
-        the same; only the common call is cheaper. Subclasses that override ``add`` keep
-        their own.
+        The C code handles ``add(key)`` (and ``add(key, None, redelivery_count)`` with a
+        :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`, whose delays it reads
+        once, here) for a key a hot slot takes, and calls the Python code (:meth:`add`,
+        :meth:`_track`) for everything else, so behaviour is the same; only the common
+        call is cheaper. Subclasses that override ``add`` keep their own, and so do
+        trackers with any other backoff.
         """
-        if _accel.FastAdd is None or self._backoff is not None:
+        delays = _backoff_table(self._backoff)
+        if _accel.FastAdd is None or delays is False:
             return
         if type(self).add is not BaseTracker.add:
             return
@@ -147,6 +173,7 @@ class NegativeAcksTracker(BaseTracker):
             round_up=self._buckets.round_up,
             general=types.MethodType(BaseTracker.add, self),
             track=self._track,
+            delays=delays,
         )
         self.add = fast.add  # type: ignore[method-assign]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pyroaring import BitMap64
 
+from pulsar_nack import _pages
 from pulsar_nack.buckets import TimeBuckets
 from pulsar_nack.keys import MAX_BATCH_INDEX, MAX_ID
 
@@ -112,10 +113,10 @@ def test_full_id_range_round_trips_through_every_form(key):
     b = TimeBuckets(precision_bits=0, max_open_buckets=1)
     b.add(key, 5)
     b._check()
-    b.add((U, 1, 1, -1), 6)  # seals the bucket at 5 (single-message int form)
+    b.add((U, 1, 1, -1), 6)  # seals the bucket at 5 (a one-value GAPS record in a page)
     b._check()
     b.add((U, 1, 1, -1), 5)  # unseals it
-    b.add((U, 1, 2, -1), 7)  # seals it again, now as bytes
+    b.add((U, 1, 2, -1), 7)  # seals it again, two streams in one record
     b._check()
     assert b.pop_due(5) == {T: [key], U: [(U, 1, 1, -1)]}
     b._check()
@@ -138,11 +139,12 @@ def test_sealing_keeps_at_most_max_open_buckets_and_compacts_runs():
             b.add((T, 3, deadline * 1000 + entry, -1), deadline)
     b._check()
     assert len(b._open) == 2
-    sealed = [v for k, v in b._buckets.items() if type(v) is bytes]
-    assert len(sealed) == 8
+    # The 8 sealed buckets share one page, in deadline order.
+    pages = [(k, v) for k, v in b._buckets.items() if type(v) is bytes]
+    assert len(pages) == 1 and [r[0] for r in _pages.records(*pages[0])] == list(range(8))
     # 1000 consecutive ids: one run, a few dozen bytes whatever the count.
-    assert all(len(v) < 64 for v in sealed)
-    # Adding to a sealed bucket unseals it and seals the least recently written one.
+    assert len(pages[0][1]) < 8 * 40
+    # Adding to a sealed bucket unseals it (splitting its page) and seals the least recently written one.
     b.add((T, 3, 5_000_000, -1), 0)
     b._check()
     assert type(b._buckets[0]) is dict and len(b._open) == 2
@@ -152,15 +154,31 @@ def test_sealing_keeps_at_most_max_open_buckets_and_compacts_runs():
     b._check()
 
 
-def test_single_message_bucket_is_an_int_and_cheaper_than_a_dict_entry():
+def test_small_buckets_share_pages_at_a_few_bytes_each():
     b = TimeBuckets(precision_bits=0, max_open_buckets=1)
-    for deadline in range(100):
+    for deadline in range(10_000):
         b.add((T, 1, deadline, -1), deadline)
     b.seal_all()
     b._check()
-    assert all(type(v) is int for v in b._buckets.values())
-    # bucket key + list slot + dict slot + packed value: below the ~200 B of a hash-map entry
-    assert b.memory_bytes() / len(b) < 200
+    assert all(type(v) is bytes for v in b._buckets.values())
+    assert b.bucket_count == 10_000 and len(b._buckets) < 10_000 // 100  # pages, not one map slot per bucket
+    # A page record: deadline delta, length, stream count, sid, payload length, the entry id.
+    assert b.memory_bytes() / len(b) < 16
+    # A pop in the middle of a page leaves the rest of it as a page keyed by its first deadline.
+    assert flat(b.pop_due(4_999)) == [(T, 1, e, -1) for e in range(5_000)]
+    b._check()
+    assert b.peek_deadline() == 5_000 and len(b) == 5_000
+
+
+def test_sparse_buckets_take_about_one_byte_per_message():
+    b = TimeBuckets(precision_bits=10, max_open_buckets=1)
+    entries = list(range(0, 1_000_000, 10))
+    for i, entry in enumerate(entries):
+        b.add((T, 1, entry, -1), i // 1000 * 1024)
+    b.seal_all()
+    b._check()
+    assert b.memory_bytes() / len(b) < 1.2  # roaring array containers would take 2 B
+    assert [k for _, k in b] == [(T, 1, e, -1) for e in entries]
 
 
 def test_stream_ids_are_freed_and_reused():

@@ -12,9 +12,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.mark.broker
-def test_wrap_consumer_example_retries_and_finishes():
+@pytest.mark.parametrize("script", ["wrap_consumer.py", "asyncio_consumer.py"])
+def test_consumer_example_retries_and_finishes(script):
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "wrap_consumer.py"), "--messages", "9"],
+        [sys.executable, str(EXAMPLES / script), "--messages", "9"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -50,17 +50,21 @@ def _env() -> dict[str, str]:
 
 
 def _produce(url: str, topic: str, n: int) -> None:
+    """Produce events ``0..n-1``, batched; every send confirmed by the broker."""
+    results: list = []
     client = quiet_client(url)
     try:
         producer = client.create_producer(
-            topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=5
+            topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=5,
+            block_if_queue_full=True,
         )
         for i in range(n):
-            producer.send_async(str(i).encode(), None)
+            producer.send_async(str(i).encode(), lambda result, _id: results.append(result))
         producer.flush()
         producer.close()
     finally:
         client.close()
+    assert len(results) == n and all(r == pulsar.Result.Ok for r in results)
 
 
 def _left_in_subscription(url: str, topic: str, subscription: str) -> int:
@@ -124,23 +128,38 @@ def test_demo_on_the_cluster_against_apache_pulsar(cluster, apache_broker):
     assert summary["worker_pids"] and summary["driver_pid"] not in summary["worker_pids"]
 
 
+def _start_driver(args: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "spark_jobs.py"), json.dumps(args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(REPO_ROOT),
+    )
+
+
+def _finish(driver: subprocess.Popen, timeout_s: float = 300) -> dict:
+    try:
+        out, err = driver.communicate(timeout=timeout_s)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_an_executor_jvm_killed_mid_run_loses_nothing_and_keeps_backoffs(cluster, apache_broker, tmp_path):
     """SIGKILL a whole executor JVM while its tasks run; the worker starts a new one.
 
-    Checked before anything else is restarted: every id handled successfully at least
-    once, the subscription empty, every retry no earlier than its backoff minus 2**8 ms
-    (retries nacked by the killed executor's Python workers come back early by design
-    and are counted apart).
+    Checked with no broker restart: every id handled successfully at least once, the
+    subscription empty, every retry no earlier than its backoff minus 2**8 ms (retries
+    nacked by the killed executor's Python workers come back early by design and are
+    counted apart).
     """
     url, n = apache_broker.url, 6_000
     topic = f"persistent://public/default/killjvm-{uuid.uuid4().hex[:10]}"
     _produce(url, topic, n)
     args = {"master": cluster.master_url, "url": url, "topic": topic, "subscription": "killjvm",
             "record_dir": str(tmp_path), "tasks": 2, "delay_ms": 1.0, "conf": EXECUTOR_CONF}
-    driver = subprocess.Popen(
-        [sys.executable, str(TESTS / "spark_jobs.py"), json.dumps(args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(REPO_ROOT),
-    )
+    driver = _start_driver(args)
     try:
         assert wait_for(lambda: sum(len(v) for v in read_calls(tmp_path).values()) >= n // 4, 180, 0.1), \
             "the job never got going"
@@ -152,13 +171,10 @@ def test_an_executor_jvm_killed_mid_run_loses_nothing_and_keeps_backoffs(cluster
         killed = {victim.pid} | {child.pid for child in victim.children(recursive=True)}
         victim.send_signal(signal.SIGKILL)
         assert wait_for(lambda: pid_gone(victim.pid), 10)
-        out, err = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert driver.returncode == 0, err[-3000:]
-    result = json.loads(out.strip().splitlines()[-1])
+    except BaseException:
+        driver.kill()
+        raise
+    result = _finish(driver)
     assert result["driver_pid"] not in result["worker_pids"]
     report = check_calls(tmp_path, n, killed)
     assert _left_in_subscription(url, topic, "killjvm") == 0

@@ -132,7 +132,7 @@ def test_stored_topics_are_exact_str():
 
 def test_a_failing_bitmap_add_raises_its_own_error_and_releases_the_lock():
     lock, slot, bitmap = threading.Lock(), _accel.HotSlot(), FailingBitmap()
-    slot.set(0, "t", 1, bitmap)
+    slot.set(0, "t", 1, 0, bitmap)
 
     def python_path(*args):
         raise AssertionError(f"the key belongs to the slot, not to the Python path: {args}")
@@ -142,7 +142,7 @@ def test_a_failing_bitmap_add_raises_its_own_error_and_releases_the_lock():
         fast.add(("t", 1, 2, -1))
     assert not lock.locked()
     bitmap.size = 0  # shrunk below its size at set(): a negative growth, not an error
-    assert slot.growth() == -1 and slot.clear() == -1 and slot.bitmap is None
+    assert slot.growth() == -1 and slot.clear() == (-1, -1) and slot.slots() == []
 
 
 def test_a_failing_clock_propagates_and_stores_nothing():
@@ -171,9 +171,43 @@ def test_hot_adds_are_counted_once_and_duplicates_not_at_all():
         tracker.add(("t", 1, entry, -1))
     assert len(tracker) == 4 and tracker.stats()["pending_entries"] == 4
     tracker._check()
-    assert tracker._buckets._hot.growth() == 2  # the first two adds (slow) set the slot up
+    assert tracker._buckets._hot.growth() == 3  # the first add (slow) set the slot up
     assert tracker.pop_due(20_000) == {"t": [("t", 1, e, -1) for e in (1, 2, 3, 4)]}
     assert len(tracker) == 0
+
+
+@pytest.mark.parametrize("speedups", [True, False], ids=["c", "python"])
+def test_batched_interleaved_and_backoff_adds_go_through_hot_slots(speedups):
+    """Batches, 8 interleaved topics and a backoff's few buckets: every add after the first per bitmap is hot."""
+    clock = FakeClock(1_000_000)
+    tracker = NegativeAcksTracker(
+        delay_ms=10_000, clock=clock, backoff=MultiplierRedeliveryBackoff(1000, 8000, 2), speedups=speedups
+    )
+    slow = []
+    buckets = tracker._buckets
+    buckets_add = buckets._add_slow
+    buckets._add_slow = lambda key, deadline: slow.append(key) or buckets_add(key, deadline)  # type: ignore[method-assign]
+    keys = [(f"topic-{t}", 100 + t, entry, index) for entry in range(50) for index in (2, 5, 7) for t in range(8)]
+    for key in keys:
+        tracker.add(key, None, key[2] % 2)  # two delays: 2 buckets x 8 topics = 16 hot slots
+    # One slow add per (topic, bucket) pair: the first.
+    assert sorted(slow) == sorted({(k[0], k[1], e, 2) for k in keys for e in (0, 1)})
+    tracker._check()
+    assert len(tracker) == len(keys) and tracker.stats()["pending_entries"] == 8 * 50
+    due = tracker.pop_due(2_000_000)
+    assert sorted(k for ks in due.values() for k in ks) == sorted(keys)
+    assert len(tracker) == 0 and tracker.stats()["pending_entries"] == 0
+
+
+@pytest.mark.parametrize("count", [None, 0, 1, 3, 4, 100, 2**70, -1, True, 1.0])
+def test_backoff_adds_behave_as_in_pure_python(count):
+    fast, pure = pair(backoff=MultiplierRedeliveryBackoff(100, 1000, 2))
+    for tracker in (fast, pure):
+        tracker.add(("t", 7, 1, -1), None, 2)  # makes (t, 7) hot at the count-2 bucket
+    assert outcome(fast, ("t", 7, 2, -1), None, count) == outcome(pure, ("t", 7, 2, -1), None, count)
+    for tracker in (fast, pure):
+        tracker._check()
+    assert list(fast._buckets) == list(pure._buckets) and len(fast) == len(pure)
 
 
 def test_an_add_waits_while_another_thread_holds_the_lock():
@@ -195,7 +229,7 @@ def test_an_add_waits_while_another_thread_holds_the_lock():
     tracker._check()
 
 
-def test_not_installed_with_backoff_or_an_overridden_add():
+def test_not_installed_with_another_backoff_or_an_overridden_add():
     class Counting(NegativeAcksTracker):
         calls = 0
 
@@ -203,9 +237,15 @@ def test_not_installed_with_backoff_or_an_overridden_add():
             Counting.calls += 1
             return super().add(*args, **kwargs)
 
-    assert "add" not in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, 100, 2)))
+    class Custom:
+        def next_delay_ms(self, count: int) -> int:
+            return 5
+
+    assert "add" in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, 100, 2)))
+    assert "add" not in vars(NegativeAcksTracker(backoff=Custom()))
     # Every accepted delay fits the C path's 64-bit deadlines; larger ones are refused.
     assert "add" in vars(NegativeAcksTracker(delay_ms=MAX_DELAY_MS))
+    assert "add" in vars(NegativeAcksTracker(backoff=MultiplierRedeliveryBackoff(10, MAX_DELAY_MS, 2)))
     with pytest.raises(ValueError):
         NegativeAcksTracker(delay_ms=2**61)
     tracker = Counting(delay_ms=10)
@@ -236,13 +276,27 @@ def test_hot_slot_interface(slot_type):
     from pyroaring import BitMap
 
     slot = slot_type()
-    assert (slot.deadline, slot.topic, slot.ledger, slot.bitmap, slot.growth()) == (-1, None, -1, None, 0)
-    bitmap = BitMap([5])
-    slot.set(256, "t", 3, bitmap)
-    assert (slot.deadline, slot.topic, slot.ledger, slot.bitmap, slot.base) == (256, "t", 3, bitmap, 1)
-    bitmap.update([6, 7, 5])
-    assert slot.growth() == 2
-    assert slot.clear() == 2 and slot.bitmap is None and slot.clear() == 0
+    assert (slot.slots(), slot.growth(), slot.entry_growth()) == ([], 0, 0)
+    plain, batched = BitMap([5]), BitMap([3 << 10 | 1])
+    assert slot.set(256, "t", 3, 0, plain) == (0, 0)
+    assert slot.set(256, "t", 3, 1, batched) == (0, 0)
+    assert slot.slots() == [(256, "t", 3, 0, plain, 1), (256, "t", 3, 1, batched, 1)]
+    assert slot.add(("t", 3, 6, -1), 256) and slot.add(("t", 3, 3, 2), 256) and slot.add(("t", 3, 4, 0), 256)
+    assert not slot.add(("t", 3, 6, -1), 512) and not slot.add(("u", 3, 6, -1), 256)
+    assert not slot.add(("t", 4, 6, -1), 256) and not slot.add(("t", 3, 2**32, -1), 256)
+    assert not slot.add(("t", 3, 2**22, 0), 256) and not slot.add(("t", 3, 1, 1024), 256)
+    plain.update([7, 5])
+    assert (slot.growth(), slot.entry_growth()) == (4, 3)  # plain 6, 7; batched (3, 2) and entry 4
+    assert slot.forget_bitmap(batched) == (2, 1) and slot.forget(512) == (0, 0)
+    assert slot.forget(256) == (2, 2) and slot.slots() == [] and slot.clear() == (0, 0)
+    # Room for 16: the 17th evicts the oldest and returns its growth.
+    bitmaps = [BitMap() for _ in range(17)]
+    for i, bitmap in enumerate(bitmaps[:16]):
+        assert slot.set(i, "t", 1, 0, bitmap) == (0, 0)
+    bitmaps[0].add(1)
+    assert slot.set(16, "t", 1, 0, bitmaps[16]) == (1, 1)
+    assert [s[0] for s in slot.slots()] == list(range(1, 17))
+    assert slot.clear() == (0, 0) and slot.slots() == []
 
 
 def test_c_hot_slot_refuses_bad_arguments():
@@ -250,11 +304,19 @@ def test_c_hot_slot_refuses_bad_arguments():
 
     slot = _accel.HotSlot()
     with pytest.raises(TypeError):
-        slot.set(1, "t", 2)
+        slot.set(1, "t", 2, 0)
     with pytest.raises(TypeError):
-        slot.set(1, b"t", 2, BitMap())
+        slot.set(1, b"t", 2, 0, BitMap())
     with pytest.raises(TypeError):
-        slot.set(1, "t", 2, object())
+        slot.set(1, "t", 2, 0, object())
+    with pytest.raises(ValueError):
+        slot.set(1, "t", 2, 2, BitMap())
+    with pytest.raises(TypeError):
+        slot.add(("t", 1, 2, -1), "256")
     with pytest.raises(TypeError):
         _accel.HotSlot(1)
-    assert slot.bitmap is None
+    with pytest.raises(TypeError):
+        _accel.FastAdd(slot, threading.Lock(), None, 0, 0, False, print, print, delays=(1, "2"))
+    with pytest.raises(ValueError):
+        _accel.FastAdd(slot, threading.Lock(), None, 0, 0, False, print, print, delays=(-1,))
+    assert slot.slots() == []

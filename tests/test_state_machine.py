@@ -5,10 +5,15 @@ On an injected clock, with adds, clock advances and pops interleaved:
 * every added (key, bucket) comes out of ``pop_due`` exactly once;
 * never before its trimmed deadline, and never left behind once ``now`` has passed it;
 * the baseline (exact deadlines) never releases a key the tracker still holds;
+* ``close()`` returns exactly what is pending;
 * ``_check()`` holds after every step.
 
-Each run builds the tracker with or without the C hot path (``pulsar_nack._speedups``),
-and the ``add_run`` rule makes the plain ``add(key)`` calls that path serves.
+Each run builds the tracker with or without the C hot path (``pulsar_nack._speedups``)
+and with or without a multiplier backoff. The ``add_run`` and ``add_batch_run`` rules make
+the ``add(key)`` / ``add(key, None, count)`` calls the hot slots serve (plain and batched
+keys, interleaved topics, the buckets of several backoff delays); sparse steps give the
+pages' GAPS codec gaps of one, two and three bytes, and ``seal_all`` and small
+``max_open`` values seal, split and unseal pages between adds and pops.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers import PurePythonTracker
-from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker, _accel
+from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
 
 TOPICS = ["a", "b", "persistent://tenant/ns/x-partition-3"]
 _EDGES = [0, 1, 2**16 - 1, 2**16, 2**16 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**53, 2**63 - 2, 2**63 - 1]
@@ -37,6 +42,8 @@ batch_indexes = st.one_of(
 )
 keys = st.tuples(st.sampled_from(TOPICS), ids(), ids(), batch_indexes)
 delays = st.one_of(st.sampled_from([0, 1, 255, 256, 257, 1023, 1024, 1025]), st.integers(0, 5000))
+steps = st.sampled_from([0, 1, 2, 3, 10, 127, 128, 300, 16384, 70000])
+counts = st.one_of(st.none(), st.integers(0, 6))
 
 
 class TrackerMachine(RuleBasedStateMachine):
@@ -57,14 +64,26 @@ class TrackerMachine(RuleBasedStateMachine):
         round_up=st.booleans(),
         max_open=st.sampled_from([1, 2, 16]),
         speedups=st.booleans(),
+        backoff=st.booleans(),
     )
-    def setup(self, bits: int, round_up: bool, max_open: int, speedups: bool) -> None:
+    def setup(self, bits: int, round_up: bool, max_open: int, speedups: bool, backoff: bool) -> None:
         self.bits, self.round_up = bits, round_up
+        self.backoff = MultiplierRedeliveryBackoff(50, 400, 2) if backoff else None
         cls = NegativeAcksTracker if speedups and _accel.SPEEDUPS else PurePythonTracker
-        self.tracker = cls(
-            precision_bits=bits, round_up=round_up, max_open_buckets=max_open, clock=self.clock, delay_ms=100
+        self.make = lambda: cls(
+            precision_bits=bits,
+            round_up=round_up,
+            max_open_buckets=max_open,
+            clock=self.clock,
+            delay_ms=100,
+            backoff=self.backoff,
         )
+        self.tracker = self.make()
         self.baseline = HashMapNegativeAcksTracker(clock=self.clock, delay_ms=100)
+
+    def delay_of(self, count: int | None) -> int:
+        """The delay ``add(key, None, count)`` takes: the backoff's (count 0 for None), or the fixed 100 ms."""
+        return 100 if self.backoff is None else self.backoff.next_delay_ms(count or 0)
 
     def bucket_of(self, deadline: int) -> int:
         low = (1 << self.bits) - 1
@@ -74,17 +93,37 @@ class TrackerMachine(RuleBasedStateMachine):
     def add(self, key, delay) -> None:
         self._add(key, delay)
 
-    @rule(topic=st.sampled_from(TOPICS), ledger=ids(), first=ids(), count=st.integers(1, 40), step=st.integers(0, 3))
-    def add_run(self, topic, ledger, first, count, step) -> None:
-        """Plain keys of one ledger with the fixed delay: ``add(key)``, the hot path's call."""
+    @rule(topic=st.sampled_from(TOPICS), ledger=ids(), first=ids(), count=st.integers(1, 40), step=steps, rc=counts)
+    def add_run(self, topic, ledger, first, count, step, rc) -> None:
+        """Plain keys of one ledger: ``add(key)`` or ``add(key, None, count)``, the hot path's calls."""
         for i in range(count):
             entry = first + i * step
             if entry < 2**63:
-                self._add((topic, ledger, entry, -1), None)
+                self._add((topic, ledger, entry, -1), None, rc)
 
-    def _add(self, key, delay) -> None:
-        deadline = self.tracker.add(key) if delay is None else self.tracker.add(key, delay_ms=delay)
-        assert deadline == self.now + (100 if delay is None else delay)
+    @rule(
+        topics=st.lists(st.sampled_from(TOPICS), min_size=1, max_size=3, unique=True),
+        ledger=ids(),
+        first=ids(),
+        entries=st.integers(1, 8),
+        indexes=st.lists(st.integers(0, 12), min_size=1, max_size=4),
+        rc=counts,
+    )
+    def add_batch_run(self, topics, ledger, first, entries, indexes, rc) -> None:
+        """Batched keys, topics interleaved: ``add(key)`` or ``add(key, None, count)``."""
+        for entry in range(first, min(first + entries, 2**63)):
+            for index in indexes:
+                for topic in topics:
+                    self._add((topic, ledger, entry, index), None, rc)
+
+    def _add(self, key, delay, rc=None) -> None:
+        if delay is not None:
+            deadline = self.tracker.add(key, delay_ms=delay)
+        elif rc is None:
+            deadline = self.tracker.add(key)
+        else:
+            deadline = self.tracker.add(key, None, rc)
+        assert deadline == self.now + (self.delay_of(rc) if delay is None else delay)
         self.model.setdefault(self.bucket_of(deadline), set()).add(key)
         if key not in self.baseline_pending:  # the baseline replaces; keep its keys unique
             self.baseline.add(key, delay_ms=deadline - self.now)
@@ -111,6 +150,22 @@ class TrackerMachine(RuleBasedStateMachine):
                 # keys the tracker released already. (Round-up mode may be late by design.)
                 if not self.round_up:
                     assert self.released_by_tracker[key] > 0, f"tracker still holds {key} past its deadline"
+
+    @rule()
+    def seal_all(self) -> None:
+        with self.tracker._lock:
+            self.tracker._buckets.seal_all()
+
+    @rule()
+    def close(self) -> None:
+        """Closing returns exactly what is pending; a new tracker takes over (the baseline goes on)."""
+        left = self.tracker.close(flush=False)
+        expected = Counter(k for keys_ in self.model.values() for k in keys_)
+        assert Counter(k for keys_ in left.values() for k in keys_) == expected
+        assert all(k[0] == topic for topic, keys_ in left.items() for k in keys_)
+        self.released_by_tracker.update(expected)
+        self.model.clear()
+        self.tracker = self.make()
 
     @invariant()
     def consistent(self) -> None:
