@@ -209,7 +209,7 @@ class AsyncNackingConsumer:
 
     def stats(self) -> ConsumerStats:
         """Counters (as :meth:`NackingConsumer.stats <pulsar_nack.consumer.NackingConsumer.stats>`), plus the tracker's."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]
+        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
 
     async def __aenter__(self) -> AsyncNackingConsumer:
         return self

@@ -345,7 +345,7 @@ class TimeBuckets:
         """Move one removed bucket's ``(sid, values)`` into *due*; update counters and stream refs."""
         streams = self._streams
         for sid, values in pairs:
-            stream: _Stream = streams[sid]  # type: ignore[assignment]
+            stream: _Stream = streams[sid]  # type: ignore[assignment]  # (freed sids are None; a released bucket only holds live ones)
             self._messages -= len(values)
             self._entries -= _count_entries(stream[2], values)
             keys = due.get(stream[0])
@@ -389,7 +389,7 @@ class TimeBuckets:
             for sid, values in self._body_values(page, start, end):
                 if type(values) is list:
                     values = (BitMap if values[-1] < _U32 else BitMap64)(values)
-                opened[sid] = values  # type: ignore[assignment]
+                opened[sid] = values  # type: ignore[assignment]  # (an open bucket holds bitmaps; values was just made one)
         elif self._open:
             # A new bucket usually means the clock moved on: the most recently written
             # one is likely complete. Compress its runs now (O(its containers)); it
@@ -475,17 +475,17 @@ class TimeBuckets:
         for key, bucket in self._buckets.items():
             if type(bucket) is dict:
                 for sid, bitmap in bucket.items():
-                    yield key, streams[sid], bitmap  # type: ignore[misc]
+                    yield key, streams[sid], bitmap  # type: ignore[misc]  # (live sids only (see _check))
                 continue
             for deadline, _, start, end in _pages.records(key, bucket):
                 for sid, values in self._body_values(bucket, start, end):
-                    yield deadline, streams[sid], values  # type: ignore[misc]
+                    yield deadline, streams[sid], values  # type: ignore[misc]  # (live sids only (see _check))
 
     def _unref(self, sid: int) -> None:
         """One bucket fewer holds stream *sid*; free the id when none does."""
         self._stream_refs[sid] -= 1
         if not self._stream_refs[sid]:
-            del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]
+            del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]  # (a referenced sid is live, so its stream is not None)
             self._streams[sid] = None
             self._free_sids.append(sid)
 

@@ -469,7 +469,7 @@ class NackingConsumer:
 
     def stats(self) -> ConsumerStats:
         """Counters, plus the tracker's stats."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]
+        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
 
     def __enter__(self) -> NackingConsumer:
         return self

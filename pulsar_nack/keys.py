@@ -118,8 +118,8 @@ def key_of(obj: object, default_topic: str = "") -> MessageKey:
     if isinstance(obj, tuple):
         return validate_key(obj)
     if callable(getattr(obj, "message_id", None)) and callable(getattr(obj, "topic_name", None)):
-        topic = obj.topic_name()  # type: ignore[attr-defined]
-        message_id = obj.message_id()  # type: ignore[attr-defined]
+        topic = obj.topic_name()  # type: ignore[attr-defined]  # (duck-typed pulsar.Message: checked callable just above)
+        message_id = obj.message_id()  # type: ignore[attr-defined]  # (duck-typed pulsar.Message: checked callable just above)
     elif _is_message_id(obj):
         message_id, topic = obj, default_topic
         partition = getattr(obj, "partition", None)

@@ -154,7 +154,7 @@ class Instrumentation:
 def _resolve(target: Any) -> tuple[BaseTracker, Callable[[], dict[str, Any]], bool]:
     """``(tracker, flat stats reader, is_consumer)`` for a tracker or a consumer."""
     if isinstance(target, BaseTracker):
-        return target, target.stats, False  # type: ignore[return-value]
+        return target, target.stats, False  # type: ignore[return-value]  # (TrackerStats is a TypedDict, read here as a plain dict)
     tracker = getattr(target, "tracker", None)
     stats = getattr(target, "stats", None)
     if isinstance(tracker, BaseTracker) and callable(stats):

@@ -175,7 +175,7 @@ class NegativeAcksTracker(BaseTracker):
             track=self._track,
             delays=delays,
         )
-        self.add = fast.add  # type: ignore[method-assign]
+        self.add = fast.add  # type: ignore[method-assign]  # (the C hot path replaces the bound method per instance, on purpose)
 
     def __len__(self) -> int:
         with self._lock:  # the count is two reads (counters + hot slot growth)

@@ -92,9 +92,9 @@ def _match_retries(
     arrivals: dict[tuple[str, int, int, int], list[float]] = {}
     for task in tasks:
         for key, nacked_at, requested_at in task["nacks"]:
-            nacks.setdefault(tuple(key), []).append((nacked_at, requested_at))  # type: ignore[arg-type]
+            nacks.setdefault(tuple(key), []).append((nacked_at, requested_at))  # type: ignore[arg-type]  # (keys arrive as lists (JSON/pickle); tuple() of 4 items)
         for key, arrived_at, _count in task["arrivals"]:
-            arrivals.setdefault(tuple(key), []).append(arrived_at)  # type: ignore[arg-type]
+            arrivals.setdefault(tuple(key), []).append(arrived_at)  # type: ignore[arg-type]  # (keys arrive as lists (JSON/pickle); tuple() of 4 items)
     retries = []
     unmatched = 0
     for key, events in nacks.items():
@@ -134,7 +134,7 @@ def aggregate_task_stats(tasks: Sequence[TaskStats], *, wall_ms: float | None = 
     collected: list[Any] = []
     for task in tasks:
         for name in total:
-            total[name] += task[name]  # type: ignore[literal-required]
+            total[name] += task[name]  # type: ignore[literal-required]  # (names are TaskStats' int fields, iterated as str)
         for name, count in task["handler_errors"].items():
             errors[name] = errors.get(name, 0) + count
         per_consumer[task["consumer_uid"]] = max(per_consumer.get(task["consumer_uid"], 0), task["consumer_tasks"])
