@@ -102,7 +102,7 @@ def results_table() -> str:
         f"RSS delta per id, median call cost. In the same run `NackingConsumer.negative_acknowledge` holds "
         f"{_b(ours['bytes_per_id'])} B per id and costs {ours['call_us']['median']:.2f} µs per id; on received "
         f"messages it costs {ours['call_message_us']['median']:.2f} µs against the built-in's "
-        f"{built_in['call_message_us']['median']:.2f} µs (ours reads the id through five calls into the client); "
+        f"{built_in['call_message_us']['median']:.2f} µs; "
         f"`tracker.add` alone costs {ours['tracker_add_us']['median']:.2f} µs with the C hot path "
         f"({client['ratios']['call_built_in_over_tracker_add']:.1f}× faster than the built-in id call) and "
         f"{ours['tracker_add_pure_python_us']['median']:.2f} µs in pure Python. "
