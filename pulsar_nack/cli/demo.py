@@ -391,6 +391,22 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _retry_wait(retries: list[tuple[Any, float, float, float]]) -> dict[str, float | None]:
+    """Min / p50 / max of arrival - nack time: the delay a retry really waited. O(n log n).
+
+    Unlike the lateness it does not depend on the delay the config asked for.
+
+    >>> _retry_wait([("k", 0.0, 500.0, 620.0), ("j", 10.0, 510.0, 530.0)])
+    {'min': 520.0, 'p50': 520.0, 'max': 620.0}
+    >>> _retry_wait([])
+    {'min': None, 'p50': None, 'max': None}
+    """
+    waits = sorted(arrived - nacked for _key, nacked, _requested, arrived in retries)
+    if not waits:
+        return {"min": None, "p50": None, "max": None}
+    return {"min": round(waits[0], 1), "p50": round(waits[(len(waits) - 1) // 2], 1), "max": round(waits[-1], 1)}
+
+
 def _summarize(
     args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, float], broker: str
 ) -> dict[str, Any]:
@@ -416,6 +432,7 @@ def _summarize(
         "handler_errors": stats["handler_errors"],
         "failure_rate": args.failure_rate,
         "redelivery_lateness_ms": {k: stats["lateness_ms"][k] for k in ("count", "min", "p50", "p99", "max")},
+        "retry_wait_ms": _retry_wait(stats["retries"]),
         "peak_pending_nacks": stats["peak_pending_nacks"],
         "peak_tracker_memory_bytes": stats["peak_tracker_memory_bytes"],
         "tasks": stats["tasks"],
