@@ -1,12 +1,16 @@
-"""Record ``pulsar-nack demo --json`` on each test broker, one after the other in one run.
+"""Record ``pulsar-nack demo --json``: ours beside pulsar-client's built-in nack, in one run.
 
-Each run is a fresh ``python -m pulsar_nack.cli demo --broker B --messages default --json``
-process; its last stdout line is the summary. Wall time is measured around the whole
-process (broker and Spark start included). The results go to
-``bench/results/demo-apache.json`` (Apache Pulsar standalone) and
-``bench/results/demo-lite.json`` (pulsar-lite), beside each other in docs/spark.md.
+Each run is a fresh ``python -m pulsar_nack.cli demo --broker B --tracker T --messages S
+--json`` process; its last stdout line is the summary. Wall time is measured around the
+whole process (broker and Spark start included). One ``python -m bench.demo`` run does,
+one after the other: on Apache Pulsar standalone, ``--tracker ours`` and ``--tracker
+builtin`` at each size (``default``, then ``large``), each pair back to back; then
+pulsar-lite with ours at the default size. The results go to
+``bench/results/demo-apache.json`` (every Apache Pulsar run) and
+``bench/results/demo-lite.json``; docs/spark.md shows them side by side.
 
-Run: ``python -m bench.demo [--quick]`` (quick: the small size, ``-quick`` files).
+Run: ``python -m bench.demo [--quick] [--sizes default,large] [--receiver-queue-size N]``
+(quick: the small size, ``-quick`` files).
 """
 
 from __future__ import annotations
@@ -20,52 +24,61 @@ from typing import Any
 
 from ._common import REPO, print_table, start_context, write_result
 
-BROKERS = ("apache", "lite")
+TRACKERS = ("ours", "builtin")
 
 
-def run_demo(size: str, broker: str) -> dict[str, Any]:
+def run_demo(size: str, broker: str, tracker: str, receiver_queue_size: int | None = None) -> dict[str, Any]:
+    """One demo process; its summary, exit code, wall time and stderr line count."""
+    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--broker", broker, "--tracker", tracker]
+    command += ["--messages", size, "--json"]
+    if receiver_queue_size is not None:
+        command += ["--receiver-queue-size", str(receiver_queue_size)]
     start = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "pulsar_nack.cli", "demo", "--broker", broker, "--messages", size, "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - start
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"size": size, "broker": broker, "exit_code": out.returncode, "process_wall_s": wall, "stderr_lines": len(out.stderr.splitlines()), "summary": summary}
+    return {
+        "size": size,
+        "broker": broker,
+        "tracker": tracker,
+        "exit_code": out.returncode,
+        "process_wall_s": wall,
+        "stderr_lines": len(out.stderr.splitlines()),
+        "summary": summary,
+    }
+
+
+def _row(r: dict[str, Any]) -> list[Any]:
+    s = r["summary"]
+    late = s["redelivery_lateness_ms"]
+    return [
+        r["broker"], r["tracker"], r["size"], r["exit_code"], s["lost"],
+        f"{s['duplicates']} ({s['duplicates_pct']} %)", s["nacked"],
+        f"{late['p50']:.0f} / {late['p99']:.0f} / {late['max']:.0f}",
+        f"{r['process_wall_s']:.1f}", f"{s['messages_per_s']:.0f}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", default="default,large", help="Apache Pulsar sizes, comma-separated")
+    parser.add_argument("--receiver-queue-size", type=int, default=None)
     args = parser.parse_args(argv)
-    size = "small" if args.quick else "default"
+    sizes = ["small"] if args.quick else args.sizes.split(",")
     start = start_context()
-    runs = [run_demo(size, broker) for broker in BROKERS]
+    apache = [run_demo(size, "apache", tracker, args.receiver_queue_size) for size in sizes for tracker in TRACKERS]
+    lite = [run_demo(sizes[0], "lite", "ours", args.receiver_queue_size)]
     print_table(
-        ["broker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99 lateness ms", "wall s", "msg/s"],
-        [
-            [
-                r["broker"],
-                r["size"],
-                r["exit_code"],
-                r["summary"]["lost"],
-                f"{r['summary']['duplicates']} ({r['summary']['duplicates_pct']} %)",
-                r["summary"]["nacked"],
-                f"{r['summary']['redelivery_lateness_ms']['p50']:.0f} / {r['summary']['redelivery_lateness_ms']['p99']:.0f}",
-                f"{r['process_wall_s']:.1f}",
-                f"{r['summary']['messages_per_s']:.0f}",
-            ]
-            for r in runs
-        ],
+        ["broker", "tracker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99/max lateness ms", "wall s", "msg/s"],
+        [_row(r) for r in apache + lite],
         title="pulsar-nack demo",
     )
-    for run in runs:
-        path = write_result(f"demo-{run['broker']}" + ("-quick" if args.quick else ""), {"runs": [run]}, start)
+    suffix = "-quick" if args.quick else ""
+    for name, runs in (("apache", apache), ("lite", lite)):
+        path = write_result(f"demo-{name}{suffix}", {"runs": runs}, start)
         print(f"wrote {path}")
-    return {"runs": runs}
+    return {"runs": apache + lite}
 
 
 if __name__ == "__main__":

@@ -312,25 +312,45 @@ def space_table() -> str:
     return "\n".join(lines)
 
 
+def _known(value: int | None, unit: str = "") -> str:
+    """A count, or "n/a" where the run could not see it (the built-in tracker)."""
+    return "n/a" if value is None else f"{value:,}{unit}"
+
+
+def _throughput_ratio(run: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """ours / builtin messages/s, for an ``ours`` run with a builtin peer of the same broker and size."""
+    if run.get("tracker", "ours") != "ours":
+        return "–"
+    peer = next(
+        (r for r in runs if r.get("tracker") == "builtin" and r["broker"] == run["broker"] and r["size"] == run["size"]),
+        None,
+    )
+    if peer is None:
+        return "–"
+    return f"{run['summary']['messages_per_s'] / peer['summary']['messages_per_s']:.2f}×"
+
+
 def demo_table() -> str:
+    """The demo runs of one ``python -m bench.demo``: ours beside pulsar-client's built-in nack."""
     lines = [
-        "| broker (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
+        "| broker, tracker, size (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
         "| retry lateness p50 / p99 / max | peak pending nacks / tracker memory (one worker) "
-        "| Spark start / consume / demo total | process wall time | messages/s | stderr lines |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
+        "| Spark start / consume / demo total | process wall time | messages/s | ours / builtin messages/s | stderr lines |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for name in DEMO_RESULTS:
-        for run in _load(name)["runs"]:
+        runs = _load(name)["runs"]
+        for run in runs:
             s = run["summary"]
             late = s["redelivery_lateness_ms"]
             lines.append(
-                f"| {run['broker']} (`bench/results/{name}.json`) | {s['produced']:,} | {s['lost']} | "
-                f"{s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
+                f"| {run['broker']}, {run.get('tracker', 'ours')}, {run['size']} (`bench/results/{name}.json`) | {s['produced']:,} | "
+                f"{s['lost']} | {s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
                 f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | "
                 f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
-                f"{s['peak_pending_nacks']:,} / {s['peak_tracker_memory_bytes']:,} B | "
+                f"{_known(s['peak_pending_nacks'])} / {_known(s['peak_tracker_memory_bytes'], ' B')} | "
                 f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
-                f"{s['messages_per_s']:,.0f} | {run['stderr_lines']} |"
+                f"{s['messages_per_s']:,.0f} | {_throughput_ratio(run, runs)} | {run['stderr_lines']} |"
             )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ import uuid
 import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
@@ -435,11 +436,12 @@ def test_a_python_worker_killed_right_after_its_task_loses_no_acks(spark, apache
     assert_subscription_empty(url, topic, "flush", wait_ms=2000)
 
 
-def test_demo_runs_quietly_and_loses_nothing():
+def run_demo(*args: str) -> tuple[dict[str, Any], str]:
+    """``pulsar-nack demo ARGS --json`` in a fresh process: (its summary, its stderr)."""
     env = dict(os.environ)
     env.pop("PYSPARK_GATEWAY_PORT", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pulsar_nack.cli", "demo", "--messages", "small", "--json"],
+        [sys.executable, "-m", "pulsar_nack.cli", "demo", *args, "--json"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -447,7 +449,11 @@ def test_demo_runs_quietly_and_loses_nothing():
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_demo_runs_quietly_and_loses_nothing():
+    summary, stderr = run_demo("--messages", "small")
     assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["ok"]
     assert summary["produced"] == 10_000 and summary["acked"] >= 10_000
     assert summary["nacked"] == summary["handler_errors"]["TransientError"] > 0
@@ -455,7 +461,27 @@ def test_demo_runs_quietly_and_loses_nothing():
     # Quiet: no log4j / Spark / pulsar client log lines, no Java stack traces.
     noisy = [
         line
-        for line in done.stderr.splitlines()
+        for line in stderr.splitlines()
         if re.search(r"\b(INFO|WARN|WARNING|ERROR)\b|^\s+at [\w.$]+\(|Exception", line)
     ]
     assert not noisy, noisy[:10]
+
+
+def test_demo_with_the_builtin_tracker_runs_the_same_pipeline_on_apache_pulsar(apache_broker):
+    """``--tracker builtin``: pulsar-client's own nack, fixed at the demo's first delay (500 ms).
+
+    Nothing lost (a delay too long for the run, e.g. 60 s, fails here), every nack
+    paired with its retry, no retry before 500 ms after its nack (beyond clock noise: a
+    builtin consumer built with a shorter delay fails here), and the built-in tracker's
+    state reported as unknown, not as zeros.
+    """
+    summary, _ = run_demo("--service-url", apache_broker.url, "--tracker", "builtin", "--messages", "2000")
+    assert summary["tracker"] == "builtin" and summary["ok"]
+    assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["produced"] == 2000
+    assert summary["nacked"] == summary["handler_errors"]["TransientError"] > 0
+    late = summary["redelivery_lateness_ms"]
+    assert late["count"] == summary["nacked"]
+    assert late["min"] >= -50, f"a retry came {-late['min']} ms before its requested delay"
+    wait = summary["retry_wait_ms"]  # arrival - nack, whatever delay the config asked for
+    assert wait["min"] >= 450, f"a retry waited {wait['min']} ms, not the demo's first backoff (500 ms)"
+    assert summary["peak_pending_nacks"] is None and summary["peak_tracker_memory_bytes"] is None

@@ -49,3 +49,26 @@ def test_max_redeliveries_is_validated():
         config(max_redeliveries="3")
     with pytest.raises(ValueError):
         config(max_redeliveries=-1)
+
+
+def test_tracker_defaults_to_ours_and_accepts_builtin():
+    assert config().tracker == "ours"
+    builtin = config(tracker="builtin", nack_delay_ms=500)
+    assert builtin.tracker == "builtin" and builtin.retry_delay_ms(0) == 500
+    # A worker's consumer is rebuilt when the tracker changes.
+    assert builtin._consumer_settings() != config(nack_delay_ms=500)._consumer_settings()
+
+
+@pytest.mark.parametrize(("tracker", "error"), [(None, TypeError), (1, TypeError), (b"ours", TypeError),
+                                                ("Ours", ValueError), ("java", ValueError), ("", ValueError)])
+def test_a_bad_tracker_is_refused(tracker, error):
+    with pytest.raises(error, match="tracker"):
+        config(tracker=tracker)
+
+
+def test_the_builtin_tracker_refuses_a_backoff_it_cannot_apply():
+    from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+
+    with pytest.raises(ValueError, match="backoff"):
+        config(tracker="builtin", backoff=MultiplierRedeliveryBackoff(500, 10_000))
+    assert config(backoff=MultiplierRedeliveryBackoff(500, 10_000)).tracker == "ours"

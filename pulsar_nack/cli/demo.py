@@ -12,7 +12,8 @@ What it does:
    :func:`pulsar_nack.spark.run_consumer_tasks`, until a round finds nothing left. The
    handler fails transiently for ``--failure-rate`` of the events -- chosen by a hash of
    the payload, and only on first delivery, so the retry succeeds -- and the tasks nack
-   those with exponential backoff (1 s, 2 s, ...);
+   those with exponential backoff (500 ms, 1 s, ...) -- or, with ``--tracker builtin``,
+   with pulsar-client's own nack at a fixed 500 ms, for a side-by-side;
 4. stops Spark (its Python workers exit), then checks independently that nothing was
    lost: every produced event id is in the handler's record of acked events, and a
    fresh consumer finds the subscription empty;
@@ -210,6 +211,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="use this Pulsar cluster instead of starting a test broker",
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument(
+        "--tracker", choices=("ours", "builtin"), default="ours",
+        help="ours: pulsar-nack's tracker with backoff (default); builtin: pulsar-client's own nack "
+        f"with a fixed delay of the first backoff ({MIN_BACKOFF_MS} ms), for comparison",
+    )
+    parser.add_argument(
+        "--receiver-queue-size", type=_positive, default=None, metavar="N",
+        help="the consumers' receiver_queue_size (default: pulsar-client's, 1000)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
@@ -299,13 +309,20 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
     from ..spark import ConsumerConfig, TaskBudget, run_consumer_tasks
     from ..testing import client_factory_for
 
+    backoff = MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
+    builtin = args.tracker == "builtin"
     config = ConsumerConfig(
         url,
         topic,
         SUBSCRIPTION,
-        backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+        # The built-in nack has no backoff: its fixed delay is the first one. The demo's
+        # events fail once only, so every retry asks for that delay with either tracker.
+        nack_delay_ms=backoff.next_delay_ms(0) if builtin else 60_000,
+        backoff=None if builtin else backoff,
         retryable=(TransientError,),
         client_factory=client_factory_for(url),
+        consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
+        tracker=args.tracker,
     )
     budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
     progress = None
@@ -374,6 +391,22 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _retry_wait(retries: list[tuple[Any, float, float, float]]) -> dict[str, float | None]:
+    """Min / p50 / max of arrival - nack time: the delay a retry really waited. O(n log n).
+
+    Unlike the lateness it does not depend on the delay the config asked for.
+
+    >>> _retry_wait([("k", 0.0, 500.0, 620.0), ("j", 10.0, 510.0, 530.0)])
+    {'min': 520.0, 'p50': 520.0, 'max': 620.0}
+    >>> _retry_wait([])
+    {'min': None, 'p50': None, 'max': None}
+    """
+    waits = sorted(arrived - nacked for _key, nacked, _requested, arrived in retries)
+    if not waits:
+        return {"min": None, "p50": None, "max": None}
+    return {"min": round(waits[0], 1), "p50": round(waits[(len(waits) - 1) // 2], 1), "max": round(waits[-1], 1)}
+
+
 def _summarize(
     args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, float], broker: str
 ) -> dict[str, Any]:
@@ -399,6 +432,7 @@ def _summarize(
         "handler_errors": stats["handler_errors"],
         "failure_rate": args.failure_rate,
         "redelivery_lateness_ms": {k: stats["lateness_ms"][k] for k in ("count", "min", "p50", "p99", "max")},
+        "retry_wait_ms": _retry_wait(stats["retries"]),
         "peak_pending_nacks": stats["peak_pending_nacks"],
         "peak_tracker_memory_bytes": stats["peak_tracker_memory_bytes"],
         "tasks": stats["tasks"],
@@ -413,6 +447,8 @@ def _summarize(
         "messages_per_s": round(len(produced) / consume_s, 1) if consume_s > 0 else 0.0,
         "master": args.master,
         "broker": broker,
+        "tracker": args.tracker,
+        "receiver_queue_size": args.receiver_queue_size,
         "driver_pid": os.getpid(),
         "worker_pids": sorted({t["worker_pid"] for t in stats["task_stats"]}),
         "ok": lost == 0 and left == 0,
@@ -425,6 +461,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f} ms"
 
+    def known(value: int | None, unit: str = "") -> str:
+        return "not available (built-in tracker)" if value is None else f"{value:,}{unit}"
+
     rows = [
         ("produced", f"{s['produced']:,}"),
         ("processed (handler calls)", f"{s['processed']:,}"),
@@ -436,14 +475,17 @@ def _print_summary(s: dict[str, Any]) -> None:
         ("lost", f"{s['lost']:,}" + ("" if s["lost"] else "  (every produced event was acked)")),
         ("left in the subscription", f"{s['left_in_subscription']:,}"),
         ("retry lateness p50 / p99 / max", f"{ms(late['p50'])} / {ms(late['p99'])} / {ms(late['max'])}"),
-        ("peak pending nacks (one worker)", f"{s['peak_pending_nacks']:,}"),
-        ("peak tracker memory (one worker)", f"{s['peak_tracker_memory_bytes']:,} bytes"),
+        ("peak pending nacks (one worker)", known(s["peak_pending_nacks"])),
+        ("peak tracker memory (one worker)", known(s["peak_tracker_memory_bytes"], " bytes")),
         ("tasks / rounds / workers", f"{s['tasks']} / {s['rounds']} / {s['workers']}"),
         ("Spark start / consume / total", f"{s['spark_start_s']:.1f} s / {s['consume_s']:.1f} s / {s['wall_s']:.1f} s"),
         ("throughput", f"{s['messages_per_s']:,.0f} messages/s"),
         ("result", "OK: nothing lost" if s["ok"] else "FAILED: messages lost or left behind"),
     ]
     width = max(len(name) for name, _ in rows)
-    print(f"pulsar-nack demo: {s['messages']:,} events, {s['failure_rate']:.0%} failing once, {s['master']}, {s['broker']}")
+    print(
+        f"pulsar-nack demo: {s['messages']:,} events, {s['failure_rate']:.0%} failing once, "
+        f"{s['master']}, {s['broker']}, tracker {s['tracker']}"
+    )
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")

@@ -16,7 +16,7 @@ from ..backoff import RedeliveryBackoff
 from ..buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
 from ..keys import PARTITION_SUFFIX
 
-__all__ = ["NON_RETRYABLE_ACTIONS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
+__all__ = ["NON_RETRYABLE_ACTIONS", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
 NON_RETRYABLE_ACTIONS: tuple[str, ...] = ("ack", "dead_letter", "raise")
 """What :func:`~pulsar_nack.spark.consume_partition` does with a message whose handler raised a
@@ -26,6 +26,8 @@ or re-raise (the task fails; the message returns to the subscription)."""
 _CONSUMER_TYPES = ("Shared", "KeyShared", "Failover", "Exclusive")
 _INITIAL_POSITIONS = ("Earliest", "Latest")
 _LOG_LEVELS = ("debug", "info", "warn", "error")
+TRACKERS: tuple[str, ...] = ("ours", "builtin")
+"""``ConsumerConfig.tracker``: pulsar-nack's tracker, or pulsar-client's built-in nack."""
 
 
 def _enum_name(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -117,6 +119,13 @@ class ConsumerConfig:
         its ack set, so no worker hands acked siblings back to the handler. A broker
         without the setting ignores the ack sets (whole entries come back, as with
         False). ``consumer_options["batch_index_ack_enabled"]`` wins over this.
+    tracker : {"ours", "builtin"}
+        ``"ours"`` (default): a :class:`~pulsar_nack.consumer.NackingConsumer`.
+        ``"builtin"``: a plain ``client.subscribe(...)`` consumer whose nacks use
+        pulsar-client's own tracker with the fixed ``nack_delay_ms``, for comparison.
+        It has no backoff (``backoff`` must be None); ``precision_bits`` and
+        ``never_early`` do not apply; its pending nacks and memory are not visible
+        (reported as None), and ``TaskBudget.drain_pending`` cannot wait for them.
 
     Examples
     --------
@@ -149,6 +158,7 @@ class ConsumerConfig:
     dead_letter_topic: str | None = None
     ack_flush_ms: int = 200
     batch_index_ack: bool = True
+    tracker: str = "ours"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -170,6 +180,12 @@ class ConsumerConfig:
             raise TypeError("never_early must be bool")
         if not isinstance(self.batch_index_ack, bool):
             raise TypeError("batch_index_ack must be bool")
+        if not isinstance(self.tracker, str):
+            raise TypeError(f"tracker must be a str, not {type(self.tracker).__name__}")
+        if self.tracker not in TRACKERS:
+            raise ValueError(f"tracker must be one of {TRACKERS}, got {self.tracker!r}")
+        if self.tracker == "builtin" and self.backoff is not None:
+            raise ValueError("tracker='builtin' has no backoff: leave backoff None and set nack_delay_ms")
         for name in ("client_options", "consumer_options"):
             value = getattr(self, name)
             if not isinstance(value, Mapping):
@@ -214,6 +230,7 @@ class ConsumerConfig:
             self.client_factory,
             self.log_level.lower(),
             self.batch_index_ack,
+            self.tracker,
         )
 
     def retry_delay_ms(self, redelivery_count: int) -> int:

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .builtin import BuiltinNackConsumer
 from .config import ConsumerConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -37,7 +38,7 @@ class _Entry:
     settings: tuple[Any, ...]
     pid: int
     client: Any
-    consumer: NackingConsumer
+    consumer: NackingConsumer | BuiltinNackConsumer
     uid: str
     tasks: int
     producers: dict[str, Any]
@@ -95,20 +96,28 @@ def _build(config: ConsumerConfig) -> _Entry:
     from ..consumer import subscribe
 
     client = _new_client(config)
-    options = {"batch_index_ack_enabled": config.batch_index_ack, **config.consumer_options}
+    options: dict[str, Any] = {
+        "batch_index_ack_enabled": config.batch_index_ack,
+        **config.consumer_options,
+        "consumer_type": getattr(pulsar.ConsumerType, config.subscription_type),
+        "initial_position": getattr(pulsar.InitialPosition, config.initial_position),
+        "negative_ack_redelivery_delay_ms": config.nack_delay_ms,
+    }
+    topics = list(config.topic_names) if len(config.topic_names) > 1 else config.topic_names[0]
+    consumer: NackingConsumer | BuiltinNackConsumer
     try:
-        consumer = subscribe(
-            client,
-            list(config.topic_names) if len(config.topic_names) > 1 else config.topic_names[0],
-            config.subscription,
-            consumer_type=getattr(pulsar.ConsumerType, config.subscription_type),
-            initial_position=getattr(pulsar.InitialPosition, config.initial_position),
-            negative_ack_redelivery_delay_ms=config.nack_delay_ms,
-            negative_ack_precision_bit_cnt=config.precision_bits,
-            redelivery_backoff=config.backoff,
-            never_early=config.never_early,
-            **options,
-        )
+        if config.tracker == "builtin":
+            consumer = BuiltinNackConsumer(client.subscribe(topics, config.subscription, **options))
+        else:
+            consumer = subscribe(
+                client,
+                topics,
+                config.subscription,
+                negative_ack_precision_bit_cnt=config.precision_bits,
+                redelivery_backoff=config.backoff,
+                never_early=config.never_early,
+                **options,
+            )
     except BaseException:
         with contextlib.suppress(Exception):
             client.close()
@@ -178,7 +187,7 @@ def _acquire(config: ConsumerConfig) -> tuple[_Entry, bool]:
         return entry, True
 
 
-def executor_consumer(config: ConsumerConfig) -> NackingConsumer:
+def executor_consumer(config: ConsumerConfig) -> NackingConsumer | BuiltinNackConsumer:
     """This worker process's consumer for *config*: created on first use, then reused.
 
     One client and one :class:`~pulsar_nack.consumer.NackingConsumer` per process per
@@ -195,8 +204,8 @@ def executor_consumer(config: ConsumerConfig) -> NackingConsumer:
 
     Returns
     -------
-    NackingConsumer
-        Do not close it yourself; use :func:`close_executor_consumers`.
+    NackingConsumer or BuiltinNackConsumer
+        The latter with ``config.tracker="builtin"``. Do not close it yourself; use :func:`close_executor_consumers`.
     """
     if not isinstance(config, ConsumerConfig):
         raise TypeError(f"config must be a ConsumerConfig, not {type(config).__name__}")

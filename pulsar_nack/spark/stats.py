@@ -37,10 +37,11 @@ class TaskStats(TypedDict):
     non_retryable: int
     dead_lettered: int
     stop_reason: str  # "max_messages", "max_time", "idle" or "error"
-    pending_nacks: int  # left in this worker's tracker when the task returned
-    peak_pending_nacks: int
-    tracker_memory_bytes: int
-    peak_tracker_memory_bytes: int
+    # The next four are None with tracker="builtin" (the client's tracker is not visible).
+    pending_nacks: int | None  # left in this worker's tracker when the task returned
+    peak_pending_nacks: int | None
+    tracker_memory_bytes: int | None
+    peak_tracker_memory_bytes: int | None
     flush_ms: float
     wall_ms: float
     started_at_ms: float
@@ -67,8 +68,8 @@ class RunStats(TypedDict):
     max_tasks_per_consumer: int
     reused_consumers: int  # consumers that served two or more tasks
     consumers_created: int
-    peak_pending_nacks: int  # the largest per-worker peak
-    peak_tracker_memory_bytes: int
+    peak_pending_nacks: int | None  # the largest per-worker peak; None if no task knew it
+    peak_tracker_memory_bytes: int | None
     retries: list[tuple[tuple[str, int, int, int], float, float, float]]  # (key, nacked_at, requested_at, arrived_at)
     unmatched_nacks: int  # nacks with no later arrival recorded (e.g. its task attempt failed)
     lateness_ms: dict[str, float | None]  # arrival - requested: count, min, p50, p99, max
@@ -82,6 +83,18 @@ def _percentile(ordered: Sequence[float], fraction: float) -> float:
     """Nearest-rank percentile of a sorted, non-empty sequence."""
     index = max(0, math.ceil(fraction * len(ordered)) - 1)
     return ordered[min(index, len(ordered) - 1)]
+
+
+def _known_max(values: Sequence[int | None]) -> int | None:
+    """The largest known value; 0 for no tasks; None if every task reported None.
+
+    >>> _known_max([None, 3, 1]), _known_max([None]), _known_max([])
+    (3, None, 0)
+    """
+    known = [v for v in values if v is not None]
+    if known:
+        return max(known)
+    return None if values else 0
 
 
 def _match_retries(
@@ -162,8 +175,8 @@ def aggregate_task_stats(tasks: Sequence[TaskStats], *, wall_ms: float | None = 
         max_tasks_per_consumer=max(per_consumer.values(), default=0),
         reused_consumers=sum(1 for n in per_consumer.values() if n >= 2),
         consumers_created=created,
-        peak_pending_nacks=max((t["peak_pending_nacks"] for t in tasks), default=0),
-        peak_tracker_memory_bytes=max((t["peak_tracker_memory_bytes"] for t in tasks), default=0),
+        peak_pending_nacks=_known_max([t["peak_pending_nacks"] for t in tasks]),
+        peak_tracker_memory_bytes=_known_max([t["peak_tracker_memory_bytes"] for t in tasks]),
         retries=retries,
         unmatched_nacks=unmatched,
         lateness_ms={

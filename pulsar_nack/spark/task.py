@@ -24,6 +24,7 @@ from .stats import TaskStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..consumer import NackingConsumer
+    from .builtin import BuiltinNackConsumer
 
 __all__ = ["consume_partition", "consumer_task"]
 
@@ -41,7 +42,20 @@ def _message_key(message: Any) -> Key:
     return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
 
-def _flush_acks(consumer: NackingConsumer, last_ack: float | None, flush_ms: int) -> float:
+def _tracker_sample(tracker: Any) -> tuple[int | None, int | None]:
+    """(pending nacks, memory bytes) of *tracker*; (None, None) for the built-in's."""
+    if tracker is None:
+        return None, None
+    stats = tracker.stats()
+    return stats["pending_messages"], stats["memory_bytes"]
+
+
+def _peak(a: int | None, b: int | None) -> int | None:
+    """The larger of two samples; None when neither is known."""
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float | None, flush_ms: int) -> float:
     """Make sure the client has sent the grouped acks; return the time spent in ms.
 
     There is no flush in pulsar-client 3.13: the acks go out on the client's 100 ms
@@ -120,8 +134,8 @@ class _TaskRun:
         self.entry, self.created = _acquire(config)
         self.entry.tasks += 1
         self.worker_tasks = _next_worker_task()
-        self.consumer: NackingConsumer = self.entry.consumer
-        self.tracker = self.consumer.tracker
+        self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
+        self.tracker = self.consumer.tracker  # None with tracker="builtin"
         self.swallowed_before = self.consumer.stats()["swallowed"]
         self.counts = dict.fromkeys(("received", "acked", "nacked", "redelivered", "non_retryable", "dead_lettered"), 0)
         self.reported = dict.fromkeys(_COUNTERS, 0)
@@ -129,8 +143,8 @@ class _TaskRun:
         self.nacks: list[tuple[Key, float, float]] = []
         self.arrivals: list[tuple[Key, float, int]] = []
         self.collected: list[Any] = []
-        self.peak_pending = len(self.tracker)
-        self.peak_memory = 0
+        self.peak_pending: int | None = None if self.tracker is None else len(self.tracker)
+        self.peak_memory: int | None = None if self.tracker is None else 0
         self.last_ack: float | None = None
         self.end = math.inf if budget.max_time_ms is None else self.start + budget.max_time_ms / 1000
         self.next_housekeeping = self.start
@@ -178,7 +192,7 @@ class _TaskRun:
                 message = self.consumer.receive(timeout)
             except pulsar.Timeout:
                 now = time.monotonic()
-                if budget.drain_pending and len(self.tracker):
+                if budget.drain_pending and self.tracker is not None and len(self.tracker):
                     last_busy = now
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
@@ -234,7 +248,8 @@ class _TaskRun:
         if self.record_timings:
             now_ms = time.time() * 1000
             self.nacks.append((_message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
-        self.peak_pending = max(self.peak_pending, len(self.tracker))
+        if self.tracker is not None:
+            self.peak_pending = _peak(self.peak_pending, len(self.tracker))
 
     # -- bookkeeping ---------------------------------------------------------------
 
@@ -242,9 +257,9 @@ class _TaskRun:
         """Every 200 ms: sample the tracker's size and memory; report progress when due."""
         if now < self.next_housekeeping:
             return
-        stats = self.tracker.stats()
-        self.peak_memory = max(self.peak_memory, stats["memory_bytes"])
-        self.peak_pending = max(self.peak_pending, stats["pending_messages"])
+        pending, memory = _tracker_sample(self.tracker)
+        self.peak_memory = _peak(self.peak_memory, memory)
+        self.peak_pending = _peak(self.peak_pending, pending)
         self.next_housekeeping = now + _HOUSEKEEPING_S
         if now >= self.next_progress:
             self._report()
@@ -261,7 +276,7 @@ class _TaskRun:
                 _log.warning("progress callback failed", exc_info=True)
 
     def _stats(self) -> TaskStats:
-        stats = self.tracker.stats()
+        pending, memory = _tracker_sample(self.tracker)
         counts = self.counts
         return TaskStats(
             partition=self.partition,
@@ -280,10 +295,10 @@ class _TaskRun:
             non_retryable=counts["non_retryable"],
             dead_lettered=counts["dead_lettered"],
             stop_reason=self.stop_reason,
-            pending_nacks=stats["pending_messages"],
-            peak_pending_nacks=max(self.peak_pending, stats["pending_messages"]),
-            tracker_memory_bytes=stats["memory_bytes"],
-            peak_tracker_memory_bytes=max(self.peak_memory, stats["memory_bytes"]),
+            pending_nacks=pending,
+            peak_pending_nacks=_peak(self.peak_pending, pending),
+            tracker_memory_bytes=memory,
+            peak_tracker_memory_bytes=_peak(self.peak_memory, memory),
             flush_ms=round(self.flush_ms, 3),
             wall_ms=round((time.monotonic() - self.start) * 1000, 3),
             started_at_ms=self.started_at_ms,
