@@ -178,6 +178,19 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
     return meta
 
 
+def run_worker(module: str, *args: str, timeout_s: float = 1800) -> dict[str, Any]:
+    """Run ``python -m module --worker *args`` in a fresh process; return its last stdout line as JSON."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--worker", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=timeout_s,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def broker_label(broker: Any) -> str:
     """What a result records as its broker: "Apache Pulsar 4.0.8 standalone" or "pulsar-lite"."""
     version = getattr(broker, "version", None)

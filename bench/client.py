@@ -20,13 +20,21 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import subprocess
 import sys
 import time
 import uuid
 from typing import Any
 
-from ._common import REPO, broker_label, fmt_bytes, print_table, rss_bytes, summarize, trim_heap, write_result
+from ._common import (
+    broker_label,
+    fmt_bytes,
+    print_table,
+    rss_bytes,
+    run_worker,
+    summarize,
+    trim_heap,
+    write_result,
+)
 
 ENTRIES_PER_LEDGER = 50_000
 HOUR_MS = 3_600_000
@@ -145,15 +153,7 @@ def run(n: int, call_reps: int, broker_kind: str = "apache") -> dict[str, Any]:
     results = []
     with BROKERS[broker_kind]() as broker:
         for system in ("built-in", "pulsar-nack"):
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.client", "--worker", broker.url, system, str(n), str(call_reps)],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=1800,
-            )
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            results.append(run_worker("bench.client", broker.url, system, str(n), str(call_reps)))
     built_in, ours = results
     return {
         "broker": broker_label(broker),

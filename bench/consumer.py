@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._common import REPO, print_table, rss_bytes, start_context, summarize, trim_heap, write_result
+from ._common import print_table, rss_bytes, run_worker, start_context, summarize, trim_heap, write_result
 
 HOUR_MS = 3_600_000
 BATCH = 10
@@ -234,15 +233,7 @@ def run_memory(url: str, n: int) -> dict[str, Any]:
         for nack, into in ((True, cases), (False, controls)):
             topic = _topic("b")
             _produce(client, topic, n, batched=True)
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.consumer", "--worker", url, system, topic, str(n), str(int(nack))],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=1800,
-            )
-            into.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            into.append(run_worker("bench.consumer", url, system, topic, str(n), str(int(nack))))
     client.close()
     for case, control in zip(cases, controls):
         net = case["rss_delta_bytes"] - control["rss_delta_bytes"]

@@ -14,29 +14,18 @@ Run: ``python -m bench.scaling [--quick]``; plots come from ``bench/plot.py``.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from typing import Any
 
 from tqdm import tqdm
 
 from . import memory
-from ._common import REPO, fmt_bytes, print_table, write_result
+from ._common import fmt_bytes, print_table, run_worker, write_result
 
 CASE = "consec-x8-y10"
 
 
 def _built_in(url: str, n: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.client", "--worker", url, "built-in", str(n), "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=3600,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_worker("bench.client", url, "built-in", str(n), "1", timeout_s=3600)
 
 
 def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:

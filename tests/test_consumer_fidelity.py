@@ -17,7 +17,7 @@ import pulsar
 import pytest
 
 import pulsar_nack
-from helpers import out_of_batch_id, wait_for
+from helpers import out_of_batch_id, produce, wait_for
 from pulsar_nack.testing import quiet_client
 
 pytestmark = pytest.mark.broker
@@ -36,21 +36,6 @@ def client(apache_broker: Any) -> Any:
 
 def new_topic(prefix: str = "fi") -> str:
     return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def produce(client: Any, topic: str, payloads: list[bytes], *, batch: bool = False) -> None:
-    if batch:
-        producer = client.create_producer(
-            topic, batching_enabled=True, batching_max_messages=len(payloads), batching_max_publish_delay_ms=1_000
-        )
-        for payload in payloads:
-            producer.send_async(payload, None)
-        producer.flush()
-    else:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for payload in payloads:
-            producer.send(payload)
-    producer.close()
 
 
 def drain(consumer: Any, want: int, timeout_s: float) -> list[Any]:
@@ -79,7 +64,7 @@ def test_gap1_nack_of_one_batch_message_brings_back_its_unsettled_siblings(clien
     (redelivery count 1). The siblings are unsettled, so they must come back too."""
     topic = new_topic()
     consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED, negative_ack_redelivery_delay_ms=100)
-    produce(client, topic, [b"a", b"b", b"c"], batch=True)
+    produce(client, topic, [b"a", b"b", b"c"], batch_size=3)
     first = drain(consumer, 3, 10)
     assert sorted(m.data() for m in first) == [b"a", b"b", b"c"]
     consumer.negative_acknowledge(first[-1])
@@ -97,7 +82,7 @@ def test_gap1_ack_timeout_brings_back_unsettled_batch_messages(client: Any) -> N
     """No nack at all: the client's ack timeout redelivers the unacked batch after ~11 s."""
     topic = new_topic()
     consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED, unacked_messages_timeout_ms=10_000)
-    produce(client, topic, [b"a", b"b", b"c"], batch=True)
+    produce(client, topic, [b"a", b"b", b"c"], batch_size=3)
     assert len(drain(consumer, 3, 10)) == 3  # the handler "crashes": nothing is settled
     again = drain(consumer, 3, 25)
     assert sorted(m.data() for m in again) == [b"a", b"b", b"c"]
@@ -197,7 +182,7 @@ def test_gap4_batch_message_is_dead_lettered_only_after_max_deliveries_to_the_ap
         client, topic, "s", consumer_type=SHARED, negative_ack_redelivery_delay_ms=100,
         dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2),
     )
-    produce(client, topic, [b"a", b"b"], batch=True)
+    produce(client, topic, [b"a", b"b"], batch_size=2)
     seen: dict[bytes, int] = {b"a": 0, b"b": 0}
     dead_letters: list[Any] = []
     end = time.monotonic() + 60
@@ -227,7 +212,7 @@ def test_gap5_seek_resets_pending_batch_state_and_get_last_message_id(client: An
     topic = new_topic("seek")
     consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
     payloads = [f"s{i}".encode() for i in range(5)]
-    produce(client, topic, payloads, batch=True)
+    produce(client, topic, payloads, batch_size=len(payloads))
     first = drain(consumer, 5, 10)
     last = consumer.get_last_message_id()
     assert (last.ledger_id(), last.entry_id()) == (first[0].message_id().ledger_id(), first[0].message_id().entry_id())
@@ -291,7 +276,7 @@ def test_out_of_range_batch_index_changes_nothing(client: Any) -> None:
     afterwards the batch settles normally and nothing acked comes back."""
     topic = new_topic("range")
     consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
-    produce(client, topic, [f"r{i}".encode() for i in range(10)], batch=True)
+    produce(client, topic, [f"r{i}".encode() for i in range(10)], batch_size=10)
     got = drain(consumer, 10, 10)
     bad = out_of_batch_id(got[0].message_id(), 50)
     for call in (consumer.acknowledge, consumer.negative_acknowledge):
@@ -311,7 +296,7 @@ def test_redeliver_unacknowledged_messages_never_returns_acked_siblings(client: 
     topic = new_topic("redeliver")
     consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
     payloads = [f"d{i}".encode() for i in range(5)]
-    produce(client, topic, payloads, batch=True)
+    produce(client, topic, payloads, batch_size=len(payloads))
     got = drain(consumer, 5, 10)
     for m in got[:3]:
         consumer.acknowledge(m)
