@@ -54,21 +54,49 @@ def _us_per_call(call: Any, items: list[Any]) -> float:
     return (time.perf_counter() - start) / len(items) * 1e6
 
 
-def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int) -> dict[str, float]:
-    """Median µs per ``negative_acknowledge(message)`` on received messages (the app's path)."""
+def _id_read_steps() -> dict[str, Any]:
+    """The client calls a nack of a received message needs, each timed on its own (a profile)."""
+    from pulsar_nack import _accel
+
+    steps: dict[str, Any] = {
+        "message_id()": lambda m: m.message_id(),
+        "topic_name()": lambda m: m.topic_name(),
+        "message_id() + serialize()": lambda m: m.message_id().serialize(),
+        "id read, four getters (pure Python)": _accel.py_message_key,
+    }
+    if _accel.MSGID:
+        steps["id read, one serialize() parsed in C (used)"] = _accel.message_key
+    return steps
+
+
+def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int, profile: bool) -> dict[str, Any]:
+    """Median µs per ``negative_acknowledge(message)`` on received messages (the app's path).
+
+    With *profile*, also the median µs of each client call the nack makes to read the
+    message's id, timed on the same messages just before they are nacked.
+    """
     batch = 5_000
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     samples = []
+    steps = _id_read_steps() if profile else {}
+    step_samples: dict[str, list[float]] = {name: [] for name in steps}
     for rep in range(reps + 1):
         for _i in range(batch):
             producer.send_async(b"x", None)
         producer.flush()
         messages = [consumer.receive(30_000) for _ in range(batch)]
+        inner = [message._message for message in messages]
+        step_costs = {name: _us_per_call(step, inner) for name, step in steps.items()}
         cost = _us_per_call(consumer.negative_acknowledge, messages)
         if rep:  # the first repetition is the warmup
             samples.append(cost)
+            for name, step_cost in step_costs.items():
+                step_samples[name].append(step_cost)
     producer.close()
-    return {**summarize(samples), "batch": batch}
+    result: dict[str, Any] = {**summarize(samples), "batch": batch}
+    if profile:
+        result["id_read_steps_us"] = {name: summarize(values) for name, values in step_samples.items()}
+    return result
 
 
 def _tracker_add_us(topic: str, reps: int, batch: int, speedups: bool) -> dict[str, float]:
@@ -133,11 +161,12 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
         if rep:  # the first repetition is the warmup
             samples.append(cost)
     result["call_us"] = summarize(samples)
-    result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps)
+    result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps, system == "pulsar-nack")
     if system == "pulsar-nack":
         from pulsar_nack import _accel
 
         result["speedups_built"] = _accel.SPEEDUPS
+        result["msgid_built"] = _accel.MSGID
         result["tracker_add_us"] = _tracker_add_us(topic, call_reps, batch, speedups=True)
         result["tracker_add_pure_python_us"] = _tracker_add_us(topic, call_reps, batch, speedups=False)
         consumer.close(redeliver_pending=False)
@@ -217,6 +246,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
     for name, value in payload["ratios"].items():
         print(f"{name}: {value:.1f}x")
+    ours = payload["cases"][1]["call_message_us"]
+    for name, step in ours.get("id_read_steps_us", {}).items():
+        print(f"pulsar-nack nack(message) profile, {name}: {step['median']:.2f} µs of {ours['median']:.2f}")
     path = write_result(args.out or ("client-quick" if args.quick else "client"), payload)
     print(f"wrote {path}")
     return payload

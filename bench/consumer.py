@@ -11,10 +11,11 @@ the same shape, on one Apache Pulsar standalone broker started by this program:
   :func:`pulsar_nack.subscribe` sets by default).
 * **B, bytes per pending nack, batched**: ``n`` messages in batches of 10, the first
   message of each batch nacked with a one-hour delay, the rest acked. Process RSS
-  delta (after ``gc.collect`` and ``malloc_trim``) divided by the pending nacks, each
-  system in a fresh worker process. A control run per system acks everything; the
-  *net* figure subtracts its RSS delta (what receiving alone costs). Ours also reports
-  its structures' own estimate.
+  delta (after ``gc.collect`` and ``malloc_trim``, with the receiver queue settled and
+  at least half full at both ends) divided by the pending nacks, each run a fresh worker process, three runs
+  of each, medians. A control run per system acks everything; the *net* figure
+  subtracts its median RSS delta (what receiving alone costs). Ours also reports its
+  structures' own estimate.
 * **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
   one-hour delay, both systems in one process.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -97,11 +99,33 @@ def _prefill(admin: Any, topic: str, n: int) -> bool:
     """
     end = time.monotonic() + 60
     while time.monotonic() < end:
-        subscription = admin.topic_stats(topic)["subscriptions"]["bench"]
-        if subscription.get("msgOutCounter", 0) >= n:
+        if _messages_out(admin, topic) >= n:
             return True
         time.sleep(0.05)
     return False
+
+
+def _messages_out(admin: Any, topic: str) -> int:
+    return int(admin.topic_stats(topic)["subscriptions"]["bench"].get("msgOutCounter", 0))
+
+
+def _queued_when_settled(admin: Any, topic: str, consumed: int) -> int:
+    """Messages in the consumer's receiver queue once the broker's dispatch has settled.
+
+    The client grants permits in steps (about half its queue at a time), so the queue holds
+    between half and all of ``QUEUE`` messages; this waits (deadline 60 s) until the broker's
+    ``msgOutCounter`` is at least half a queue ahead of *consumed* and unchanged for 0.5 s.
+    """
+    end = time.monotonic() + 60
+    last, since = -1, time.monotonic()
+    while time.monotonic() < end:
+        out = _messages_out(admin, topic)
+        if out != last:
+            last, since = out, time.monotonic()
+        elif out - consumed >= QUEUE // 2 and time.monotonic() - since >= 0.5:
+            break
+        time.sleep(0.05)
+    return last - consumed
 
 
 def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> float:
@@ -174,30 +198,50 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     return result
 
 
-def _memory_worker(url: str, system: str, topic: str, n: int, nack: bool = True) -> dict[str, Any]:
-    """Fresh process: receive the batched backlog, nack one message per batch, ack the rest.
+QUEUE = 1000
+"""The memory workers' receiver queue (the client's default)."""
+TAIL = 3 * QUEUE
+"""Messages produced beyond the *n* a memory worker handles: its queue is never drained."""
+
+
+def _memory_worker(url: str, admin_url: str, system: str, topic: str, n: int, nack: bool = True) -> dict[str, Any]:
+    """Fresh process: receive *n* of the batched backlog, nack one message per batch, ack the rest.
 
     With *nack* False (the control run) every message is acked: what receiving alone costs.
+    The first message is nacked (acked in the control) before the first RSS read, so the
+    one-off cost of a system's nack machinery (a timer thread, its first structures)
+    stays out of the per-nack figure.
+    The topic holds ``n + TAIL`` messages and RSS is read with the receiver queue settled
+    at both ends (see :func:`_queued_when_settled`; both counts are recorded), so the queued
+    messages cancel out of the delta instead of making it negative.
     """
     import pulsar
 
+    from pulsar_nack.testing.admin import PulsarAdmin
+
+    admin = PulsarAdmin(admin_url)
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    consumer = _subscribe(client, system, topic)
+    consumer = _subscribe(client, system, topic, queue=QUEUE)
     first = consumer.receive(30_000)
+    if nack:  # start the nack machinery (timer thread, first structures) before the first RSS read
+        consumer.negative_acknowledge(first)
+    else:
+        consumer.acknowledge(first)
+    del first
+    queued_at_start = _queued_when_settled(admin, topic, consumed=1)
     gc.collect()
     trim_heap()
     before = rss_bytes()
     nacked = 0
-    message = first
-    for i in range(n):
-        if i:
-            message = consumer.receive(30_000)
+    for _ in range(n):
+        message = consumer.receive(30_000)
         if nack and message.message_id().batch_index() == 0:
             consumer.negative_acknowledge(message)
             nacked += 1
         else:
             consumer.acknowledge(message)
-    del message, first
+    del message
+    queued_at_end = _queued_when_settled(admin, topic, consumed=1 + n)
     gc.collect()
     trim_heap()
     after = rss_bytes()
@@ -206,6 +250,9 @@ def _memory_worker(url: str, system: str, topic: str, n: int, nack: bool = True)
         "nack": nack,
         "messages": n,
         "pending_nacks": nacked,
+        "queued_at_start": queued_at_start,
+        "queued_at_end": queued_at_end,
+        "queue_full_at_both_ends": min(queued_at_start, queued_at_end) >= QUEUE // 2,
         "rss_delta_bytes": after - before,
         "bytes_per_pending_nack": (after - before) / max(nacked, 1),
     }
@@ -222,25 +269,45 @@ def _memory_worker(url: str, system: str, topic: str, n: int, nack: bool = True)
     return result
 
 
-def run_memory(url: str, n: int) -> dict[str, Any]:
-    """Goal B: each system in a fresh process on its own topic of the same shape."""
+def _median_of(runs: list[dict[str, Any]], field: str) -> float:
+    return float(statistics.median(run[field] for run in runs))
+
+
+def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
+    """Goal B: each run a fresh process on its own topic of the same shape; *reps* runs of each.
+
+    Runs alternate system and control so that drift on the machine falls on all of them.
+    The net figure is the median nack run's RSS delta minus the median control's.
+    """
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    cases: list[dict[str, Any]] = []
-    controls: list[dict[str, Any]] = []
-    for system in SYSTEMS:
-        for nack, into in ((True, cases), (False, controls)):
+    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {(s, nack): [] for s in SYSTEMS for nack in (True, False)}
+    for _rep in range(reps):
+        for key in runs:
             topic = _topic("b")
-            _produce(client, topic, n, batched=True)
-            into.append(run_worker("bench.consumer", url, system, topic, str(n), str(int(nack))))
+            _produce(client, topic, n + TAIL, batched=True)
+            system, nack = key
+            runs[key].append(run_worker("bench.consumer", url, admin_url, system, topic, str(n), str(int(nack))))
     client.close()
-    for case, control in zip(cases, controls):
-        net = case["rss_delta_bytes"] - control["rss_delta_bytes"]
-        case["control_rss_delta_bytes"] = control["rss_delta_bytes"]
-        case["net_bytes_per_pending_nack"] = net / max(case["pending_nacks"], 1)
+    cases = []
+    for system in SYSTEMS:
+        nacked, controls = runs[system, True], runs[system, False]
+        case = dict(nacked[0])
+        for field in ("rss_delta_bytes", "pending_nacks", "structures_bytes_per_pending_nack"):
+            if field in case:
+                case[field] = _median_of(nacked, field)
+        pending = max(case["pending_nacks"], 1)
+        case["bytes_per_pending_nack"] = case["rss_delta_bytes"] / pending
+        case["rss_delta_bytes_runs"] = [run["rss_delta_bytes"] for run in nacked]
+        case["control_rss_delta_bytes"] = _median_of(controls, "rss_delta_bytes")
+        case["control_rss_delta_bytes_runs"] = [run["rss_delta_bytes"] for run in controls]
+        case["queue_full_at_both_ends"] = all(run["queue_full_at_both_ends"] for run in nacked + controls)
+        case["net_bytes_per_pending_nack"] = (case["rss_delta_bytes"] - case["control_rss_delta_bytes"]) / pending
+        cases.append(case)
     plain, ours = cases
     return {
+        "runs_per_case": reps,
         "cases": cases,
         "ratio_ours_over_plain": ours["bytes_per_pending_nack"] / plain["bytes_per_pending_nack"],
         "net_ratio_ours_over_plain": ours["net_bytes_per_pending_nack"] / plain["net_bytes_per_pending_nack"],
@@ -252,7 +319,7 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
 
     with PulsarStandalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
-        memory = run_memory(broker.url, memory_n)
+        memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         version = broker.version
     return {
         "broker": f"Apache Pulsar {version} standalone",
@@ -275,8 +342,8 @@ def _report(payload: dict[str, Any]) -> None:
     memory = payload["pending_nack_memory_batched"]
     print_table(
         ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
-        [[c["system"], f"{c['messages']:,}", f"{c['pending_nacks']:,}", f"{c['rss_delta_bytes']:,}",
-          f"{c['control_rss_delta_bytes']:,}", f"{c['bytes_per_pending_nack']:.1f}",
+        [[c["system"], f"{c['messages']:,}", f"{c['pending_nacks']:,}", f"{int(c['rss_delta_bytes']):,}",
+          f"{int(c['control_rss_delta_bytes']):,}", f"{c['bytes_per_pending_nack']:.1f}",
           f"{c['net_bytes_per_pending_nack']:.1f}"] for c in memory["cases"]],
         title="Bytes per pending nack, batched workload",
     )
@@ -287,8 +354,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "--worker":
-        url, system, topic, n, nack = argv[1], argv[2], argv[3], int(argv[4]), bool(int(argv[5]))
-        print(json.dumps(_memory_worker(url, system, topic, n, nack)))
+        url, admin_url, system, topic = argv[1:5]
+        print(json.dumps(_memory_worker(url, admin_url, system, topic, int(argv[5]), bool(int(argv[6])))))
         return None
     parser = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20,000 messages, 3 repetitions")

@@ -25,7 +25,19 @@ from typing import Any
 
 from pyroaring import BitMap
 
-__all__ = ["SPEEDUPS", "FastAdd", "HotSlot", "PyHotSlot", "decode_gaps", "encode_gaps"]
+__all__ = [
+    "MSGID",
+    "SPEEDUPS",
+    "FastAdd",
+    "HotSlot",
+    "PyHotSlot",
+    "decode_gaps",
+    "encode_gaps",
+    "message_key",
+    "parse_id",
+    "py_message_key",
+    "py_parse_id",
+]
 
 
 _MAX_SLOTS = 16
@@ -120,6 +132,74 @@ class PyHotSlot:
         return [(*k, slot[0], slot[1]) for k, slot in self._slots.items()]
 
 
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at *pos* and the position after it; ValueError if truncated or too long."""
+    value = shift = 0
+    while shift < 70 and pos < len(data):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value & 0xFFFF_FFFF_FFFF_FFFF, pos
+        shift += 7
+    raise ValueError("not a serialized Pulsar message id")
+
+
+def _signed(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
+    """``(ledger, entry, partition, batch_index, batch_size)`` of ``MessageId.serialize()`` bytes.
+
+    A ``MessageIdData`` protobuf: 1 ledgerId, 2 entryId (required), 3 partition and
+    4 batch_index (default -1), 6 batch_size (default 0); other fields are skipped. The
+    stand-in for the C ``parse_id`` of ``pulsar_nack._msgid``, same results and errors.
+    O(len(data)).
+
+    >>> py_parse_id(bytes.fromhex("0894b4e4f4cb03100218032009"))
+    (123456789012, 2, 3, 9, 0)
+    """
+    if not isinstance(data, bytes):
+        raise TypeError(f"data must be bytes, not {type(data).__name__}")
+    fields = [0, 0, -1, -1, 0]
+    seen, pos = 0, 0
+    while pos < len(data):
+        tag, pos = _varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            if number in (1, 2):
+                fields[number - 1] = _signed(value, 64)
+                seen |= number
+            elif number in (3, 4, 6):
+                fields[2 if number == 3 else 3 if number == 4 else 4] = _signed(value, 32)
+            continue
+        if wire == 2:
+            length, pos = _varint(data, pos)
+        elif wire in (1, 5):
+            length = 8 if wire == 1 else 4
+        else:
+            raise ValueError("not a serialized Pulsar message id")
+        if length > len(data) - pos:
+            raise ValueError("not a serialized Pulsar message id")
+        pos += length
+    if seen != 3:
+        raise ValueError("not a serialized Pulsar message id")
+    return fields[0], fields[1], fields[2], fields[3], fields[4]
+
+
+def py_message_key(message: Any) -> tuple[str, int, int, int]:
+    """``(topic, ledger, entry, batch_index)`` of a received ``_pulsar.Message``: four id reads. O(1).
+
+    The stand-in for the C ``message_key`` of ``pulsar_nack._msgid``, which reads the same
+    fields from one ``serialize()`` of the id (about 0.3 µs less per call: ``bench/client.py``).
+    """
+    message_id = message.message_id()
+    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
+
+
 HotSlot: Any = PyHotSlot
 FastAdd: Any = None
 encode_gaps: Any = None
@@ -127,6 +207,11 @@ encode_gaps: Any = None
 decode_gaps: Any = None
 """C ``decode_gaps(payload)``, or None (pure Python)."""
 SPEEDUPS = False
+message_key: Any = py_message_key
+"""``message_key(message)``: the C reader of ``pulsar_nack._msgid``, or :func:`py_message_key`."""
+parse_id: Any = py_parse_id
+"""``parse_id(data)``: the C parser of ``pulsar_nack._msgid``, or :func:`py_parse_id`."""
+MSGID = False
 
 if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
     try:
@@ -139,5 +224,14 @@ if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
         encode_gaps, decode_gaps = _c_encode_gaps, _c_decode_gaps
 
         SPEEDUPS = True
+    except ImportError:  # built without a C compiler: pure Python
+        pass
+
+    try:
+        from ._msgid import message_key as _c_message_key
+        from ._msgid import parse_id as _c_parse_id
+
+        message_key, parse_id = _c_message_key, _c_parse_id
+        MSGID = True
     except ImportError:  # built without a C compiler: pure Python
         pass

@@ -37,6 +37,7 @@ from typing import Any
 import _pulsar
 from pyroaring import BitMap64
 
+from . import _accel
 from ._base import DueKeys
 from ._validate import check_int, check_topics
 from .backoff import RedeliveryBackoff
@@ -148,36 +149,7 @@ def _is_message(obj: Any) -> bool:
 
 def batch_size_of(message_id: _pulsar.MessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
-    data = message_id.serialize()
-    pos, size, end = 0, 0, len(data)
-    while pos < end:
-        tag, pos = _varint(data, pos)
-        field, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            if field == 6:
-                size = value
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            return 0
-    return size
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
+    return int(_accel.parse_id(message_id.serialize())[4])
 
 
 def handoff_id(topic: str, ledger_id: int, entry_id: int) -> _pulsar.MessageId:
@@ -516,13 +488,13 @@ class NackingCore:
             isinstance(inner, _pulsar.Message)
             and self._fast_nack
             and delay_ms is None
-            and (raw := inner.message_id()).batch_index() < 0
+            and (fast_key := _accel.message_key(inner))[3] < 0
         ):
             # The common call: a received non-batched pulsar.Message, the fixed delay.
-            topic = inner.topic_name()
+            topic = fast_key[0]
             if topic not in self.topics.names and topic not in self.topics:
                 raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
-            self.tracker.add((topic, raw.ledger_id(), raw.entry_id(), -1))
+            self.tracker.add(fast_key)
             next(self._nacked)
             return
         key, raw = self.key_of(message)

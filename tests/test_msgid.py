@@ -1,0 +1,124 @@
+"""Reading a message id in one call: ``pulsar_nack._msgid`` (C) and its pure-Python stand-in.
+
+``parse_id`` decodes ``MessageId.serialize()``; ``message_key`` is the consumer's nack fast
+path. Both forms must agree with the client's own getters on every id, and refuse what is
+not a serialized id. The C tests skip when the extension was not built (``.ci/run``
+checks that it was).
+"""
+
+from __future__ import annotations
+
+import _pulsar
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import produce
+from pulsar_nack import _accel, subscribe
+from pulsar_nack.testing import quiet_client
+
+PARSERS = [pytest.param(_accel.py_parse_id, id="python")]
+if _accel.MSGID:
+    PARSERS.append(pytest.param(_accel.parse_id, id="c"))
+
+ids = st.tuples(
+    st.integers(-1, 2**31 - 1),  # partition
+    st.integers(0, 2**63 - 1),  # ledger
+    st.integers(0, 2**63 - 1),  # entry
+    st.integers(-1, 2**31 - 1),  # batch index
+)
+
+
+def getters(message_id: _pulsar.MessageId) -> tuple[int, int, int, int]:
+    return message_id.ledger_id(), message_id.entry_id(), message_id.partition(), message_id.batch_index()
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@given(fields=ids)
+def test_parse_id_agrees_with_the_clients_getters(parse, fields) -> None:
+    message_id = _pulsar.MessageId(*fields)
+    assert parse(message_id.serialize())[:4] == getters(message_id)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@given(fields=ids, size=st.integers(1, 2**31 - 1), ack_set=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+def test_parse_id_reads_the_batch_size_and_skips_other_fields(parse, fields, size, ack_set) -> None:
+    partition, ledger, entry, index = fields
+    data = _message_id_data(
+        [(1, ledger), (2, entry), (3, partition), (4, index)] + [(5, word) for word in ack_set] + [(6, size)]
+    )
+    chunk = _message_id_data([(1, 7), (2, 8)])
+    data += _varint(7 << 3 | 2) + _varint(len(chunk)) + chunk  # first_chunk_message_id: skipped
+    assert parse(data) == (ledger, entry, partition, index, size)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_earliest_and_latest_parse_as_the_client_reads_them(parse) -> None:
+    for message_id in (_pulsar.MessageId.earliest, _pulsar.MessageId.latest):
+        assert parse(message_id.serialize())[:4] == getters(message_id)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",  # no fields
+        bytes.fromhex("0805"),  # no entry id
+        bytes.fromhex("1007"),  # no ledger id
+        bytes.fromhex("08"),  # truncated tag value
+        bytes.fromhex("0805100780"),  # truncated varint
+        bytes.fromhex("08" + "ff" * 10 + "01" + "1007"),  # varint longer than 10 bytes
+        bytes.fromhex("0805100722"),  # length-delimited field without its length
+        bytes.fromhex("080510072205aa"),  # length beyond the end
+        bytes.fromhex("0805100729aabb"),  # 64-bit field cut short
+        bytes.fromhex("080510073d"),  # 32-bit field cut short
+        bytes.fromhex("0805100713"),  # a group (wire type 3): not in MessageIdData
+    ],
+)
+def test_parse_id_refuses_what_is_not_a_serialized_id(parse, data) -> None:
+    with pytest.raises(ValueError, match="not a serialized Pulsar message id"):
+        parse(data)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize("data", ["0805", bytearray(b"\x08\x05\x10\x07"), None, 5])
+def test_parse_id_wants_bytes(parse, data) -> None:
+    with pytest.raises(TypeError, match="data must be bytes"):
+        parse(data)
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("batch_size", [0, 4])
+def test_message_key_reads_received_messages_as_the_getters_do(apache_broker, topic, batch_size) -> None:
+    """On Apache Pulsar: plain and batched messages of a partitioned topic, both readers."""
+    topic = apache_broker.create_partitioned_topic(topic, 2)
+    client = quiet_client(apache_broker.url)
+    try:
+        consumer = subscribe(client, topic, "keys")
+        produce(client, topic, [b"m%d" % i for i in range(8)], batch_size=batch_size)
+        for _ in range(8):
+            inner = consumer.receive(10_000)._message
+            message_id = inner.message_id()
+            expected = (inner.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+            assert expected[0].startswith(topic + "-partition-")
+            assert (expected[3] >= 0) == bool(batch_size)
+            assert _accel.py_message_key(inner) == expected
+            assert _accel.message_key(inner) == expected
+            consumer.acknowledge(inner)
+        consumer.close()
+    finally:
+        client.close()
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _message_id_data(fields: list[tuple[int, int]]) -> bytes:
+    return b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
