@@ -297,6 +297,7 @@ def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
         for field in ("rss_delta_bytes", "pending_nacks", "structures_bytes_per_pending_nack"):
             if field in case:
                 case[field] = _median_of(nacked, field)
+        case["pending_nacks"] = int(case["pending_nacks"])
         pending = max(case["pending_nacks"], 1)
         case["bytes_per_pending_nack"] = case["rss_delta_bytes"] / pending
         case["rss_delta_bytes_runs"] = [run["rss_delta_bytes"] for run in nacked]
