@@ -4,12 +4,13 @@ Each run is a fresh ``python -m pulsar_nack.cli demo --broker B --tracker T --me
 --json`` process; its last stdout line is the summary. Wall time is measured around the
 whole process (broker and Spark start included). One ``python -m bench.demo`` run does,
 one after the other: on Apache Pulsar standalone, ``--tracker ours`` and ``--tracker
-builtin`` at each size (``default``, then ``large``), each pair back to back; then
-pulsar-lite with ours at the default size. The results go to
+builtin`` at each size (``default``, then ``large``), each pair back to back, ``--repeats``
+times (who goes first alternates; each run records its ``repeat``); then pulsar-lite with
+ours at the default size. The results go to
 ``bench/results/demo-apache.json`` (every Apache Pulsar run) and
 ``bench/results/demo-lite.json``; docs/spark.md shows them side by side.
 
-Run: ``python -m bench.demo [--quick] [--sizes default,large] [--receiver-queue-size N]``
+Run: ``python -m bench.demo [--quick] [--sizes default,large] [--repeats N] [--receiver-queue-size N]``
 (quick: the small size, ``-quick`` files).
 """
 
@@ -64,10 +65,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="default,large", help="Apache Pulsar sizes, comma-separated")
     parser.add_argument("--receiver-queue-size", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
     args = parser.parse_args(argv)
     sizes = ["small"] if args.quick else args.sizes.split(",")
     start = start_context()
-    apache = [run_demo(size, "apache", tracker, args.receiver_queue_size) for size in sizes for tracker in TRACKERS]
+    apache = []
+    for repeat in range(args.repeats):
+        order = TRACKERS if repeat % 2 == 0 else TRACKERS[::-1]  # alternate who goes first
+        for size in sizes:
+            for tracker in order:
+                apache.append({**run_demo(size, "apache", tracker, args.receiver_queue_size), "repeat": repeat})
     lite = [run_demo(sizes[0], "lite", "ours", args.receiver_queue_size)]
     print_table(
         ["broker", "tracker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99/max lateness ms", "wall s", "msg/s"],

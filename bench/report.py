@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -322,7 +323,12 @@ def _throughput_ratio(run: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     if run.get("tracker", "ours") != "ours":
         return "–"
     peer = next(
-        (r for r in runs if r.get("tracker") == "builtin" and r["broker"] == run["broker"] and r["size"] == run["size"]),
+        (
+            r
+            for r in runs
+            if r.get("tracker") == "builtin"
+            and (r["broker"], r["size"], r.get("repeat", 0)) == (run["broker"], run["size"], run.get("repeat", 0))
+        ),
         None,
     )
     if peer is None:
@@ -352,7 +358,28 @@ def demo_table() -> str:
                 f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
                 f"{s['messages_per_s']:,.0f} | {_throughput_ratio(run, runs)} | {run['stderr_lines']} |"
             )
-    return "\n".join(lines)
+    summary = _demo_repeats_summary(_load("demo-apache")["runs"])
+    return "\n".join(lines + ([] if summary is None else ["", summary]))
+
+
+def _demo_repeats_summary(runs: list[dict[str, Any]]) -> str | None:
+    """Medians over the repetitions of ``bench.demo --repeats N`` (None for a single run)."""
+    repeats = sorted({r.get("repeat", 0) for r in runs})
+    if len(repeats) < 2:
+        return None
+    parts = []
+    for size in dict.fromkeys(r["size"] for r in runs):
+        ours = [r for r in runs if r["size"] == size and r["tracker"] == "ours"]
+        ratios = [float(_throughput_ratio(r, runs).rstrip("×")) for r in ours]
+        p99s = [r["summary"]["redelivery_lateness_ms"]["p99"] for r in ours]
+        parts.append(
+            f"`{size}`: ours / builtin messages/s {statistics.median(ratios):.2f}× (runs: "
+            + ", ".join(f"{x:.2f}×" for x in ratios)
+            + f"), ours' p99 lateness {statistics.median(p99s):,.0f} ms (runs: "
+            + ", ".join(f"{x:,.0f}" for x in p99s)
+            + " ms)"
+        )
+    return f"Medians of the {len(repeats)} repetitions on Apache Pulsar: " + "; ".join(parts) + "."
 
 
 def metrics_cost_table() -> str:

@@ -1,0 +1,205 @@
+"""Where a retry's time goes while a consumer drains a backlog: our handoff, then the broker.
+
+The Spark demo's retries come back late while its consumers drain the backlog that built
+up during Spark's start. This benchmark reproduces that with one ``NackingConsumer``
+(no Spark) and splits each retry's lateness into two stages:
+
+* **handoff - requested**: when our tracker handed the entry to the client, against
+  nack time + backoff (negative: early, by design, see docs/consumer.md);
+* **arrival - handoff**: from the handoff to the retry's arrival in ``receive()`` (the
+  client's 100 ms nack delay, the redeliver request, the broker's replay, the queue).
+
+Each case: a backlog of ``n`` messages on a fresh topic, then one consumer receives as
+fast as it can with a fixed handler cost (``--spin-us``, so every case runs at about the
+same rate), nacks 10 % of the messages on first delivery (backoff from 500 ms) and
+acks everything else, until every message is acked. Cases:
+
+* ``unbatched``: messages not batched;
+* ``batched``: batches of 10, one message of each batch nacked, its siblings acked
+  (batch-index acks, the broker's ``acknowledgmentAtBatchIndexLevelEnabled=true``);
+* ``batched-whole``: batches of 10, every message of one batch in ten nacked;
+* ``batched-no-index-ack``: as ``batched``, on a broker with batch-index acks off: the
+  whole entry comes back, acked siblings included (counted as ``duplicates``).
+
+Run: ``python -m bench.replay [--quick]``; writes ``bench/results/replay.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from typing import Any
+
+from ._common import broker_label, percentile, print_table, start_context, write_result
+
+BATCH = 10
+MIN_BACKOFF_MS, MAX_BACKOFF_MS = 500, 10_000
+CASES = {
+    # name: (batched, nack whole batches, broker batch-index acks)
+    "unbatched": (False, False, True),
+    "batched": (True, False, True),
+    "batched-whole": (True, True, True),
+    "batched-no-index-ack": (True, False, False),
+}
+
+
+def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
+    producer = client.create_producer(
+        topic,
+        batching_enabled=batched,
+        batching_max_messages=BATCH,
+        batching_max_publish_delay_ms=5,
+        block_if_queue_full=True,
+    )
+    for i in range(n):
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    producer.close()
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _stats(values: list[float]) -> dict[str, float | int]:
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
+    """One case on *client*'s broker: drain a backlog of *n*; lateness by stage."""
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+
+    batched, whole, _ = CASES[name]
+    topic = f"persistent://public/default/replay-{name}-{uuid.uuid4().hex[:8]}"
+    consumer = pulsar_nack.subscribe(
+        client,
+        topic,
+        "bench",
+        consumer_type=pulsar.ConsumerType.Shared,
+        redelivery_backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+    )
+    handed_at: dict[tuple[int, int], float] = {}
+    hand_off = consumer._core._hand_off_ids  # a spy on the handoff: when each entry left our tracker
+
+    def spy(ids: list[Any]) -> None:
+        now = time.time() * 1000
+        for message_id in ids:
+            handed_at[(message_id.ledger_id(), message_id.entry_id())] = now
+        hand_off(ids)
+
+    consumer._core._hand_off_ids = spy
+    _produce(client, topic, n, batched)
+    nacked_at: dict[bytes, float] = {}
+    acked: set[bytes] = set()
+    stages: list[tuple[float, float, float]] = []  # (nacked at, handoff - requested, arrival - handoff)
+    duplicates = 0
+    start = time.time() * 1000
+    while len(acked) < n:
+        message = consumer.receive(30_000)
+        _spin(spin_us / 1e6)
+        now, data = time.time() * 1000, message.data()
+        index = int(data)
+        fails = (index // BATCH) % 10 == 3 if whole else index % 10 == 3
+        if fails and message.redelivery_count() == 0 and data not in nacked_at:
+            consumer.negative_acknowledge(message)
+            nacked_at[data] = now
+            continue
+        if data in acked:
+            duplicates += 1
+        elif data in nacked_at:
+            mid = message.message_id()
+            handed = handed_at.get((mid.ledger_id(), mid.entry_id()))
+            if handed is not None:
+                requested = nacked_at[data] + MIN_BACKOFF_MS
+                stages.append((nacked_at[data] - start, handed - requested, now - handed))
+        consumer.acknowledge(message)
+        acked.add(data)
+    elapsed_s = (time.time() * 1000 - start) / 1000
+    consumer.close()
+    per_second: dict[int, list[float]] = {}
+    for at, _, wait in stages:
+        per_second.setdefault(int(at // 1000), []).append(wait)
+    return {
+        "case": name,
+        "messages": n,
+        "batched": batched,
+        "whole_batches_nacked": whole,
+        "nacked": len(nacked_at),
+        "retries_timed": len(stages),
+        "duplicates": duplicates,
+        "messages_per_s": round(n / elapsed_s),
+        "lateness_ms": _stats([h + w for _, h, w in stages]),
+        "handoff_minus_requested_ms": _stats([h for _, h, _ in stages]),
+        "arrival_minus_handoff_ms": _stats([w for _, _, w in stages]),
+        "arrival_minus_handoff_p50_by_second_of_nack": {
+            str(second): round(percentile(waits, 50), 1) for second, waits in sorted(per_second.items())
+        },
+    }
+
+
+def run(n: int, spin_us: float) -> dict[str, Any]:
+    from pulsar_nack.testing import PulsarStandalone, quiet_client
+
+    cases, brokers = [], {}
+    for index_ack in (True, False):
+        names = [name for name, (_, _, on) in CASES.items() if on == index_ack]
+        config = {"acknowledgmentAtBatchIndexLevelEnabled": str(index_ack).lower()}
+        with PulsarStandalone(config=config) as broker:
+            brokers[f"batch_index_ack_{str(index_ack).lower()}"] = broker_label(broker)
+            client = quiet_client(broker.url)
+            try:
+                for name in names:
+                    size = n if CASES[name][0] else n // 2
+                    cases.append(run_case(client, name, size, spin_us))
+                    print(f"  {name}: {cases[-1]['lateness_ms']}", flush=True)
+            finally:
+                client.close()
+    return {"brokers": brokers, "spin_us": spin_us, "backoff_ms": [MIN_BACKOFF_MS, MAX_BACKOFF_MS], "cases": cases}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20,000 messages per batched case")
+    parser.add_argument("--messages", type=int, default=200_000, help="backlog of each batched case (unbatched: half)")
+    parser.add_argument("--spin-us", type=float, default=30.0, help="the handler's cost per message")
+    args = parser.parse_args(argv)
+    n = 20_000 if args.quick else args.messages
+    context = start_context()
+    payload = run(n, args.spin_us)
+    rows = []
+    for case in payload["cases"]:
+        late, handoff, wait = case["lateness_ms"], case["handoff_minus_requested_ms"], case["arrival_minus_handoff_ms"]
+        rows.append(
+            [
+                case["case"],
+                f"{case['messages']:,}",
+                f"{case['messages_per_s']:,}",
+                f"{late['p50']:.0f} / {late['p99']:.0f} / {late['max']:.0f}",
+                f"{handoff['p50']:.0f} / {handoff['p99']:.0f}",
+                f"{wait['p50']:.0f} / {wait['p99']:.0f} / {wait['max']:.0f}",
+                case["duplicates"],
+            ]
+        )
+    table = print_table(
+        ["case", "backlog", "msg/s", "lateness p50/p99/max", "handoff - requested p50/p99", "arrival - handoff p50/p99/max", "duplicates"],
+        rows,
+        title="Retries while draining a backlog (ms)",
+    )
+    path = write_result("replay-quick" if args.quick else "replay", {**payload, "table": table}, start=context)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
