@@ -46,7 +46,8 @@ def _topic(kind: str) -> str:
     return f"persistent://public/default/bench-consumer-{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
+def _produce(client: Any, topic: str, n: int, batched: bool, payload: Callable[[int], bytes] | None = None) -> None:
+    """*n* messages in batches of ``BATCH`` (or not); message *i* carries ``payload(i)`` (16 bytes by default)."""
     producer = client.create_producer(
         topic,
         batching_enabled=batched,
@@ -55,8 +56,8 @@ def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
         block_if_queue_full=True,
         max_pending_messages=10_000,
     )
-    for _ in range(n):
-        producer.send_async(b"x" * 16, None)
+    for i in range(n):
+        producer.send_async(b"x" * 16 if payload is None else payload(i), None)
     producer.flush()
     producer.close()
 

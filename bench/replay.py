@@ -32,8 +32,8 @@ import uuid
 from typing import Any
 
 from ._common import broker_label, percentile, print_table, start_context, write_result
+from .consumer import BATCH, _produce
 
-BATCH = 10
 MIN_BACKOFF_MS, MAX_BACKOFF_MS = 500, 10_000
 CASES = {
     # name: (batched, nack whole batches, broker batch-index acks)
@@ -42,20 +42,6 @@ CASES = {
     "batched-whole": (True, True, True),
     "batched-no-index-ack": (True, False, False),
 }
-
-
-def _produce(client: Any, topic: str, n: int, batched: bool) -> None:
-    producer = client.create_producer(
-        topic,
-        batching_enabled=batched,
-        batching_max_messages=BATCH,
-        batching_max_publish_delay_ms=5,
-        block_if_queue_full=True,
-    )
-    for i in range(n):
-        producer.send_async(str(i).encode(), None)
-    producer.flush()
-    producer.close()
 
 
 def _spin(seconds: float) -> None:
@@ -99,7 +85,7 @@ def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
         hand_off(ids)
 
     consumer._core._hand_off_ids = spy
-    _produce(client, topic, n, batched)
+    _produce(client, topic, n, batched, payload=lambda i: str(i).encode())
     nacked_at: dict[bytes, float] = {}
     acked: set[bytes] = set()
     stages: list[tuple[float, float, float]] = []  # (nacked at, handoff - requested, arrival - handoff)

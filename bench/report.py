@@ -21,7 +21,7 @@ DOCS = {
     "README.md": ["results-table", "consumer-summary"],
     "docs/benchmarks.md": ["goals", "memory", "profile", "core", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
-    "docs/spark.md": ["demo"],
+    "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
 }
@@ -511,7 +511,32 @@ def consumer_summary() -> str:
     )
 
 
+def replay_table() -> str:
+    """Retry lateness by stage while a consumer drains a backlog (bench/replay.py)."""
+    result = _load("replay")
+    lines = [
+        "| case | backlog | msg/s | lateness p50 / p99 / max | handoff − requested p50 / p99 "
+        "| arrival − handoff p50 / p99 / max | acked messages received again |",
+        "|---|---:|---:|---|---|---|---:|",
+    ]
+    for case in result["cases"]:
+        late, handoff, wait = (case[k] for k in ("lateness_ms", "handoff_minus_requested_ms", "arrival_minus_handoff_ms"))
+        lines.append(
+            f"| `{case['case']}` | {case['messages']:,} | {case['messages_per_s']:,} | "
+            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | {handoff['p50']:,.0f} / {handoff['p99']:,.0f} ms | "
+            f"{wait['p50']:,.0f} / {wait['p99']:,.0f} / {wait['max']:,.0f} ms | {case['duplicates']:,} |"
+        )
+    brokers = sorted(set(result["brokers"].values()))
+    lines += [
+        "",
+        f"{', '.join(brokers)}; one `NackingConsumer`, {result['spin_us']:g} µs of handler time per message, "
+        f"backoff from {result['backoff_ms'][0]} ms (`bench/results/replay.json`).",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "replay": replay_table,
     "asyncio-lateness": asyncio_lateness_table,
     "metrics-cost": metrics_cost_table,
     "demo": demo_table,

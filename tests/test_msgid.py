@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import produce
+from helpers import _varint, produce
 from pulsar_nack import _accel, subscribe
 from pulsar_nack.testing import quiet_client
 
@@ -108,16 +108,6 @@ def test_message_key_reads_received_messages_as_the_getters_do(apache_broker, to
         consumer.close()
     finally:
         client.close()
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _message_id_data(fields: list[tuple[int, int]]) -> bytes:
