@@ -463,8 +463,37 @@ def consumer_table() -> str:
         f"per pending nack (tracker {ours_mem['tracker_memory_bytes']:,} B, pending set "
         f"{ours_mem['pending_set_bytes']:,} B for {int(ours_mem['pending_nacks']):,} nacks)."
     )
+    other_runs = _consumer_other_runs()
+    if other_runs:
+        lines += ["", other_runs]
     lines += ["", _nack_cost_profile()]
     return "\n".join(lines)
+
+
+def _consumer_other_runs() -> str | None:
+    """The ratios of the other committed runs of ``bench/consumer.py`` (bench/results/repeats/)."""
+    paths = sorted((RESULTS / "repeats").glob("consumer-run*.json"))
+    if not paths:
+        return None
+    rows = []
+    ratios = [_load("consumer")["receive_ack_batched"]["ratio_ours_over_plain"]]
+    for path in paths:
+        run = json.loads(path.read_text())
+        ratios.append(run["receive_ack_batched"]["ratio_ours_over_plain"])
+        memory = run["pending_nack_memory_batched"]
+        rows.append(
+            f"`{path.relative_to(REPO).as_posix()}` (commit {run['meta']['git']['commit'][:7]}): receive + acknowledge "
+            f"{run['receive_ack_batched']['ratio_ours_over_plain']:.2f}× batched, "
+            f"{run['receive_ack_unbatched']['ratio_ours_over_plain']:.2f}× not batched; "
+            f"`negative_acknowledge(message)` {run['nack_message']['ratio_ours_over_plain']:.2f}×; bytes per pending "
+            f"nack {memory['ratio_ours_over_plain']:.3f}× (net {memory['net_ratio_ours_over_plain']:.3f}×)"
+        )
+    return (
+        "Other runs of the same benchmark on the same library code, ours / plain: "
+        + "; ".join(rows)
+        + f". Over the {len(ratios)} runs, the batched receive + acknowledge ratio ranged from {min(ratios):.2f}× "
+        f"to {max(ratios):.2f}× (median {statistics.median(ratios):.2f}×) on this shared 2-core machine."
+    )
 
 
 def _nack_cost_profile() -> str:
