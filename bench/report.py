@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
-    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "client", "e2e", "scaling", "meta", "consumer"],
+    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
@@ -403,6 +403,35 @@ def metrics_cost_table() -> str:
     return "\n".join(lines)
 
 
+def core_ab_table() -> str:
+    """pop_due and timer lateness, the current core beside an earlier one (bench/core_ab.py)."""
+    result = _load("core_ab")
+    labels = {
+        "pop": "pop all, 1,000,000 due (ns per released message)",
+        "lateness-p0": "timer lateness, precision 0 (p99 per firing, ms)",
+        "lateness-p8": "timer lateness, 8 bits (p99 per firing, ms; negative = early)",
+    }
+    lines = [
+        f"| measure | core at `{result['ref']}` (median) | this core (median) | now vs before | goal |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for part, label in labels.items():
+        row = result["parts"][part]
+        if "ratio_now_over_before" in row:
+            change = f"{row['ratio_now_over_before']:.2f}×"
+            goal = f"{row['goal']}: {'pass' if row['pass'] else 'MISSED'}"
+        else:
+            change = f"{row['difference_now_minus_before']:+.2f} ms"
+            goal = "none (early by design; the difference is shown)"
+        lines.append(f"| {label} | {row['before']['median']:.2f} | {row['now']['median']:.2f} | {change} | {goal} |")
+    lines += [
+        "",
+        f"One `python -m bench.core_ab` run: {result['repetitions']} repetitions of each part after a warmup, "
+        "each in a fresh process, the two cores alternating (`bench/results/core_ab.json`).",
+    ]
+    return "\n".join(lines)
+
+
 def asyncio_lateness_table() -> str:
     """Steady-stream lateness, asyncio vs blocking vs built-in (bench/asyncio_stream.py)."""
     result = _load("asyncio")
@@ -575,6 +604,7 @@ BLOCKS = {
     "memory": memory_table,
     "profile": profile_table,
     "core": core_table,
+    "core-ab": core_ab_table,
     "client": client_table,
     "e2e": e2e_table,
     "scaling": scaling_table,
