@@ -10,6 +10,8 @@ Parts (each writes ``bench/results/<part>.json``, or ``<part>-quick.json`` with
 * ``scaling``   memory and add cost from 10^4 to 10^7 pending (bench/scaling.py)
 * ``consumer``  NackingConsumer vs plain pulsar.Consumer on Apache Pulsar: receive+ack,
                 bytes per pending nack (batched), nack(message) cost (bench/consumer.py)
+* ``core-ab``   pop_due and timer lateness of this core beside an earlier commit's core
+                in one run (bench/core_ab.py)
 
 ``--quick`` runs reduced sizes in under two minutes; the full run takes much longer
 (10M-message memory cases). ``--plot`` redraws docs/img/ from the committed JSON.
@@ -28,6 +30,7 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "e2e": ("bench.e2e", []),
     "scaling": ("bench.scaling", []),
     "consumer": ("bench.consumer", []),
+    "core-ab": ("bench.core_ab", []),
 }
 # Quick mode: small enough that all parts together finish in under two minutes.
 QUICK_ARGS = {
@@ -37,6 +40,7 @@ QUICK_ARGS = {
     "e2e": ["--quick", "--modes", "stream"],
     "scaling": ["--quick"],
     "consumer": ["--quick"],
+    "core-ab": ["--reps", "2", "--out", "core_ab-quick"],
 }
 
 

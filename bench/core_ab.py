@@ -16,8 +16,8 @@ This benchmark measures both cores in one run instead:
   judged as a ratio where the figure is positive; at 8 bits the timer fires early by
   design (negative lateness), so that row reports the difference in ms.
 
-Run ``python -m bench.core_ab [--ref 6ac2159] [--reps 7]``; writes
-``bench/results/core_ab.json``.
+Run ``python -m bench.core_ab [--ref 6ac2159] [--reps 7]`` (or ``pulsar-nack bench --only
+core-ab``); writes ``bench/results/core_ab.json``.
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.core_ab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref", default=DEFAULT_REF, help=f"the earlier commit (default {DEFAULT_REF})")
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each part (default 7)")
+    parser.add_argument("--out", default="core_ab", help="result name (default core_ab)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     context = start_context()
     payload = {"method": __doc__, **run(args.ref, args.reps)}
-    path = write_result("core_ab", payload, start=context)
+    path = write_result(args.out, payload, start=context)
     print(f"wrote {path.relative_to(REPO)}")
     return 0
 
