@@ -178,11 +178,18 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
     return meta
 
 
-def run_worker(module: str, *args: str, timeout_s: float = 1800) -> dict[str, Any]:
+def run_worker(
+    module: str,
+    *args: str,
+    timeout_s: float = 1800,
+    cwd: str | Path = REPO,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run ``python -m module --worker *args`` in a fresh process; return its last stdout line as JSON."""
     out = subprocess.run(
         [sys.executable, "-m", module, "--worker", *args],
-        cwd=REPO,
+        cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         check=True,

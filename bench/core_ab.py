@@ -32,7 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._common import REPO, start_context, summarize, timed_pop_all, write_result
+from . import core_perf
+from ._common import REPO, run_worker, start_context, summarize, timed_pop_all, write_result
 
 DEFAULT_REF = "6ac2159"
 POP_KEYS = 1_000_000
@@ -59,12 +60,10 @@ def _export(ref: str, root: Path) -> None:
     subprocess.run([sys.executable, "-c", build, *modules], cwd=root, check=True, capture_output=True)
 
 
-def _child(part: str) -> dict[str, Any]:
+def _worker(part: str) -> dict[str, Any]:
     """One measurement, in this process, on whichever ``pulsar_nack`` the path gives."""
     import pulsar_nack
     from pulsar_nack import NegativeAcksTracker, _accel
-
-    from . import core_perf
 
     result: dict[str, Any] = {"package": str(Path(pulsar_nack.__file__).parent), "speedups": bool(_accel.SPEEDUPS)}
     if part == "pop":
@@ -83,20 +82,11 @@ def _child(part: str) -> dict[str, Any]:
 
 
 def _measure(part: str, root: Path) -> dict[str, Any]:
-    """Run :func:`_child` in a fresh process with *root* first on the path."""
+    """Run :func:`_worker` in a fresh process with *root* first on the path."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(REPO)]))
     env.pop("PULSAR_NACK_PURE_PYTHON", None)
     with tempfile.TemporaryDirectory() as cwd:  # not REPO: its pulsar_nack must not come first
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.core_ab", "--child", part],
-            cwd=cwd,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        result = run_worker("bench.core_ab", part, timeout_s=600, cwd=cwd, env=env)
     if Path(result["package"]) != root / "pulsar_nack" or not result["speedups"]:
         raise RuntimeError(f"the child measured {result['package']} (speedups {result['speedups']}), not {root}")
     return result
@@ -113,8 +103,7 @@ def run(ref: str, reps: int) -> dict[str, Any]:
             samples: dict[str, list[float]] = {name: [] for name in trees}
             for name in trees:  # warmup
                 _measure(part, trees[name])
-            for rep in range(reps):
-                order = list(trees) if rep % 2 == 0 else list(reversed(trees))
+            for order in core_perf._orders(reps, tuple(trees)):
                 for name in order:
                     samples[name].append(_measure(part, trees[name])[field])
                     print(f"{part:12} {name:6} {samples[name][-1]:10.2f} {field}", file=sys.stderr, flush=True)
@@ -135,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", default=DEFAULT_REF, help=f"the earlier commit (default {DEFAULT_REF})")
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each part (default 7)")
     parser.add_argument("--out", default="core_ab", help="result name (default core_ab)")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(_child(args.child)))
+    if args.worker:
+        print(json.dumps(_worker(args.worker)))
         return 0
     context = start_context()
     payload = {"method": __doc__, **run(args.ref, args.reps)}

@@ -507,7 +507,7 @@ def _consumer_other_runs() -> str | None:
     rows = []
     ratios = [_load("consumer")["receive_ack_batched"]["ratio_ours_over_plain"]]
     for path in paths:
-        run = json.loads(path.read_text())
+        run = _load(f"repeats/{path.stem}")
         ratios.append(run["receive_ack_batched"]["ratio_ours_over_plain"])
         memory = run["pending_nack_memory_batched"]
         rows.append(
@@ -518,7 +518,7 @@ def _consumer_other_runs() -> str | None:
             f"nack {memory['ratio_ours_over_plain']:.3f}× (net {memory['net_ratio_ours_over_plain']:.3f}×)"
         )
     return (
-        "Other runs of the same benchmark on the same library code, ours / plain: "
+        "Other committed runs of the same benchmark (the commit each measured), ours / plain: "
         + "; ".join(rows)
         + f". Over the {len(ratios)} runs, the batched receive + acknowledge ratio ranged from {min(ratios):.2f}× "
         f"to {max(ratios):.2f}× (median {statistics.median(ratios):.2f}×) on this shared 2-core machine."
