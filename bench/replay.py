@@ -27,6 +27,7 @@ Run: ``python -m bench.replay [--quick]``; writes ``bench/results/replay.json``.
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 import uuid
 from typing import Any
@@ -35,6 +36,7 @@ from ._common import broker_label, percentile, print_table, start_context, write
 from .consumer import BATCH, _produce
 
 MIN_BACKOFF_MS, MAX_BACKOFF_MS = 500, 10_000
+RECEIVER_QUEUE = 1000  # the client's default, set explicitly: the permits column is read against it
 CASES = {
     # name: (batched, nack whole batches, broker batch-index acks)
     "unbatched": (False, False, True),
@@ -59,8 +61,47 @@ def _stats(values: list[float]) -> dict[str, float | int]:
     }
 
 
-def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
-    """One case on *client*'s broker: drain a backlog of *n*; lateness by stage."""
+class _PermitWatch:
+    """Samples the broker's view of one topic's consumers every *interval_s* (a daemon thread).
+
+    ``availablePermits`` is how many more messages the broker may push to the consumer.
+    The client grants permits as its receiver queue drains, so with a queue of ``q`` it
+    stays at or below ``q``, unless the client returns permits it was never charged for.
+    """
+
+    def __init__(self, admin: Any, topic: str, interval_s: float = 0.25) -> None:
+        self.peak_permits = 0
+        self.samples = 0
+        self._admin, self._topic, self._interval_s = admin, topic, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="permit-watch", daemon=True)
+
+    def start(self) -> _PermitWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                stats = self._admin.topic_stats(self._topic)
+            except Exception:  # a missed sample is not a failed run; the count says how many were taken
+                continue
+            for subscription in stats.get("subscriptions", {}).values():
+                for consumer in subscription.get("consumers", []):
+                    self.peak_permits = max(self.peak_permits, int(consumer.get("availablePermits", 0)))
+            self.samples += 1
+
+
+def run_case(client: Any, name: str, n: int, spin_us: float, admin: Any = None) -> dict[str, Any]:
+    """One case on *client*'s broker: drain a backlog of *n*; lateness by stage.
+
+    With *admin* (the broker's :class:`~pulsar_nack.testing.admin.PulsarAdmin`), the
+    consumer's ``availablePermits`` is sampled too (:class:`_PermitWatch`).
+    """
     import pulsar
 
     import pulsar_nack
@@ -73,6 +114,7 @@ def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
         topic,
         "bench",
         consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=RECEIVER_QUEUE,
         redelivery_backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
     )
     handed_at: dict[tuple[int, int], float] = {}
@@ -90,6 +132,7 @@ def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
     acked: set[bytes] = set()
     stages: list[tuple[float, float, float]] = []  # (nacked at, handoff - requested, arrival - handoff)
     duplicates = 0
+    watch = _PermitWatch(admin, topic).start() if admin is not None else None
     start = time.time() * 1000
     while len(acked) < n:
         message = consumer.receive(30_000)
@@ -112,6 +155,8 @@ def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
         consumer.acknowledge(message)
         acked.add(data)
     elapsed_s = (time.time() * 1000 - start) / 1000
+    if watch is not None:
+        watch.stop()
     consumer.close()
     per_second: dict[int, list[float]] = {}
     for at, _, wait in stages:
@@ -124,6 +169,9 @@ def run_case(client: Any, name: str, n: int, spin_us: float) -> dict[str, Any]:
         "nacked": len(nacked_at),
         "retries_timed": len(stages),
         "duplicates": duplicates,
+        "receiver_queue_size": RECEIVER_QUEUE,
+        "peak_available_permits": None if watch is None else watch.peak_permits,
+        "permit_samples": None if watch is None else watch.samples,
         "messages_per_s": round(n / elapsed_s),
         "lateness_ms": _stats([h + w for _, h, w in stages]),
         "handoff_minus_requested_ms": _stats([h for _, h, _ in stages]),
@@ -147,7 +195,7 @@ def run(n: int, spin_us: float) -> dict[str, Any]:
             try:
                 for name in names:
                     size = n if CASES[name][0] else n // 2
-                    cases.append(run_case(client, name, size, spin_us))
+                    cases.append(run_case(client, name, size, spin_us, broker.admin))
                     print(f"  {name}: {cases[-1]['lateness_ms']}", flush=True)
             finally:
                 client.close()

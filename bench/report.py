@@ -574,21 +574,23 @@ def replay_table() -> str:
     result = _load("replay")
     lines = [
         "| case | backlog | msg/s | lateness p50 / p99 / max | handoff − requested p50 / p99 "
-        "| arrival − handoff p50 / p99 / max | acked messages received again |",
-        "|---|---:|---:|---|---|---|---:|",
+        "| arrival − handoff p50 / p99 / max | acked messages received again | peak `availablePermits` (receiver queue) |",
+        "|---|---:|---:|---|---|---|---:|---:|",
     ]
     for case in result["cases"]:
         late, handoff, wait = (case[k] for k in ("lateness_ms", "handoff_minus_requested_ms", "arrival_minus_handoff_ms"))
         lines.append(
             f"| `{case['case']}` | {case['messages']:,} | {case['messages_per_s']:,} | "
             f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | {handoff['p50']:,.0f} / {handoff['p99']:,.0f} ms | "
-            f"{wait['p50']:,.0f} / {wait['p99']:,.0f} / {wait['max']:,.0f} ms | {case['duplicates']:,} |"
+            f"{wait['p50']:,.0f} / {wait['p99']:,.0f} / {wait['max']:,.0f} ms | {case['duplicates']:,} | "
+            f"{case['peak_available_permits']:,} ({case['receiver_queue_size']:,}) |"
         )
     brokers = sorted(set(result["brokers"].values()))
     lines += [
         "",
         f"{', '.join(brokers)}; one `NackingConsumer`, {result['spin_us']:g} µs of handler time per message, "
-        f"backoff from {result['backoff_ms'][0]} ms (`bench/results/replay.json`).",
+        f"backoff from {result['backoff_ms'][0]} ms (`bench/results/replay.json`). `availablePermits` is the "
+        "broker's count of messages it may still push to the consumer, sampled from the topic's stats every 250 ms.",
     ]
     return "\n".join(lines)
 
