@@ -436,20 +436,34 @@ def test_a_python_worker_killed_right_after_its_task_loses_no_acks(spark, apache
     assert_subscription_empty(url, topic, "flush", wait_ms=2000)
 
 
-def run_demo(*args: str) -> tuple[dict[str, Any], str]:
-    """``pulsar-nack demo ARGS --json`` in a fresh process: (its summary, its stderr)."""
-    env = dict(os.environ)
+def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
+    """``pulsar-nack demo ARGS --json`` in a fresh process: (its summary, its stderr).
+
+    A demo still running after *timeout_s* fails the test with every thread's stack:
+    the process runs with ``PYTHONFAULTHANDLER`` and gets SIGABRT, which dumps them.
+    """
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
     env.pop("PYSPARK_GATEWAY_PORT", None)
-    done = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "pulsar_nack.cli", "demo", *args, "--json"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
         cwd=str(REPO_ROOT),
         env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    ) as demo:
+        try:
+            stdout, stderr = demo.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            demo.send_signal(signal.SIGABRT)
+            try:
+                _, stderr = demo.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                _, stderr = demo.communicate()
+            pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{stderr[-6000:]}")
+    assert demo.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1]), stderr
 
 
 def test_demo_runs_quietly_and_loses_nothing():
