@@ -7,7 +7,9 @@ key that belongs in a bitmap a recent add went to:
 
 * :class:`HotSlot` (C or Python, same interface) holds up to 16 bitmaps recent adds
   went to (interleaved topics, batches, the buckets a backoff writes to). It is owned
-  by :class:`~pulsar_nack.buckets.TimeBuckets`.
+  by :class:`~pulsar_nack.buckets.TimeBuckets`. The C one also keeps a *tail log*: adds of
+  one stream that land after every bucket (a new bucket per add, as at precision 0),
+  which TimeBuckets flushes into pages before anything else it does.
 * :data:`FastAdd` (C only) is the tracker's ``add`` for that call, several times cheaper
   (``bench/client.py`` measures both). Every other call goes to the Python code, which
   it calls back.
@@ -45,6 +47,11 @@ _BATCH_BITS = 10
 _U32 = 1 << 32
 Growth = tuple[int, int]
 """``(messages, entries)`` added through slots that were removed."""
+LogTaken = tuple[int, list[tuple[int, bytes]], int, int, int, int, int, list[int]]
+"""``(sid, [(key, page)], messages, entries, buckets, last_page_deadline, deadline, values)``:
+what ``HotSlot.take_log()`` hands back (see ``pulsar_nack/_speedups.c``)."""
+LogState = tuple[str, int, int, int, int, list[tuple[int, int]]]
+"""``(topic, ledger, kind, sid, floor, [(deadline, value)])``: ``HotSlot.log()``, for checks."""
 
 
 class PyHotSlot:
@@ -130,6 +137,24 @@ class PyHotSlot:
     def slots(self) -> list[tuple[int, str, int, int, BitMap, int]]:
         """``(deadline, topic, ledger, kind, bitmap, base)`` of every slot, oldest first (for checks)."""
         return [(*k, slot[0], slot[1]) for k, slot in self._slots.items()]
+
+    # The tail log of the C HotSlot (see pulsar_nack/_speedups.c): here it never takes a
+    # key, so these keep the interface and hold nothing. The content is the same; only
+    # the representation (an open bucket per add, sealed later) differs.
+
+    def set_log(self, topic: str, ledger: int, kind: int, sid: int, floor: int) -> None:
+        """Where the C log would take adds of one stream after *floor*; nothing here. O(1)."""
+
+    def unset_log(self) -> None:
+        """No log stream; nothing here. O(1)."""
+
+    def take_log(self, page_bytes: int) -> LogTaken | None:
+        """The log's records as pages and a last bucket; always None here (no records). O(1)."""
+        return None
+
+    def log(self) -> LogState | None:
+        """The log's stream and records (for checks); always None here. O(1)."""
+        return None
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -12,13 +12,29 @@
  *   a slot are not counted one by one: TimeBuckets counts them as the bitmap's growth
  *   since set() (and, for batches, the new entries the slot saw) when a slot goes.
  *
+ * The tail log (part of HotSlot): adds of ONE stream (topic, ledger, kind, with its
+ *   sid) that land strictly after every bucket of the structure, e.g. one nack per ms at
+ *   precision 0, where every add opens a new bucket. TimeBuckets sets the stream and the
+ *   floor (no bucket is later than it) after a slow add, with set_log(). A hot-slot miss
+ *   is appended as a (bucket deadline, value) record when its stream is the log's, its
+ *   deadline is above the floor and (deadline, value) is above the last record's (at
+ *   most LOG_GROUP records per deadline, LOG_CAPACITY in all); anything else misses to
+ *   Python as before. Records strictly increase, so there is no duplicate and growth()
+ *   stays exact. While the log holds records the Python structure is untouched: every
+ *   Python operation on it first calls take_log(), which encodes every deadline group
+ *   but the last into sealed pages (the exact format of pulsar_nack/_pages.py, one GAPS
+ *   stream per bucket) for TimeBuckets to put after its last bucket, and hands back the
+ *   last group for it to open as a normal bucket (a dense bucket then gets a hot bitmap).
+ *
  * FastAdd: NegativeAcksTracker.add for the common calls, add(key), add(key, None, None)
  *   and, with a MultiplierRedeliveryBackoff, add(key, None, redelivery_count) (its
  *   delays precomputed by count), with the default clock (or any clock for tests). It
  *   computes the deadline and, holding the tracker's lock, adds the key to its slot's
- *   bitmap when a slot takes it. Anything else goes to the tracker's Python code:
- *   track(key, deadline) for other keys, general(*args) for other calls. It never arms
- *   the timer: the slot's bucket exists, so the timer is already armed for it.
+ *   bitmap when a slot takes it, or appends it to the tail log. Anything else goes to
+ *   the tracker's Python code: track(key, deadline) for other keys, general(*args) for
+ *   other calls. It never arms the timer: the slot's bucket exists, or the log's
+ *   deadline is after the structure's last bucket (the log has a stream only while the
+ *   structure holds one), so the timer is already armed for an earlier time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -49,11 +65,30 @@ typedef struct {
     long long last_entry; /* the entry of the previous batched add, -1 when none */
 } Slot;
 
+#define LOG_CAPACITY 2048 /* records in the tail log; a full log misses to Python, which takes it */
+#define LOG_GROUP 8       /* records per deadline: a denser bucket is handed to Python to get a hot bitmap */
+#define GAPS_CODEC 2      /* pulsar_nack._pages.GAPS */
+
+typedef struct {
+    long long deadline; /* trimmed bucket deadline */
+    long long value;    /* bitmap value (PLAIN: entry; BATCHED: entry << 10 | index) */
+} LogRecord;
+
 typedef struct {
     PyObject_HEAD
     int count;          /* slots in use: slots[0] is the oldest */
     int last;           /* the slot of the previous hit */
     Slot slots[MAX_SLOTS];
+    /* The tail log: its stream (log_topic NULL: none), the floor, the records. */
+    PyObject *log_topic;  /* exact str */
+    long long log_ledger;
+    int log_kind;
+    long long log_sid;
+    long long log_floor;  /* no bucket of the structure is later than this */
+    LogRecord *log;       /* LOG_CAPACITY records, allocated by the first set_log() */
+    Py_ssize_t log_len;
+    Py_ssize_t log_entries; /* distinct (deadline, entry) among the records */
+    int log_group;        /* records with the last record's deadline */
 } HotSlot;
 
 static void
@@ -80,6 +115,8 @@ HotSlot_dealloc(HotSlot *self)
 {
     for (int i = 0; i < self->count; i++)
         slot_release(&self->slots[i]);
+    Py_CLEAR(self->log_topic);
+    PyMem_Free(self->log);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -113,6 +150,19 @@ growth_pair(int failed, Py_ssize_t messages, Py_ssize_t entries)
     return failed ? NULL : Py_BuildValue("(nn)", messages, entries);
 }
 
+/* A stream kind given to set() or set_log(): KIND_PLAIN or KIND_BATCHED, or -1 with an error. */
+static long long
+read_kind(PyObject *kind_obj)
+{
+    long long kind = PyLong_AsLongLong(kind_obj);
+    if (kind != KIND_PLAIN && kind != KIND_BATCHED) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "kind must be 0 (plain) or 1 (batched)");
+        return -1;
+    }
+    return kind;
+}
+
 static PyObject *
 HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -127,12 +177,8 @@ HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "set() takes an int deadline, a str topic, an int ledger and an int kind");
         return NULL;
     }
-    kind = PyLong_AsLongLong(args[3]);
-    if (kind != KIND_PLAIN && kind != KIND_BATCHED) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "kind must be 0 (plain) or 1 (batched)");
+    if ((kind = read_kind(args[3])) < 0)
         return NULL;
-    }
     deadline = PyLong_AsLongLongAndOverflow(args[0], &overflow);
     if (!overflow)
         ledger = PyLong_AsLongLongAndOverflow(args[2], &overflow);
@@ -230,6 +276,8 @@ total_growth(HotSlot *self, int entries)
     int failed = 0;
     for (int i = 0; i < self->count; i++)
         failed |= slot_growth(&self->slots[i], &counts[0], &counts[1]);
+    counts[0] += self->log_len; /* the log's records: distinct, none in the structure */
+    counts[1] += self->log_entries;
     return failed ? NULL : PyLong_FromSsize_t(counts[entries]);
 }
 
@@ -357,6 +405,230 @@ slot_add(Slot *s, SlotKey *k)
     return 0;
 }
 
+/* ------------------------------------------------------------------ tail log */
+
+/* Whether the tail log takes the key in bucket *deadline* (see the top of this file).
+ * Runs no Python code. */
+static int
+log_takes(HotSlot *self, SlotKey *k, long long deadline)
+{
+    if (self->log_topic == NULL || deadline <= self->log_floor || self->log_len == LOG_CAPACITY
+        || k->kind != self->log_kind || k->ledger != self->log_ledger)
+        return 0;
+    if (self->log_len) {
+        LogRecord *last = &self->log[self->log_len - 1];
+        if (deadline < last->deadline
+            || (deadline == last->deadline && (k->value <= last->value || self->log_group >= LOG_GROUP)))
+            return 0;
+    }
+    return k->topic == self->log_topic || (PyUnicode_GET_LENGTH(self->log_topic) == PyUnicode_GET_LENGTH(k->topic)
+                                           && PyUnicode_Compare(self->log_topic, k->topic) == 0);
+}
+
+/* Append the key the log takes (log_takes() said so; the caller holds the tracker's lock). */
+static void
+log_append(HotSlot *self, SlotKey *k, long long deadline)
+{
+    LogRecord *last = self->log_len ? &self->log[self->log_len - 1] : NULL;
+    if (last == NULL || last->deadline != deadline) {
+        self->log_group = 1;
+        self->log_entries++;
+    } else {
+        self->log_group++;
+        self->log_entries += k->kind == KIND_PLAIN || (k->value >> BATCH_BITS) != (last->value >> BATCH_BITS);
+    }
+    LogRecord *record = &self->log[self->log_len++];
+    record->deadline = deadline;
+    record->value = k->value;
+}
+
+static PyObject *
+HotSlot_set_log(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long ledger = 0, kind, sid = 0, floor = 0;
+    int overflow = 0;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "set_log(topic, ledger, kind, sid, floor) takes 5 arguments");
+        return NULL;
+    }
+    if (!PyUnicode_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3])
+        || !PyLong_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "set_log() takes a str topic and int ledger, kind, sid and floor");
+        return NULL;
+    }
+    if (self->log_len) {
+        PyErr_SetString(PyExc_RuntimeError, "set_log() while the log holds records: take_log() first");
+        return NULL;
+    }
+    if ((kind = read_kind(args[2])) < 0)
+        return NULL;
+    ledger = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (!overflow)
+        sid = PyLong_AsLongLongAndOverflow(args[3], &overflow);
+    if (!overflow)
+        floor = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+    Py_CLEAR(self->log_topic);
+    if (overflow || !PyUnicode_CheckExact(args[0]) || ledger < 0 || sid < 0 || floor < 0 || floor >= DEADLINE_LIMIT)
+        Py_RETURN_NONE; /* beyond 64 bits (fake clocks only) or a str subclass: no log */
+    if (self->log == NULL && (self->log = PyMem_Malloc(sizeof(LogRecord) * LOG_CAPACITY)) == NULL)
+        Py_RETURN_NONE; /* no memory for it: no log (the key is stored already: never fail here) */
+    self->log_topic = Py_NewRef(args[0]);
+    self->log_ledger = ledger;
+    self->log_kind = (int)kind;
+    self->log_sid = sid;
+    self->log_floor = floor;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+HotSlot_unset_log(HotSlot *self, PyObject *unused)
+{
+    if (self->log_len) {
+        PyErr_SetString(PyExc_RuntimeError, "unset_log() while the log holds records: take_log() first");
+        return NULL;
+    }
+    Py_CLEAR(self->log_topic);
+    Py_RETURN_NONE;
+}
+
+/* Write uvarint(value) (LEB128, as _pages.uvarint) at out; return its length. */
+static Py_ssize_t
+put_uvarint(unsigned char *out, unsigned long long value)
+{
+    Py_ssize_t size = 0;
+    while (value >= 0x80) {
+        out[size++] = (unsigned char)(value & 0x7F) | 0x80;
+        value >>= 7;
+    }
+    out[size++] = (unsigned char)value;
+    return size;
+}
+
+#define UVARINT_MAX 10
+#define LOG_RECORD_MAX (2 * UVARINT_MAX + 3 * UVARINT_MAX + LOG_GROUP * UVARINT_MAX)
+
+/* Append the page page[:size] keyed by *key* to the list as (key, bytes); -1 on error. */
+static int
+emit_page(PyObject *pages, long long key, const unsigned char *page, Py_ssize_t size)
+{
+    PyObject *item = Py_BuildValue("(Ly#)", key, (const char *)page, size);
+    int failed = item == NULL || PyList_Append(pages, item) < 0;
+    Py_XDECREF(item);
+    return failed ? -1 : 0;
+}
+
+/* take_log(page_bytes): None when the log is empty, else
+ * (sid, pages, messages, entries, buckets, last_page_deadline, deadline, values):
+ * every deadline group but the last encoded as sealed buckets into pages of up to
+ * page_bytes ([(key, bytes)], the _pages format, one GAPS stream per bucket) with the
+ * messages, distinct entries and buckets they hold and the deadline of their last bucket
+ * (-1 when none), and the last group (its deadline and its values, ascending). The log is
+ * then empty and its floor is that last deadline. On error the log is left as it was. */
+static PyObject *
+HotSlot_take_log(HotSlot *self, PyObject *arg)
+{
+    Py_ssize_t page_bytes = PyLong_AsSsize_t(arg);
+    if (page_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (page_bytes < 1 || page_bytes > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError, "page_bytes must be in [1, 2**24]");
+        return NULL;
+    }
+    if (self->log_len == 0)
+        Py_RETURN_NONE;
+    LogRecord *log = self->log;
+    Py_ssize_t n = self->log_len, last_start = n - 1;
+    long long last_deadline = log[n - 1].deadline, key = 0, page_last = -1;
+    while (last_start > 0 && log[last_start - 1].deadline == last_deadline)
+        last_start--;
+    unsigned char *page = PyMem_Malloc((size_t)page_bytes + 2 * LOG_RECORD_MAX);
+    PyObject *pages = PyList_New(0), *values = PyList_New(n - last_start), *result = NULL;
+    if (page == NULL || pages == NULL || values == NULL)
+        goto done;
+    Py_ssize_t size = 0, messages = 0, entries = 0, buckets = 0;
+    unsigned long long tag = (unsigned long long)self->log_sid << 2 | GAPS_CODEC;
+    for (Py_ssize_t i = 0, j; i < last_start; i = j) {
+        /* body := uvarint(1) uvarint(sid << 2 | GAPS) uvarint(len(payload)) payload */
+        unsigned char payload[LOG_GROUP * UVARINT_MAX], body[LOG_RECORD_MAX], head[2 * UVARINT_MAX];
+        Py_ssize_t payload_size = 0, body_size, head_size;
+        long long deadline = log[i].deadline, previous = 0;
+        for (j = i; j < last_start && log[j].deadline == deadline; j++) {
+            payload_size += put_uvarint(payload + payload_size, (unsigned long long)(log[j].value - previous));
+            entries += j == i || self->log_kind == KIND_PLAIN || (log[j].value >> BATCH_BITS) != (previous >> BATCH_BITS);
+            previous = log[j].value;
+        }
+        body_size = put_uvarint(body, 1);
+        body_size += put_uvarint(body + body_size, tag);
+        body_size += put_uvarint(body + body_size, (unsigned long long)payload_size);
+        memcpy(body + body_size, payload, (size_t)payload_size);
+        body_size += payload_size;
+        /* record := uvarint(deadline - base) uvarint(len(body)) body; base = the page's key */
+        if (size) {
+            head_size = put_uvarint(head, (unsigned long long)(deadline - key));
+            head_size += put_uvarint(head + head_size, (unsigned long long)body_size);
+            if (size + head_size + body_size > page_bytes) { /* full: a new page */
+                if (emit_page(pages, key, page, size) < 0)
+                    goto done;
+                size = 0;
+            }
+        }
+        if (size == 0) { /* page := uvarint(key - base) record+, base = key */
+            key = deadline;
+            size = put_uvarint(page, 0);
+            head_size = put_uvarint(head, 0);
+            head_size += put_uvarint(head + head_size, (unsigned long long)body_size);
+        }
+        memcpy(page + size, head, (size_t)head_size);
+        memcpy(page + size + head_size, body, (size_t)body_size);
+        size += head_size + body_size;
+        page_last = deadline;
+        messages += j - i;
+        buckets++;
+    }
+    if (size && emit_page(pages, key, page, size) < 0)
+        goto done;
+    for (Py_ssize_t i = last_start; i < n; i++) {
+        PyObject *value = PyLong_FromLongLong(log[i].value);
+        if (value == NULL)
+            goto done;
+        PyList_SET_ITEM(values, i - last_start, value);
+    }
+    result = Py_BuildValue("(LOnnnLLO)", self->log_sid, pages, messages, entries, buckets, page_last, last_deadline,
+                           values);
+    if (result != NULL) {
+        self->log_len = 0;
+        self->log_entries = 0;
+        self->log_group = 0;
+        self->log_floor = last_deadline;
+    }
+done:
+    PyMem_Free(page);
+    Py_XDECREF(pages);
+    Py_XDECREF(values);
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_NoMemory();
+    return result;
+}
+
+static PyObject *
+HotSlot_log(HotSlot *self, PyObject *unused)
+{
+    if (self->log_topic == NULL)
+        Py_RETURN_NONE;
+    PyObject *records = PyList_New(self->log_len);
+    for (Py_ssize_t i = 0; records != NULL && i < self->log_len; i++) {
+        PyObject *item = Py_BuildValue("(LL)", self->log[i].deadline, self->log[i].value);
+        if (item == NULL)
+            Py_CLEAR(records);
+        else
+            PyList_SET_ITEM(records, i, item);
+    }
+    if (records == NULL)
+        return NULL;
+    return Py_BuildValue("(OLiLLN)", self->log_topic, self->log_ledger, self->log_kind, self->log_sid, self->log_floor,
+                         records);
+}
+
 static PyObject *
 HotSlot_add(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -370,8 +642,12 @@ HotSlot_add(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
     if (overflow || !slot_key(args[0], &k))
         Py_RETURN_FALSE;
     int i = find_slot(self, &k, deadline);
-    if (i < 0)
-        Py_RETURN_FALSE;
+    if (i < 0) {
+        if (!log_takes(self, &k, deadline))
+            Py_RETURN_FALSE;
+        log_append(self, &k, deadline);
+        Py_RETURN_TRUE;
+    }
     if (slot_add(&self->slots[i], &k) < 0)
         return NULL;
     Py_RETURN_TRUE;
@@ -382,15 +658,25 @@ static PyMethodDef HotSlot_methods[] = {
      "set(deadline, topic, ledger, kind, bitmap): make *bitmap* hot (it must not be already); "
      "return the (messages, entries) growth of the slot evicted to make room, if any."},
     {"add", (PyCFunction)(void (*)(void))HotSlot_add, METH_FASTCALL,
-     "add(key, bucket_deadline): add the key to its hot bitmap and return True, or False when no slot takes it."},
+     "add(key, bucket_deadline): add the key to its hot bitmap or to the tail log and return True, "
+     "or False when neither takes it."},
     {"forget", (PyCFunction)HotSlot_forget, METH_O, "Remove the slots of one bucket; return their (messages, entries) growth."},
     {"forget_bitmap", (PyCFunction)HotSlot_forget_bitmap, METH_O,
      "Remove the slot of one bitmap; return its (messages, entries) growth."},
     {"clear", (PyCFunction)HotSlot_clear, METH_NOARGS, "Remove every slot; return their (messages, entries) growth."},
-    {"growth", (PyCFunction)HotSlot_growth, METH_NOARGS, "Messages added through the slots since set(). O(slots)."},
-    {"entry_growth", (PyCFunction)HotSlot_entry_growth, METH_NOARGS, "New entries added through the slots. O(slots)."},
+    {"growth", (PyCFunction)HotSlot_growth, METH_NOARGS, "Messages added through the slots since set(), and in the log. O(slots)."},
+    {"entry_growth", (PyCFunction)HotSlot_entry_growth, METH_NOARGS, "New entries added through the slots, and in the log. O(slots)."},
     {"slots", (PyCFunction)HotSlot_slots, METH_NOARGS,
      "[(deadline, topic, ledger, kind, bitmap, base)] of every slot, oldest first (for checks)."},
+    {"set_log", (PyCFunction)(void (*)(void))HotSlot_set_log, METH_FASTCALL,
+     "set_log(topic, ledger, kind, sid, floor): the tail log's stream, and the floor no bucket is later than "
+     "(the log must be empty)."},
+    {"unset_log", (PyCFunction)HotSlot_unset_log, METH_NOARGS, "No tail log stream (the log must be empty)."},
+    {"take_log", (PyCFunction)HotSlot_take_log, METH_O,
+     "take_log(page_bytes): None, or (sid, pages, messages, entries, buckets, last_page_deadline, deadline, values): "
+     "the log's records, every deadline but the last as sealed pages, then the log is empty."},
+    {"log", (PyCFunction)HotSlot_log, METH_NOARGS,
+     "None, or (topic, ledger, kind, sid, floor, [(deadline, value)]) of the tail log (for checks)."},
     {NULL},
 };
 
@@ -523,13 +809,13 @@ FastAdd_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* Add the key to its hot slot, holding the lock.
- * 1: added; 0: no slot takes it, or the lock is taken (nothing changed); -1: error. */
+/* Add the key to its hot slot or to the tail log, holding the lock.
+ * 1: added; 0: neither takes it, or the lock is taken (nothing changed); -1: error. */
 static int
 add_to_slot(FastAdd *self, PyObject *key, long long bucket)
 {
     SlotKey k;
-    if (!slot_key(key, &k) || find_slot(self->slot, &k, bucket) < 0)
+    if (!slot_key(key, &k) || (find_slot(self->slot, &k, bucket) < 0 && !log_takes(self->slot, &k, bucket)))
         return 0; /* a miss costs no lock round trip */
     PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
     if (got == NULL)
@@ -538,9 +824,13 @@ add_to_slot(FastAdd *self, PyObject *key, long long bucket)
     Py_DECREF(got);
     if (!locked)
         return 0; /* contended: the Python path waits for the lock */
-    /* Looked up again under the lock (cheap): only lock holders change the slots. */
+    /* Looked up again under the lock (cheap): only lock holders change the slots and the log. */
     int i = find_slot(self->slot, &k, bucket);
-    int failed = i >= 0 && slot_add(&self->slot->slots[i], &k) < 0;
+    if (i < 0 && log_takes(self->slot, &k, bucket)) {
+        log_append(self->slot, &k, bucket);
+        i = MAX_SLOTS; /* added */
+    }
+    int failed = i >= 0 && i < MAX_SLOTS && slot_add(&self->slot->slots[i], &k) < 0;
     if (failed) { /* release the lock, keeping the add's error */
 #if PY_VERSION_HEX >= 0x030C0000
         PyObject *error = PyErr_GetRaisedException();

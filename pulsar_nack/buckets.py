@@ -34,6 +34,12 @@ cost of a dict, an int key and bitmap objects: a bucket with one message costs a
 bytes, consecutive entry ids a few bytes per *run*, a sparse selection about one byte
 per message.  An add to a sealed bucket unseals it (and splits its page).
 
+Adds that land after every bucket (one nack per ms at precision 0: every add a new
+bucket) are appended by the C hot path to a *tail log* of one stream instead
+(:mod:`pulsar_nack._speedups`); the next Python operation on the structure first
+*flushes* it (:meth:`TimeBuckets._flush_log`): its buckets come back encoded as pages,
+put after the last bucket, and its last bucket as an open one.
+
 This module has no threads and no locks; :class:`~pulsar_nack.tracker.NegativeAcksTracker`
 adds both.
 """
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from itertools import repeat
 from typing import Union
@@ -157,6 +164,11 @@ class TimeBuckets:
     _sealed_bytes: int
     _sealed_max: int  # no page holds a bucket later than this (an upper bound)
     _sealed_count: int  # buckets in pages
+    _log_sid: int  # the stream of the hot slot's tail log, -1 when none (then the log is empty)
+    # Whether the bucket written before the last new one held at most _LOG_GROUP messages:
+    # the tail log's pattern (a new bucket every few adds). Where buckets fill up, the log
+    # would take only the first adds of each and hand them back in a flush: not worth it.
+    _sparse_tail: bool
     # The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
     # adds are counted as the bitmaps' growth when a slot goes (_settle).
     _hot: _accel.PyHotSlot
@@ -184,6 +196,8 @@ class TimeBuckets:
         self._sealed_bytes = 0
         self._sealed_max = -1
         self._sealed_count = 0
+        self._log_sid = -1
+        self._sparse_tail = True
         self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
         self._hot_add = self._hot.add
 
@@ -200,7 +214,8 @@ class TimeBuckets:
 
     @property
     def bucket_count(self) -> int:
-        """Number of buckets, open or sealed (in pages). O(1)."""
+        """Number of buckets, open or sealed (in pages). O(1) amortized (it flushes the tail log)."""
+        self._flush_log()
         return len(self._open) + self._sealed_count
 
     def bucket_of(self, deadline_ms: int) -> int:
@@ -214,7 +229,10 @@ class TimeBuckets:
         return deadline_ms & ~self._low_mask
 
     def peek_deadline(self) -> int | None:
-        """Earliest bucket deadline, or None when empty. O(1)."""
+        """Earliest bucket deadline, or None when empty. O(1).
+
+        The tail log needs no flush here: its buckets are later than every other one.
+        """
         return self._buckets.keys()[0] if self._buckets else None
 
     def __iter__(self) -> Iterator[tuple[int, MessageKey]]:
@@ -277,7 +295,13 @@ class TimeBuckets:
         return bucket_deadline
 
     def _add_slow(self, key: MessageKey, bucket_deadline: int) -> None:
-        """Add a validated key through the full lookup: bucket, stream, bitmap; make the bitmap hot."""
+        """Add a validated key through the full lookup: bucket, stream, bitmap; make the bitmap hot.
+
+        Then the tail log takes this key's stream (the structure's last bucket is its floor)
+        when buckets are sparse.
+        """
+        if self._log_sid >= 0:
+            self._flush_log()
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -311,6 +335,41 @@ class TimeBuckets:
             self._entries += new_entry
         if kind is not _Kind.WIDE and type(bitmap) is BitMap:
             self._settle(self._hot.set(bucket_deadline, key[0], key[1], kind, bitmap))
+            if self._sparse_tail:
+                last = self._buckets.keys()[-1]
+                self._hot.set_log(key[0], key[1], kind, sid, max(last, self._sealed_max))  # type: ignore[arg-type]  # (sid is set: found or made above)
+                self._log_sid = sid  # type: ignore[assignment]  # (as above)
+                return
+        if self._log_sid >= 0:  # the last bucket may be later now: the log's floor is stale
+            self._hot.unset_log()
+            self._log_sid = -1
+
+    def _flush_log(self) -> None:
+        """Move the tail log's adds into the structure; every other method calls this first.
+
+        The log's buckets (all later than every bucket here) come back as pages, put after
+        the last bucket, except the last one, opened as a normal bucket: a dense bucket then
+        gets a hot bitmap and Roaring runs, as without the log. O(1) when the log is empty,
+        else O(log records + log b).
+        """
+        taken = self._hot.take_log(_pages.PAGE_BYTES)
+        if taken is None:
+            return
+        sid, pages, messages, entries, sealed, page_last, deadline, values = taken
+        if pages:
+            for key, page in pages:
+                self._put_page(key, page)
+            self._messages += messages
+            self._entries += entries
+            self._sealed_count += sealed
+            self._stream_refs[sid] += sealed
+            if page_last > self._sealed_max:
+                self._sealed_max = page_last
+        bucket = self._open_bucket(deadline)  # a new bucket: later than every other one
+        bitmap = bucket[sid] = BitMap(values)
+        self._stream_refs[sid] += 1
+        self._messages += len(values)
+        self._entries += _count_entries(self._streams[sid][2], bitmap)  # type: ignore[index]  # (the log's sid is live)
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.
@@ -320,6 +379,8 @@ class TimeBuckets:
         Runtime complexity: O(d + k log b) for d due keys in k due buckets among b,
         plus O(page bytes) for a page that is only partly due.
         """
+        if self._log_sid >= 0:
+            self._flush_log()
         due: dict[str, list[MessageKey]] = {}
         buckets = self._buckets
         while buckets:
@@ -356,6 +417,7 @@ class TimeBuckets:
 
     def clear(self) -> dict[str, list[MessageKey]]:
         """Remove and return every key, as :meth:`pop_due` at the end of time. O(n)."""
+        self._flush_log()
         if not self._buckets:
             return {}
         last, bucket = self._buckets.peekitem(-1)
@@ -394,9 +456,14 @@ class TimeBuckets:
             # A new bucket usually means the clock moved on: the most recently written
             # one is likely complete. Compress its runs now (O(its containers)); it
             # stays open, but consecutive ids no longer hold 8 KB bitset containers.
+            messages = 0
             for bitmap in buckets[next(reversed(self._open))].values():
                 bitmap.run_optimize()
                 bitmap.shrink_to_fit()
+                messages += len(bitmap)
+            self._sparse_tail = messages <= _LOG_GROUP
+        else:
+            self._sparse_tail = True
         buckets[deadline] = opened
         self._open[deadline] = None
         if len(self._open) > self.max_open_buckets:
@@ -461,6 +528,7 @@ class TimeBuckets:
 
     def seal_all(self) -> None:
         """Seal every open bucket (e.g. before measuring memory). O(open buckets)."""
+        self._flush_log()
         for deadline in sorted(self._open):
             self._seal(deadline)
 
@@ -471,6 +539,7 @@ class TimeBuckets:
 
     def _contents(self) -> Iterator[tuple[int, _Stream, _Values]]:
         """``(bucket deadline, stream, values)`` of every bucket, open or sealed, in order."""
+        self._flush_log()
         streams = self._streams
         for key, bucket in self._buckets.items():
             if type(bucket) is dict:
@@ -488,6 +557,9 @@ class TimeBuckets:
             del self._stream_ids[self._streams[sid]]  # type: ignore[arg-type]  # (a referenced sid is live, so its stream is not None)
             self._streams[sid] = None
             self._free_sids.append(sid)
+            if sid == self._log_sid:  # (the log is empty: every caller flushed it)
+                self._hot.unset_log()
+                self._log_sid = -1
 
     def _new_sid(self, stream: _Stream) -> int:
         """Give *stream* an id, reusing a freed one when possible."""
@@ -502,8 +574,11 @@ class TimeBuckets:
         return sid
 
     def _forget_hot(self) -> None:
-        """Empty every hot slot, counting the adds that went through them. O(slots)."""
+        """Empty every hot slot and the tail log, counting the adds that went through them. O(slots)."""
+        self._flush_log()
         self._settle(self._hot.clear())
+        self._hot.unset_log()
+        self._log_sid = -1
 
     def _settle(self, grown: tuple[int, int]) -> None:
         """Count the ``(messages, entries)`` added through hot slots that were removed. O(1)."""
@@ -524,6 +599,7 @@ class TimeBuckets:
 
         Runtime complexity: O(open buckets + streams + b / 1000).
         """
+        self._flush_log()
         buckets = self._buckets
         total = sys.getsizeof(buckets) + self._sealed_bytes
         keys = buckets.keys()
@@ -545,7 +621,7 @@ class TimeBuckets:
     # ------------------------------------------------------------------ checks
 
     def _check(self) -> None:
-        """Assert every invariant. O(n); for tests."""
+        """Assert every invariant. O(n); for tests. It does not flush the tail log (it checks it)."""
         keys = list(self._buckets.keys())
         # Bucket deadlines are sorted, distinct, and aligned to the precision.
         assert keys == sorted(set(keys))
@@ -555,9 +631,10 @@ class TimeBuckets:
         assert len(self._open) <= self.max_open_buckets
         sealed = sum(sys.getsizeof(b) for b in self._buckets.values() if type(b) is bytes)
         records = sum(len(_pages.records(k, b)) for k, b in self._buckets.items() if type(b) is bytes)
-        assert records == self._sealed_count == self.bucket_count - len(self._open)
+        assert records == self._sealed_count
         refs = [0] * len(self._streams)
         messages = entries = 0
+        latest = -1  # the last bucket's deadline
         for index, key in enumerate(keys):
             bucket = self._buckets[key]
             assert type(bucket) in (dict, bytes)
@@ -572,7 +649,8 @@ class TimeBuckets:
                 assert limit is None or deadlines[-1] < limit
                 assert deadlines[-1] <= self._sealed_max
                 assert all(d & self._low_mask == 0 for d in deadlines)
-            for _, pairs in groups:
+            for group_deadline, pairs in groups:
+                latest = max(latest, group_deadline)
                 # No empty bucket and no empty bitmap; a stream appears once per bucket.
                 assert pairs and all(len(values) for _, values in pairs)
                 sids = [sid for sid, _ in pairs]
@@ -591,6 +669,22 @@ class TimeBuckets:
                     for message in _decode(stream, values):
                         # Every stored value decodes to a valid key of its own stream.
                         assert validate_key(message) == message and _encode(message)[0] == stream
+        # The tail log: one live plain or batched stream, only while the structure is not
+        # empty; records after every bucket (floor), aligned, strictly increasing, at most
+        # 8 per bucket, 32-bit values. They count as messages (and entries) not yet stored.
+        # (set_log() may decline a stream, and PyHotSlot never logs: then log() is None.)
+        log = self._hot.log()
+        assert self._log_sid < 0 or self._streams[self._log_sid] is not None
+        assert log is None or self._log_sid >= 0
+        if log is not None:
+            topic, ledger, kind, sid, floor, log_records = log
+            assert sid == self._log_sid and self._streams[sid] == (topic, ledger, _Kind(kind), -1)
+            assert keys and floor >= latest
+            assert all(d > floor and d & self._low_mask == 0 and 0 <= v < _U32 for d, v in log_records)
+            assert log_records == sorted(set(log_records))
+            assert max(Counter(d for d, _ in log_records).values(), default=0) <= _LOG_GROUP
+            messages += len(log_records)
+            entries += len({(d, v >> _BATCH_BITS if kind == _Kind.BATCHED else v) for d, v in log_records})
         # Reference counts, free list and stream table agree.
         assert refs == self._stream_refs
         assert all(self._streams[s] is None and refs[s] == 0 for s in self._free_sids)
@@ -607,6 +701,8 @@ class TimeBuckets:
             assert len(bitmap) >= base
 
 
+_LOG_GROUP = 8
+"""Records per bucket the C tail log takes (``LOG_GROUP`` in ``_speedups.c``)."""
 _BYTES_HEADER = sys.getsizeof(b"")
 """``sys.getsizeof`` of a bytes object beyond its length."""
 _BITMAP_OVERHEAD = 96

@@ -320,3 +320,120 @@ def test_c_hot_slot_refuses_bad_arguments():
     with pytest.raises(ValueError):
         _accel.FastAdd(slot, threading.Lock(), None, 0, 0, False, print, print, delays=(-1,))
     assert slot.slots() == []
+
+
+def test_c_tail_log_interface():
+    from pyroaring import BitMap
+
+    from pulsar_nack import _pages
+
+    slot = _accel.HotSlot()
+    assert slot.log() is None and slot.take_log(4096) is None
+    assert not slot.add(("t", 3, 1, -1), 5)  # no log stream
+    slot.set_log("t", 3, 1, 2, 100)  # batched keys of ("t", 3), sid 2, no bucket after 100
+    assert not slot.add(("t", 3, 1, 0), 100)  # not after the floor
+    assert not slot.add(("t", 3, 1, -1), 101) and not slot.add(("u", 3, 1, 0), 101) and not slot.add(("t", 4, 1, 0), 101)
+    assert not slot.add(("t", 3, 2**22, 0), 101)  # packed value beyond 32 bits
+    assert slot.add(("t", 3, 1, 0), 101) and slot.add(("t", 3, 1, 5), 101) and slot.add(("t", 3, 2, 0), 101)
+    assert not slot.add(("t", 3, 2, 0), 101) and not slot.add(("t", 3, 1, 9), 101)  # not above the last record
+    assert slot.add(("t", 3, 0, 0), 102) and slot.add(("t", 3, 9, 9), 103)
+    assert not slot.add(("t", 3, 9, 10), 102)  # before the last record's deadline
+    assert slot.log() == ("t", 3, 1, 2, 100, [(101, 1 << 10), (101, 1 << 10 | 5), (101, 2 << 10), (102, 0), (103, 9 << 10 | 9)])
+    assert (slot.growth(), slot.entry_growth()) == (5, 4)  # entries 1 and 2 at 101, 0 at 102, 9 at 103
+    with pytest.raises(RuntimeError):
+        slot.set_log("t", 3, 1, 2, 200)
+    with pytest.raises(RuntimeError):
+        slot.unset_log()
+    sid, pages, messages, entries, buckets, page_last, deadline, values = slot.take_log(4096)
+    assert (sid, messages, entries, buckets, page_last, deadline, values) == (2, 4, 3, 2, 102, 103, [9 << 10 | 9])
+    bodies = [(101, _pages.encode_body([(2, BitMap([1 << 10, 1 << 10 | 5, 2 << 10]))])), (102, _pages.encode_body([(2, BitMap([0]))]))]
+    assert pages == [(101, _pages.build(101, bodies))]  # the bytes sealing gives the same buckets
+    assert slot.log() == ("t", 3, 1, 2, 103, []) and (slot.growth(), slot.entry_growth()) == (0, 0)
+    # At most 8 records per deadline; a full log misses.
+    slot.set_log("t", 3, 0, 1, 0)
+    assert all(slot.add(("t", 3, e, -1), 1) for e in range(8)) and not slot.add(("t", 3, 8, -1), 1)
+    assert all(slot.add(("t", 3, 8 + d, -1), d) for d in range(2, 2042))
+    assert not slot.add(("t", 3, 5000, -1), 5000) and slot.growth() == 2048
+    # Pages split at page_bytes; their records hold every bucket but the last, in order.
+    sid, pages, messages, entries, buckets, page_last, deadline, values = slot.take_log(64)
+    assert len(pages) > 1 and all(len(page) <= 64 for _, page in pages) and (messages, entries, buckets) == (2047, 2047, 2040)
+    got = []
+    for key, page in pages:
+        for record_deadline, _, start, end in _pages.records(key, page):
+            for sid_, codec, payload in _pages.body_streams(page, start, end):
+                got += [(record_deadline, sid_, v) for v in _pages.decode_values(codec, payload)]
+    assert got == [(1, 1, e) for e in range(8)] + [(d, 1, 8 + d) for d in range(2, 2041)]
+    assert (page_last, deadline, values) == (2040, 2041, [2049])
+    slot.unset_log()
+    assert slot.log() is None and not slot.add(("t", 3, 9000, -1), 9000)
+    with pytest.raises(TypeError):
+        slot.set_log(b"t", 3, 0, 1, 0)
+    with pytest.raises(ValueError):
+        slot.set_log("t", 3, 2, 1, 0)
+    with pytest.raises(ValueError):
+        slot.take_log(0)
+    slot.set_log("t", 3, 0, 1, 2**64)  # beyond 64 bits (fake clocks only): no log
+    assert slot.log() is None
+
+
+def test_tail_log_holds_one_new_bucket_per_add_with_the_content_of_pure_python():
+    """Precision 0, one add per ms (the y0-x1 benchmark): after a slow add, adds go to the
+    C tail log; the next Python operation flushes them into pages, same content as without it."""
+    from pulsar_nack import _pages
+    from pulsar_nack.buckets import TimeBuckets
+
+    fast, pure = TimeBuckets(0), TimeBuckets(0, speedups=False)
+    for i in range(5000):
+        for b in (fast, pure):
+            b.add(("t", 7, i, -1), 1000 + i)
+    log = fast._hot.log()
+    assert log[:4] == ("t", 7, 0, fast._log_sid) and 0 < len(log[5]) <= 2048
+    assert len(fast) == len(pure) == 5000 and fast.entries == pure.entries == 5000
+    fast._check()  # checks the records, does not flush them
+    assert fast._hot.log() == log and fast.peek_deadline() == pure.peek_deadline() == 1000
+    assert fast.bucket_count == pure.bucket_count == 5000  # flushes
+    assert fast._hot.log()[5] == []
+    fast._check()
+    assert list(fast) == list(pure)
+    pages = [(k, p) for k, p in fast._buckets.items() if type(p) is bytes]
+    assert len(pages) > 5 and all(len(p) <= _pages.PAGE_BYTES for _, p in pages)
+    assert fast.memory_bytes() / len(fast) < 16
+    assert fast.pop_due(3999) == pure.pop_due(3999) and len(fast) == 2000
+    fast._check()
+    # A second stream's add is slow (the log takes one stream); the log follows it.
+    fast.add(("u", 1, 1, -1), 7000)
+    fast.add(("u", 1, 2, -1), 7001)
+    assert fast._hot.log()[:2] == ("u", 1) and len(fast._hot.log()[5]) == 1
+    fast.add(("t", 7, 9, -1), 7002)  # another stream: slow; it flushes the log, which then takes this stream
+    assert fast._hot.log()[:2] == ("t", 7) and fast._hot.log()[5] == [] and type(fast._buckets[7001]) is dict
+    fast._check()
+    assert fast.clear() == {"t": [("t", 7, i, -1) for i in range(3000, 5000)] + [("t", 7, 9, -1)], "u": [("u", 1, 1, -1), ("u", 1, 2, -1)]}
+    assert fast._hot.log() is None and len(fast) == 0
+    fast._check()
+
+
+def test_tail_log_hands_a_dense_bucket_back_as_a_hot_bitmap():
+    from pyroaring import BitMap
+
+    from pulsar_nack.buckets import TimeBuckets
+
+    b = TimeBuckets(0)
+    b.add(("t", 1, 0, -1), 10)
+    for e in range(1, 9):
+        b.add(("t", 1, e, -1), 11)  # 8 records of bucket 11
+    assert len(b._hot.log()[5]) == 8
+    b.add(("t", 1, 9, -1), 11)  # the 9th: slow; the flush opens bucket 11, its bitmap becomes hot
+    assert b._hot.log()[5] == [] and b._buckets[11] == {0: BitMap(range(1, 10))}
+    assert [s[0] for s in b._hot.slots()] == [10, 11] and b.add(("t", 1, 10, -1), 11) and b._hot.log()[5] == []
+    # After a dense bucket the log waits for a sparse one: it would only take first adds.
+    b.add(("t", 1, 0, 0), 12)
+    assert b._hot.log() is None and b._log_sid == -1
+    # Batched keys: entries count each entry once per bucket.
+    for entry, index, deadline in [(0, 1, 13), (0, 2, 13), (1, 0, 13), (1, 0, 14), (5, 3, 14)]:
+        b.add(("t", 1, entry, index), deadline)
+    assert b._hot.log()[2:] == (1, b._log_sid, 13, [(14, 1 << 10), (14, 5 << 10 | 3)])
+    assert b.entries == 11 + 1 + 2 + 2
+    b._check()
+    b.seal_all()
+    b._check()
+    assert b.entries == 16 and len(b) == 17

@@ -13,7 +13,10 @@ and with or without a multiplier backoff. The ``add_run`` and ``add_batch_run`` 
 the ``add(key)`` / ``add(key, None, count)`` calls the hot slots serve (plain and batched
 keys, interleaved topics, the buckets of several backoff delays); sparse steps give the
 pages' GAPS codec gaps of one, two and three bytes, and ``seal_all`` and small
-``max_open`` values seal, split and unseal pages between adds and pops.
+``max_open`` values seal, split and unseal pages between adds and pops. ``add_ticks``
+moves the clock between the adds of one stream (at precision 0 a new bucket per add), the
+C hot slot's tail log: its records stay in the log across steps (``_check()`` checks them
+without flushing) until a pop, a close, a seal or another stream's slow add flushes them.
 """
 
 from __future__ import annotations
@@ -115,6 +118,25 @@ class TrackerMachine(RuleBasedStateMachine):
             for index in indexes:
                 for topic in topics:
                     self._add((topic, ledger, entry, index), None, rc)
+
+    @rule(
+        topic=st.sampled_from(TOPICS),
+        ledger=st.one_of(st.integers(0, 2), ids()),
+        first=st.one_of(st.integers(0, 300), ids()),
+        count=st.integers(1, 60),
+        step=st.sampled_from([0, 1, 1, 2, 300, 2**20]),
+        tick=st.sampled_from([0, 1, 1, 1, 2, 3, 256]),
+        batched=st.booleans(),
+        rc=counts,
+    )
+    def add_ticks(self, topic, ledger, first, count, step, tick, batched, rc) -> None:
+        """One stream, the clock moving *tick* ms between adds: the tail log's pattern."""
+        for i in range(count):
+            entry = first + (i // 3 if batched else i) * step
+            if entry >= 2**63:
+                break
+            self._add((topic, ledger, entry, i % 3 if batched else -1), None, rc)
+            self.now += tick
 
     def _add(self, key, delay, rc=None) -> None:
         if delay is not None:
