@@ -35,6 +35,19 @@ def test_the_command_line_lists_its_commands_and_rejects_unknown_ones(capsys):
     assert done.value.code == 2
 
 
+def test_the_installed_script_runs_bench_from_a_checkout_root_only(tmp_path):
+    """``pulsar-nack bench`` as installed: its script's directory, not the working
+    directory, is on sys.path, so bench/ (not in the wheel) is loaded from the checkout."""
+    script = Path(sys.executable).with_name("pulsar-nack")
+    assert script.is_file(), f"no installed script next to {sys.executable}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = [str(script), "bench", "--help"]
+    here = subprocess.run(run, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert here.returncode == 0 and "--only" in here.stdout, here.stderr
+    elsewhere = subprocess.run(run[:2], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 2 and "run it from the root of a checkout" in elsewhere.stderr, elsewhere.stderr
+
+
 def _lines(stream) -> queue.Queue:
     """Read *stream* line by line on a thread; the lines arrive in the queue."""
     lines: queue.Queue = queue.Queue()

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+from pathlib import Path
+from types import ModuleType
 
 __all__ = ["main"]
 
@@ -20,6 +23,28 @@ _COMMANDS = {
 }
 
 
+def _import_command(module_name: str) -> ModuleType:
+    """Import a subcommand's module; ``bench`` also from a checkout in the working directory.
+
+    ``bench/`` is not in the wheel: an installed ``pulsar-nack`` script cannot import it,
+    since a script's directory, not the working directory, is first on ``sys.path``. Run
+    from a checkout's root, the command loads that ``bench`` package by its path.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        package = module_name.partition(".")[0]
+        init = Path.cwd() / package / "__init__.py"
+        if error.name != package or package != "bench" or not init.is_file():
+            raise
+    spec = importlib.util.spec_from_file_location(package, init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None  # (a file location always gives a loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module(module_name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pulsar-nack`` script; returns the exit code."""
     parser = argparse.ArgumentParser(prog="pulsar-nack", description=__doc__.split("\n\n")[0])
@@ -28,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module_name, help_text) in _COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         try:
-            module = importlib.import_module(module_name)
+            module = _import_command(module_name)
         except ImportError as error:  # bench/ is not in the wheel: run from a checkout
-            sub.set_defaults(_missing=f"{name} is unavailable ({error}); run it from a checkout: python -m {module_name}")
+            sub.set_defaults(_missing=f"{name} is unavailable ({error}); run it from the root of a checkout")
             continue
         module.add_arguments(sub)
         modules[name] = module
