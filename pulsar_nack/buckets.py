@@ -300,8 +300,7 @@ class TimeBuckets:
         Then the tail log takes this key's stream (the structure's last bucket is its floor)
         when buckets are sparse.
         """
-        if self._log_sid >= 0:
-            self._flush_log()
+        self._flush_log()
         stream, value = _encode(key)
         bucket = self._open_bucket(bucket_deadline)
         sid = self._stream_ids.get(stream)
@@ -352,6 +351,8 @@ class TimeBuckets:
         gets a hot bitmap and Roaring runs, as without the log. O(1) when the log is empty,
         else O(log records + log b).
         """
+        if self._log_sid < 0:  # no log stream, so no records: the common case, no C call
+            return
         taken = self._hot.take_log(_pages.PAGE_BYTES)
         if taken is None:
             return
@@ -379,8 +380,7 @@ class TimeBuckets:
         Runtime complexity: O(d + k log b) for d due keys in k due buckets among b,
         plus O(page bytes) for a page that is only partly due.
         """
-        if self._log_sid >= 0:
-            self._flush_log()
+        self._flush_log()
         due: dict[str, list[MessageKey]] = {}
         buckets = self._buckets
         while buckets:
