@@ -128,7 +128,7 @@ def core_fingerprint() -> dict[str, str]:
 
 def _speedups_built() -> bool:
     """Whether this process's ``NegativeAcksTracker.add`` can use the C hot path."""
-    from pulsar_nack import _accel
+    from pulsar_nack.core import accel as _accel
 
     return _accel.SPEEDUPS
 

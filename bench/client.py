@@ -10,7 +10,7 @@ Two measurements, each system in a fresh worker process:
   built-in consumer and for ``NackingConsumer.negative_acknowledge``, on hand-built
   ``MessageId`` objects and on received messages (the application's path), and for
   ``NegativeAcksTracker.add`` alone (what a nack costs in the tracker itself), with the
-  C hot path (``pulsar_nack._speedups``) and in pure Python (``speedups=False``).
+  C hot path (``pulsar_nack.core._speedups``) and in pure Python (``speedups=False``).
 
 Run: ``python -m bench.client [--quick] [--ids N]``.
 """
@@ -56,16 +56,16 @@ def _us_per_call(call: Any, items: list[Any]) -> float:
 
 def _id_read_steps() -> dict[str, Any]:
     """The client calls a nack of a received message needs, each timed on its own (a profile)."""
-    from pulsar_nack import _accel
+    from pulsar_nack.consumer import msgid as _msgid
 
     steps: dict[str, Any] = {
         "message_id()": lambda m: m.message_id(),
         "topic_name()": lambda m: m.topic_name(),
         "message_id() + serialize()": lambda m: m.message_id().serialize(),
-        "id read, four getters (pure Python)": _accel.py_message_key,
+        "id read, four getters (pure Python)": _msgid.py_message_key,
     }
-    if _accel.MSGID:
-        steps["id read, one serialize() parsed in C (used)"] = _accel.message_key
+    if _msgid.MSGID:
+        steps["id read, one serialize() parsed in C (used)"] = _msgid.message_key
     return steps
 
 
@@ -163,10 +163,11 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     result["call_us"] = summarize(samples)
     result["call_message_us"] = _nack_received_messages(client, consumer, topic, call_reps, system == "pulsar-nack")
     if system == "pulsar-nack":
-        from pulsar_nack import _accel
+        from pulsar_nack.consumer import msgid as _msgid
+        from pulsar_nack.core import accel as _accel
 
         result["speedups_built"] = _accel.SPEEDUPS
-        result["msgid_built"] = _accel.MSGID
+        result["msgid_built"] = _msgid.MSGID
         result["tracker_add_us"] = _tracker_add_us(topic, call_reps, batch, speedups=True)
         result["tracker_add_pure_python_us"] = _tracker_add_us(topic, call_reps, batch, speedups=False)
         consumer.close(redeliver_pending=False)

@@ -63,7 +63,8 @@ def _export(ref: str, root: Path) -> None:
 def _worker(part: str) -> dict[str, Any]:
     """One measurement, in this process, on whichever ``pulsar_nack`` the path gives."""
     import pulsar_nack
-    from pulsar_nack import NegativeAcksTracker, _accel
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import accel as _accel
 
     result: dict[str, Any] = {"package": str(Path(pulsar_nack.__file__).parent), "speedups": bool(_accel.SPEEDUPS)}
     if part == "pop":

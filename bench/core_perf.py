@@ -73,7 +73,8 @@ def _log(msg: str) -> None:
 
 
 def bench_add(n: int, warmup: int, reps: int) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     keys = _keys(n)
     factories: dict[str, Callable[[], Any]] = {
@@ -116,7 +117,8 @@ def _fill(tracker: Any, cell: list[int], keys: list[Any], start_ms: int, per_ms:
 
 
 def bench_pop_all(n: int, warmup: int, reps: int) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     keys = _keys(n)
     cell = [0]
@@ -151,7 +153,8 @@ def bench_pop_all(n: int, warmup: int, reps: int) -> dict[str, Any]:
 
 
 def bench_find_due(n: int, due_n: int, warmup: int, reps: int) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     cell = [0]
 
@@ -196,7 +199,8 @@ def bench_find_due(n: int, due_n: int, warmup: int, reps: int) -> dict[str, Any]
 
 
 def bench_idle(n: int, window_s: float) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     keys = _keys(n)
     rows = [
@@ -250,7 +254,8 @@ def bench_idle(n: int, window_s: float) -> dict[str, Any]:
 
 
 def _lateness_run(system: str, precision: int | None, duration_s: float, delay_ms: int) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, NegativeAcksTracker
+    from pulsar_nack import NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     count = int(duration_s * 1000)
     firings: list[tuple[int, dict[str, list[Any]]]] = []

@@ -310,7 +310,7 @@ def _tracker_breakdown(tracker: Any) -> dict[str, Any]:
         sys.getsizeof(sub) for sub in sorted_list._lists
     )
     map_bytes += sys.getsizeof(sorted_list._maxes) + sum(sys.getsizeof(idx) for idx in [sorted_list._index])
-    from pulsar_nack import _pages
+    from pulsar_nack.core import pages as _pages
 
     pages = sealed_buckets = 0
     page_bytes = 0
@@ -346,7 +346,8 @@ def _tracker_breakdown(tracker: Any) -> dict[str, Any]:
 
 
 def worker(case_name: str, system: str, n: int) -> dict[str, Any]:
-    from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker
+    from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker
+    from pulsar_nack.core import HashMapNegativeAcksTracker
 
     code = core_fingerprint()  # the code this worker imported (checked by the parent)
     case = CASES[case_name]

@@ -105,7 +105,7 @@ def run_case(client: Any, name: str, n: int, spin_us: float, admin: Any = None) 
     import pulsar
 
     import pulsar_nack
-    from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+    from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
 
     batched, whole, _ = CASES[name]
     topic = f"persistent://public/default/replay-{name}-{uuid.uuid4().hex[:8]}"

@@ -30,7 +30,7 @@ DEMO_RESULTS = ("demo-apache", "demo-lite")
 """The demo's result files, written by one ``python -m bench.demo`` run."""
 
 # Space model constants (bytes), from CPython 3.11, the roaring portable format and
-# pulsar_nack/_pages.py.
+# pulsar_nack/core/pages.py.
 SLOT = 75  # per page in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
 BYTES_OBJ = 33  # header of a `bytes` object (one per page)
 PAGE_BYTES = 4096  # a page grows up to this

@@ -24,7 +24,7 @@ import sys
 import uuid
 import zlib
 
-from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
 from pulsar_nack.spark import ConsumerConfig, TaskBudget, consumer_task, local_session, stop_session
 
 

@@ -1,10 +1,14 @@
 """pulsar-nack: negative acknowledgements for Pulsar consumers, after PIP-393.
 
-The core (:mod:`~pulsar_nack.buckets`, :mod:`~pulsar_nack.timer`,
-:mod:`~pulsar_nack.backoff`, :mod:`~pulsar_nack.tracker`, :mod:`~pulsar_nack.baseline`)
-imports neither pulsar nor pyspark. The consumer layer (``subscribe``,
-``NackingConsumer``) and the Spark helpers are loaded on first use. The test brokers
-live in :mod:`pulsar_nack.testing`.
+What users call is listed here. The layers underneath:
+
+- :mod:`pulsar_nack.core`: the tracker and everything under it (imports neither pulsar
+  nor pyspark);
+- :mod:`pulsar_nack.consumer`: the blocking and asyncio consumers (loaded on first use);
+- :mod:`pulsar_nack.asyncio`: ``subscribe`` for ``pulsar.asyncio.Client``;
+- :mod:`pulsar_nack.spark`: one tracked consumer per Spark executor;
+- :mod:`pulsar_nack.metrics`: OpenTelemetry instruments;
+- :mod:`pulsar_nack.testing`: Apache Pulsar brokers for tests (never imported at run time).
 """
 
 from __future__ import annotations
@@ -13,56 +17,40 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._validate import MAX_DELAY_MS
-from .backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
-from .baseline import HashMapNegativeAcksTracker
-from .buckets import TimeBuckets
+from .core.backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
+from .core.tracker import NegativeAcksTracker, TrackerStats
 from .errors import ClosedError, ConsumerClosedError, PulsarNackError, TrackerClosedError
-from .keys import MessageKey, key_of
-from .timer import DeadlineTimer
-from .tracker import NegativeAcksTracker, TrackerStats
 
 __version__ = "0.1.0"
 
-# Public names of the layers that import pulsar or pyspark, loaded lazily.
+# Public names of the consumer layer, which imports pulsar: loaded on first use.
 _LAZY = {
     "NackingConsumer": "consumer",
     "subscribe": "consumer",
-    "ConsumerConfig": "spark",
-    "TaskBudget": "spark",
-    "run_consumer_tasks": "spark",
+    "AsyncNackingConsumer": "asyncio",
 }
 
 __all__ = [
     "MAX_DELAY_MS",
+    "AsyncNackingConsumer",
     "ClosedError",
     "ConsumerClosedError",
-    "ConsumerConfig",
-    "DeadlineTimer",
     "FixedDelay",
-    "HashMapNegativeAcksTracker",
-    "MessageKey",
     "MultiplierRedeliveryBackoff",
-    # the lazy names of _LAZY:
     "NackingConsumer",
     "NegativeAcksTracker",
     "PulsarNackError",
     "RedeliveryBackoff",
-    "TaskBudget",
-    "TimeBuckets",
     "TrackerClosedError",
     "TrackerStats",
     "__version__",
-    "key_of",
-    "run_consumer_tasks",
     "subscribe",
 ]
 
 if TYPE_CHECKING:
+    from .asyncio import AsyncNackingConsumer as AsyncNackingConsumer
     from .consumer import NackingConsumer as NackingConsumer
     from .consumer import subscribe as subscribe
-    from .spark import ConsumerConfig as ConsumerConfig
-    from .spark import TaskBudget as TaskBudget
-    from .spark import run_consumer_tasks as run_consumer_tasks
 
 
 def __getattr__(name: str) -> Any:

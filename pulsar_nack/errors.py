@@ -28,7 +28,7 @@ class ClosedError(PulsarNackError, RuntimeError):
 
 
 class TrackerClosedError(ClosedError):
-    """Raised by ``add`` on a closed :class:`~pulsar_nack.tracker.NegativeAcksTracker` or baseline."""
+    """Raised by ``add`` on a closed :class:`~pulsar_nack.core.tracker.NegativeAcksTracker` or baseline."""
 
 
 class ConsumerClosedError(ClosedError):

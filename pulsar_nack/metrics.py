@@ -3,7 +3,7 @@
 :func:`instrument` registers instruments through the OpenTelemetry *API*
 (``pip install pulsar-nack[otel]``); the application's SDK and exporter (OTLP,
 Prometheus, ...) decide where they go. The core never imports OpenTelemetry, and
-nothing is added to :meth:`~pulsar_nack.tracker.NegativeAcksTracker.add`: counters and
+nothing is added to :meth:`~pulsar_nack.core.tracker.NegativeAcksTracker.add`: counters and
 gauges are *observable* instruments that read ``stats()`` when the SDK collects, and
 the lateness histogram is fed by a release listener on the timer thread, once per
 release burst.
@@ -22,7 +22,7 @@ name                                     kind             unit         meaning
 ``pulsar_nack.redeliver.errors``         counter          {error}      failed ``redeliver`` calls (keys retried)
 ``pulsar_nack.pending.messages``         gauge            {message}    messages waiting for their delay
 ``pulsar_nack.pending.entries``          gauge            {entry}      distinct entries among them
-``pulsar_nack.buckets``                  gauge            {bucket}     open time buckets
+``pulsar_nack.core.buckets``                  gauge            {bucket}     open time buckets
 ``pulsar_nack.memory``                   gauge            By           tracker memory (``memory_bytes``)
 ``pulsar_nack.redelivery.lateness``      histogram        ms           release time − bucket due time, per burst
 ======================================== ================ ============ ==========================================
@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._base import BaseTracker
+from .core.base import BaseTracker
 
 __all__ = ["NACK_COUNTER", "Instrumentation", "RunStatsExporter", "instrument", "topic_attributes"]
 
@@ -61,7 +61,7 @@ _CONSUMER_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
 _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pulsar_nack.pending.messages", "{message}", "Messages waiting for their redelivery delay", "pending_messages"),
     ("pulsar_nack.pending.entries", "{entry}", "Distinct entries among the pending messages", "pending_entries"),
-    ("pulsar_nack.buckets", "{bucket}", "Open time buckets", "buckets"),
+    ("pulsar_nack.core.buckets", "{bucket}", "Open time buckets", "buckets"),
     ("pulsar_nack.memory", "By", "Tracker memory in bytes", "memory_bytes"),
 )
 LATENESS_HISTOGRAM = "pulsar_nack.redelivery.lateness"

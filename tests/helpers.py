@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pulsar_nack import NegativeAcksTracker, _accel
+from pulsar_nack import NegativeAcksTracker
+from pulsar_nack.core import accel as _accel
 
 
 def pid_gone(pid: int) -> bool:

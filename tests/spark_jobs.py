@@ -132,7 +132,7 @@ def _main(args: dict[str, Any]) -> int:
     """Driver: produce nothing; consume args['topic'] until drained on args['master']."""
     import pyspark.cloudpickle
 
-    from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+    from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
     from pulsar_nack.spark import ConsumerConfig, TaskBudget, local_session, run_consumer_tasks, stop_session
 
     pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])

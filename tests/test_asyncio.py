@@ -23,7 +23,7 @@ import pytest_asyncio
 
 import pulsar_nack.asyncio
 from pulsar_nack import MultiplierRedeliveryBackoff
-from pulsar_nack.consumer import ConsumerClosedError
+from pulsar_nack.errors import ConsumerClosedError
 from pulsar_nack.testing.admin import PulsarAdmin
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
@@ -326,6 +326,6 @@ async def test_bad_input_changes_nothing(aclient, apache_broker):
 
 
 async def test_every_subscribe_keyword_of_the_async_client_is_accepted():
-    ours = pulsar_nack.asyncio._SUBSCRIBE_KEYWORDS
+    ours = pulsar_nack.consumer.async_consumer._SUBSCRIBE_KEYWORDS
     theirs = set(inspect.signature(pulsar.asyncio.Client.subscribe).parameters)
     assert theirs - ours == {"self", "topic", "subscription_name", "negative_ack_redelivery_delay_ms"}

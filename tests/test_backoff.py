@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar_nack.backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
+from pulsar_nack.core.backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBackoff
 
 
 def test_multiplier_matches_java_semantics():

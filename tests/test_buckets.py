@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pyroaring import BitMap64
 
-from pulsar_nack import _pages
-from pulsar_nack.buckets import TimeBuckets
-from pulsar_nack.keys import MAX_BATCH_INDEX, MAX_ID
+from pulsar_nack.core import pages as _pages
+from pulsar_nack.core.buckets import TimeBuckets
+from pulsar_nack.core.keys import MAX_BATCH_INDEX, MAX_ID
 
 T = "persistent://public/default/a"
 U = "persistent://public/default/b"

@@ -18,7 +18,7 @@ import pytest
 import pulsar_nack
 from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
-from pulsar_nack.consumer import ConsumerClosedError
+from pulsar_nack.errors import ConsumerClosedError
 from pulsar_nack.testing import PulsarLite, quiet_client
 
 pytestmark = pytest.mark.broker

@@ -16,12 +16,12 @@ import pulsar_nack
 from pulsar_nack import (
     ClosedError,
     ConsumerClosedError,
-    HashMapNegativeAcksTracker,
     NackingConsumer,
     NegativeAcksTracker,
     PulsarNackError,
     TrackerClosedError,
 )
+from pulsar_nack.core import HashMapNegativeAcksTracker
 from pulsar_nack.errors import BrokerError
 from pulsar_nack.spark import ConsumerConfig
 

@@ -66,7 +66,7 @@ def test_counters_and_gauges_match_a_known_workload():
     assert values["pulsar_nack.redeliver.errors"] == 0
     assert values["pulsar_nack.pending.messages"] == 5
     assert values["pulsar_nack.pending.entries"] == 1
-    assert values["pulsar_nack.buckets"] == 1
+    assert values["pulsar_nack.core.buckets"] == 1
     assert values["pulsar_nack.memory"] == tracker.stats()["memory_bytes"] > 0
     assert "pulsar_nack.handoff.bursts" not in values  # a consumer counter
 
@@ -74,7 +74,7 @@ def test_counters_and_gauges_match_a_known_workload():
     values = _values(reader)
     assert values[NACK_COUNTER] == 15
     assert values["pulsar_nack.pending.messages"] == 0
-    assert values["pulsar_nack.buckets"] == 0
+    assert values["pulsar_nack.core.buckets"] == 0
 
 
 def test_attributes_follow_the_java_client():
@@ -172,7 +172,7 @@ def test_bad_input_raises_and_registers_nothing():
 
 def test_the_core_imports_no_opentelemetry():
     code = (
-        "import sys, pulsar_nack, pulsar_nack.tracker, pulsar_nack.baseline, pulsar_nack.metrics;"
+        "import sys, pulsar_nack, pulsar_nack.core.tracker, pulsar_nack.core.baseline, pulsar_nack.metrics;"
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Reading a message id in one call: ``pulsar_nack._msgid`` (C) and its pure-Python stand-in.
+"""Reading a message id in one call: ``pulsar_nack.consumer._msgid`` (C) and its pure-Python stand-in.
 
 ``parse_id`` decodes ``MessageId.serialize()``; ``message_key`` is the consumer's nack fast
 path. Both forms must agree with the client's own getters on every id, and refuse what is
@@ -14,12 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import _varint, produce
-from pulsar_nack import _accel, subscribe
+from pulsar_nack import subscribe
+from pulsar_nack.consumer import msgid as _msgid
 from pulsar_nack.testing import quiet_client
 
-PARSERS = [pytest.param(_accel.py_parse_id, id="python")]
-if _accel.MSGID:
-    PARSERS.append(pytest.param(_accel.parse_id, id="c"))
+PARSERS = [pytest.param(_msgid.py_parse_id, id="python")]
+if _msgid.MSGID:
+    PARSERS.append(pytest.param(_msgid.parse_id, id="c"))
 
 ids = st.tuples(
     st.integers(-1, 2**31 - 1),  # partition
@@ -102,8 +103,8 @@ def test_message_key_reads_received_messages_as_the_getters_do(apache_broker, to
             expected = (inner.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
             assert expected[0].startswith(topic + "-partition-")
             assert (expected[3] >= 0) == bool(batch_size)
-            assert _accel.py_message_key(inner) == expected
-            assert _accel.message_key(inner) == expected
+            assert _msgid.py_message_key(inner) == expected
+            assert _msgid.message_key(inner) == expected
             consumer.acknowledge(inner)
         consumer.close()
     finally:

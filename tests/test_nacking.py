@@ -1,4 +1,4 @@
-"""Unit tests of the broker-agnostic consumer core (pulsar_nack._nacking), no broker.
+"""Unit tests of the broker-agnostic consumer core (pulsar_nack.consumer.nacking), no broker.
 
 Stand-in messages are used here only for what needs no broker: the pending set's
 encoding against a plain set, keying and the ids handed to the client. Everything a
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import wait_for
-from pulsar_nack._nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
+from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
 
 T = "persistent://public/default/t"
 

@@ -1,4 +1,4 @@
-"""The sealed-page codec (pulsar_nack/_pages.py): round trips, and C and Python agree byte for byte."""
+"""The sealed-page codec (pulsar_nack/core/pages.py): round trips, and C and Python agree byte for byte."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
-from pulsar_nack import _accel, _pages
+from pulsar_nack.core import accel as _accel
+from pulsar_nack.core import pages as _pages
 
 values = st.one_of(
     st.sets(st.integers(0, 300), min_size=1, max_size=60),
@@ -46,7 +47,7 @@ def test_gap_payloads_are_the_same_in_c_and_python(vals):
         assert _accel.decode_gaps(python) == sorted(vals)
 
 
-@pytest.mark.skipif(_accel.decode_gaps is None, reason="pulsar_nack._speedups is not built")
+@pytest.mark.skipif(_accel.decode_gaps is None, reason="pulsar_nack.core._speedups is not built")
 @pytest.mark.parametrize("payload", [b"", b"\x80", b"\x05\xff", b"\xff" * 10 + b"\x01"])
 def test_corrupt_gap_payloads_are_refused_in_c(payload):
     if payload == b"":

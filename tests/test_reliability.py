@@ -14,11 +14,11 @@ import pytest
 from helpers import FakeClock, PurePythonTracker, wait_for
 from pulsar_nack import (
     FixedDelay,
-    HashMapNegativeAcksTracker,
     MultiplierRedeliveryBackoff,
     NegativeAcksTracker,
 )
-from pulsar_nack.timer import DeadlineTimer, monotonic_ms
+from pulsar_nack.core import HashMapNegativeAcksTracker
+from pulsar_nack.core.timer import DeadlineTimer, monotonic_ms
 
 TRACKERS = [NegativeAcksTracker, PurePythonTracker, HashMapNegativeAcksTracker]
 HUGE = 2**1100
@@ -322,7 +322,7 @@ def test_base_exception_in_timer_callback_is_logged_and_the_timer_lives_on(error
 
     timer = DeadlineTimer(on_due)
     try:
-        with caplog.at_level(logging.ERROR, logger="pulsar_nack.timer"):
+        with caplog.at_level(logging.ERROR, logger="pulsar_nack.core.timer"):
             timer.request(monotonic_ms())
             assert wait_for(lambda: len(calls) == 1)
             timer.request(monotonic_ms())

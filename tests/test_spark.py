@@ -27,7 +27,7 @@ import pulsar
 import pytest
 
 import spark_jobs
-from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
 from pulsar_nack.spark import (
     ConsumerConfig,
     TaskBudget,

@@ -67,7 +67,7 @@ def test_a_bad_tracker_is_refused(tracker, error):
 
 
 def test_the_builtin_tracker_refuses_a_backoff_it_cannot_apply():
-    from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+    from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
 
     with pytest.raises(ValueError, match="backoff"):
         config(tracker="builtin", backoff=MultiplierRedeliveryBackoff(500, 10_000))

@@ -1,4 +1,4 @@
-"""The C hot path (``pulsar_nack._speedups``): same behaviour as the pure-Python code.
+"""The C hot path (``pulsar_nack.core._speedups``): same behaviour as the pure-Python code.
 
 The state machine in test_state_machine.py runs both; these tests cover what it does
 not reach: unusual keys and clock values, lock contention, the real clock, garbage
@@ -16,10 +16,11 @@ import weakref
 import pytest
 
 from helpers import FakeClock, PurePythonTracker
-from pulsar_nack import MAX_DELAY_MS, MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
-from pulsar_nack.timer import monotonic_ms
+from pulsar_nack import MAX_DELAY_MS, MultiplierRedeliveryBackoff, NegativeAcksTracker
+from pulsar_nack.core import accel as _accel
+from pulsar_nack.core.timer import monotonic_ms
 
-pytestmark = pytest.mark.skipif(not _accel.SPEEDUPS, reason="pulsar_nack._speedups is not built")
+pytestmark = pytest.mark.skipif(not _accel.SPEEDUPS, reason="pulsar_nack.core._speedups is not built")
 
 
 class Ledger(enum.IntEnum):
@@ -325,7 +326,7 @@ def test_c_hot_slot_refuses_bad_arguments():
 def test_c_tail_log_interface():
     from pyroaring import BitMap
 
-    from pulsar_nack import _pages
+    from pulsar_nack.core import pages as _pages
 
     slot = _accel.HotSlot()
     assert slot.log() is None and slot.take_log(4096) is None
@@ -379,8 +380,8 @@ def test_c_tail_log_interface():
 def test_tail_log_holds_one_new_bucket_per_add_with_the_content_of_pure_python():
     """Precision 0, one add per ms (the y0-x1 benchmark): after a slow add, adds go to the
     C tail log; the next Python operation flushes them into pages, same content as without it."""
-    from pulsar_nack import _pages
-    from pulsar_nack.buckets import TimeBuckets
+    from pulsar_nack.core import pages as _pages
+    from pulsar_nack.core.buckets import TimeBuckets
 
     fast, pure = TimeBuckets(0), TimeBuckets(0, speedups=False)
     for i in range(5000):
@@ -415,7 +416,7 @@ def test_tail_log_holds_one_new_bucket_per_add_with_the_content_of_pure_python()
 def test_tail_log_hands_a_dense_bucket_back_as_a_hot_bitmap():
     from pyroaring import BitMap
 
-    from pulsar_nack.buckets import TimeBuckets
+    from pulsar_nack.core.buckets import TimeBuckets
 
     b = TimeBuckets(0)
     b.add(("t", 1, 0, -1), 10)

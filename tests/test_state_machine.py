@@ -8,7 +8,7 @@ On an injected clock, with adds, clock advances and pops interleaved:
 * ``close()`` returns exactly what is pending;
 * ``_check()`` holds after every step.
 
-Each run builds the tracker with or without the C hot path (``pulsar_nack._speedups``)
+Each run builds the tracker with or without the C hot path (``pulsar_nack.core._speedups``)
 and with or without a multiplier backoff. The ``add_run`` and ``add_batch_run`` rules make
 the ``add(key)`` / ``add(key, None, count)`` calls the hot slots serve (plain and batched
 keys, interleaved topics, the buckets of several backoff delays); sparse steps give the
@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers import PurePythonTracker
-from pulsar_nack import HashMapNegativeAcksTracker, MultiplierRedeliveryBackoff, NegativeAcksTracker, _accel
+from pulsar_nack import MultiplierRedeliveryBackoff, NegativeAcksTracker
+from pulsar_nack.core import HashMapNegativeAcksTracker
+from pulsar_nack.core import accel as _accel
 
 TOPICS = ["a", "b", "persistent://tenant/ns/x-partition-3"]
 _EDGES = [0, 1, 2**16 - 1, 2**16, 2**16 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**53, 2**63 - 2, 2**63 - 1]

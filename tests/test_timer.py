@@ -9,7 +9,7 @@ import time
 import pytest
 
 from helpers import wait_for
-from pulsar_nack.timer import DeadlineTimer, monotonic_ms
+from pulsar_nack.core.timer import DeadlineTimer, monotonic_ms
 
 
 class Recorder:
@@ -116,7 +116,7 @@ def test_callback_exception_is_logged_and_timer_lives_on(caplog):
 
     timer = DeadlineTimer(on_due)
     try:
-        with caplog.at_level(logging.ERROR, logger="pulsar_nack.timer"):
+        with caplog.at_level(logging.ERROR, logger="pulsar_nack.core.timer"):
             timer.request(monotonic_ms())
             assert wait_for(lambda: len(calls) == 1)
             assert wait_for(lambda: any("boom" in (r.exc_text or "") or r.exc_info for r in caplog.records))

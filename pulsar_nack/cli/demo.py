@@ -305,7 +305,7 @@ def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
     """Run the consumer tasks until the subscription is drained; the RunStats."""
-    from ..backoff import MultiplierRedeliveryBackoff
+    from ..core.backoff import MultiplierRedeliveryBackoff
     from ..spark import ConsumerConfig, TaskBudget, run_consumer_tasks
     from ..testing import client_factory_for
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._validate import MAX_DELAY_MS, check_int, check_ms, check_optional_int, check_topics
-from ..backoff import RedeliveryBackoff
-from ..buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
-from ..keys import PARTITION_SUFFIX
+from ..core.backoff import RedeliveryBackoff
+from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ..core.keys import PARTITION_SUFFIX
 
 __all__ = ["NON_RETRYABLE_ACTIONS", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
@@ -47,7 +47,7 @@ class ConsumerConfig:
     """What a Spark task consumes and how it retries; picklable, shipped with each task.
 
     Every field must pickle (Spark ships the config to the executors): plain values,
-    a :class:`~pulsar_nack.backoff.RedeliveryBackoff`, exception classes, and a
+    a :class:`~pulsar_nack.core.backoff.RedeliveryBackoff`, exception classes, and a
     module-level ``client_factory``.
 
     Parameters
@@ -71,7 +71,7 @@ class ConsumerConfig:
         retry may come up to ``2**bits - 1`` ms early unless ``never_early``).
     backoff : RedeliveryBackoff, optional
         Delay by redelivery count, e.g.
-        :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`.
+        :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff`.
     never_early : bool
         Round deadlines up instead of down.
     receive_timeout_ms : int
@@ -129,7 +129,7 @@ class ConsumerConfig:
 
     Examples
     --------
-    >>> from pulsar_nack.backoff import MultiplierRedeliveryBackoff
+    >>> from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
     >>> config = ConsumerConfig("pulsar://127.0.0.1:6650", "orders", "billing",
     ...     backoff=MultiplierRedeliveryBackoff(1000, 60_000))
     >>> config.topics, config.subscription_type, config.key

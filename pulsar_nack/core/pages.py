@@ -10,7 +10,7 @@ A page is one ``bytes`` object holding one or more sealed buckets, in deadline o
 ``key`` is the page's key in the bucket map (the deadline of its first record) and
 ``base`` an earlier time the deltas count from, so a page's tail is a new page without
 re-encoding: a new header plus a slice. Each stream's values (the bitmap values of
-:mod:`pulsar_nack.buckets`) take the smallest of two codecs:
+:mod:`pulsar_nack.core.buckets`) take the smallest of two codecs:
 
 * ``ROARING32`` / ``ROARING64``: the portable Roaring serialization after
   ``run_optimize()`` (a few bytes per *run* of consecutive values);
@@ -35,7 +35,7 @@ from typing import Any, Union
 
 from pyroaring import BitMap, BitMap64
 
-from . import _accel
+from . import accel as _accel
 
 __all__ = [
     "GAPS",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ._validate import check_int, check_ms, check_number
+from .._validate import check_int, check_ms, check_number
 
 __all__ = ["FixedDelay", "MultiplierRedeliveryBackoff", "RedeliveryBackoff"]
 

@@ -1,5 +1,5 @@
 /*
- * pulsar_nack._speedups: the optional C hot path of NegativeAcksTracker.add.
+ * pulsar_nack.core._speedups: the optional C hot path of NegativeAcksTracker.add.
  *
  * Nothing here is needed for correctness: pulsar_nack/_accel.py has a pure-Python
  * HotSlot, and NegativeAcksTracker.add is pure Python without FastAdd. Set
@@ -67,7 +67,7 @@ typedef struct {
 
 #define LOG_CAPACITY 2048 /* records in the tail log; a full log misses to Python, which takes it */
 #define LOG_GROUP 8       /* records per deadline: a denser bucket is handed to Python to get a hot bitmap */
-#define GAPS_CODEC 2      /* pulsar_nack._pages.GAPS */
+#define GAPS_CODEC 2      /* pulsar_nack.core.pages.GAPS */
 
 typedef struct {
     long long deadline; /* trimmed bucket deadline */
@@ -682,7 +682,7 @@ static PyMethodDef HotSlot_methods[] = {
 
 static PyTypeObject HotSlotType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pulsar_nack._speedups.HotSlot",
+    .tp_name = "pulsar_nack.core._speedups.HotSlot",
     .tp_doc = PyDoc_STR("Up to 16 open bitmaps recent adds went to, by bucket, topic, ledger and kind (C version)."),
     .tp_basicsize = sizeof(HotSlot),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -936,7 +936,7 @@ static PyMethodDef FastAdd_methods[] = {
 
 static PyTypeObject FastAddType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pulsar_nack._speedups.FastAdd",
+    .tp_name = "pulsar_nack.core._speedups.FastAdd",
     .tp_doc = PyDoc_STR("FastAdd(slot, lock, clock, delay_ms, low_mask, round_up, general, track, delays=None): "
                         "the C hot path of NegativeAcksTracker.add."),
     .tp_basicsize = sizeof(FastAdd),
@@ -1038,8 +1038,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "pulsar_nack._speedups",
-    .m_doc = "The optional C hot path of NegativeAcksTracker.add (see pulsar_nack._accel).",
+    .m_name = "pulsar_nack.core._speedups",
+    .m_doc = "The optional C hot path of NegativeAcksTracker.add (see pulsar_nack.core.accel).",
     .m_size = -1,
     .m_methods = module_methods,
 };

@@ -1,8 +1,8 @@
 """`NegativeAcksTracker`: time buckets + an earliest-deadline timer + backoff.
 
 This is PIP-393's tracker for Python: pending messages are held in
-:class:`~pulsar_nack.buckets.TimeBuckets` (a few bytes each), and one
-:class:`~pulsar_nack.timer.DeadlineTimer` thread wakes only for the earliest bucket and
+:class:`~pulsar_nack.core.buckets.TimeBuckets` (a few bytes each), and one
+:class:`~pulsar_nack.core.timer.DeadlineTimer` thread wakes only for the earliest bucket and
 hands everything due to a ``redeliver`` callback, grouped by topic. No pulsar import:
 the callback decides what redelivery means (the consumer layer hands the ids to the
 Pulsar client).
@@ -14,10 +14,10 @@ import time
 import types
 from collections.abc import Callable
 
-from . import _accel
-from ._base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
-from ._validate import check_ms
+from .._validate import check_ms
+from . import accel as _accel
 from .backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
+from .base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
 from .buckets import DEFAULT_PRECISION_BITS, TimeBuckets
 from .timer import DeadlineTimer, monotonic_ms
 
@@ -69,7 +69,7 @@ class NegativeAcksTracker(BaseTracker):
         False (default): up to ``2**precision_bits - 1`` ms early, never late (Java).
         True: never early.
     backoff : RedeliveryBackoff, optional
-        Delay by redelivery count, e.g. :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`.
+        Delay by redelivery count, e.g. :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff`.
     clock : callable
         Monotonic milliseconds; inject a fake one in tests.
     lead_ms : int
@@ -84,9 +84,9 @@ class NegativeAcksTracker(BaseTracker):
     retry_delay_ms : int
         Delay before retrying keys whose ``redeliver`` call failed. Default 1000.
     max_open_buckets : int
-        See :class:`~pulsar_nack.buckets.TimeBuckets`.
+        See :class:`~pulsar_nack.core.buckets.TimeBuckets`.
     speedups : bool
-        Use the C hot path for ``add(key)`` when ``pulsar_nack._speedups`` is built
+        Use the C hot path for ``add(key)`` when ``pulsar_nack.core._speedups`` is built
         (default). False: pure Python, to debug or to compare. Behaviour is the same.
 
     >>> clock = iter(range(0, 10**6, 100)).__next__
@@ -151,7 +151,7 @@ class NegativeAcksTracker(BaseTracker):
         """Bind ``add`` to the C hot path when it is built.
 
         The C code handles ``add(key)`` (and ``add(key, None, redelivery_count)`` with a
-        :class:`~pulsar_nack.backoff.MultiplierRedeliveryBackoff`, whose delays it reads
+        :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff`, whose delays it reads
         once, here) for a key a hot slot takes, and calls the Python code (:meth:`add`,
         :meth:`_track`) for everything else, so behaviour is the same; only the common
         call is cheaper. Subclasses that override ``add`` keep their own, and so do

@@ -3,7 +3,7 @@
 :class:`NackingCore` owns everything between the application's calls and the client's
 ``negative_acknowledge(MessageId)`` handoff, and calls into no client itself:
 
-* the :class:`~pulsar_nack.tracker.NegativeAcksTracker` and its timer;
+* the :class:`~pulsar_nack.core.tracker.NegativeAcksTracker` and its timer;
 * the keying of messages and ids (:meth:`NackingCore.key_of`), with the topic taken from
   the message, from the consumer's only topic (plus ``-partition-N``), or kept inside
   the caller's id object when neither is known (a bare id on a multi-topic consumer);
@@ -37,13 +37,13 @@ from typing import Any
 import _pulsar
 from pyroaring import BitMap64
 
-from . import _accel
-from ._base import DueKeys
-from ._validate import check_int, check_topics
-from .backoff import RedeliveryBackoff
-from .buckets import DEFAULT_PRECISION_BITS
-from .keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
-from .tracker import NegativeAcksTracker
+from .._validate import check_int, check_topics
+from ..core.backoff import RedeliveryBackoff
+from ..core.base import DueKeys
+from ..core.buckets import DEFAULT_PRECISION_BITS
+from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from ..core.tracker import NegativeAcksTracker
+from . import msgid as _msgid
 
 __all__ = [
     "COALESCE_MS",
@@ -149,7 +149,7 @@ def _is_message(obj: Any) -> bool:
 
 def batch_size_of(message_id: _pulsar.MessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
-    return int(_accel.parse_id(message_id.serialize())[4])
+    return int(_msgid.parse_id(message_id.serialize())[4])
 
 
 def handoff_id(topic: str, ledger_id: int, entry_id: int) -> _pulsar.MessageId:
@@ -488,7 +488,7 @@ class NackingCore:
             isinstance(inner, _pulsar.Message)
             and self._fast_nack
             and delay_ms is None
-            and (fast_key := _accel.message_key(inner))[3] < 0
+            and (fast_key := _msgid.message_key(inner))[3] < 0
         ):
             # The common call: a received non-batched pulsar.Message, the fixed delay.
             topic = fast_key[0]

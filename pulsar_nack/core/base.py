@@ -28,9 +28,9 @@ from collections.abc import Callable
 from time import monotonic_ns as _monotonic_ns
 from typing import TypedDict
 
-from ._validate import check_bool, check_int, check_ms
+from .._validate import check_bool, check_int, check_ms
+from ..errors import TrackerClosedError
 from .backoff import RedeliveryBackoff
-from .errors import TrackerClosedError
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
@@ -39,7 +39,7 @@ __all__ = ["NEVER", "BaseTracker", "DueKeys", "Redeliver", "ReleaseListener", "T
 NEVER = 1 << 127
 """A time later than any deadline."""
 
-_log = logging.getLogger("pulsar_nack.tracker")
+_log = logging.getLogger("pulsar_nack.core.tracker")
 
 DueKeys = dict[str, list[MessageKey]]
 """Due keys grouped by topic, each list in deadline order."""
@@ -64,9 +64,9 @@ class TrackerStats(TypedDict):
 
 
 class BaseTracker(ABC):
-    """Common part of :class:`~pulsar_nack.tracker.NegativeAcksTracker` and the baseline.
+    """Common part of :class:`~pulsar_nack.core.tracker.NegativeAcksTracker` and the baseline.
 
-    See :class:`~pulsar_nack.tracker.NegativeAcksTracker` for the parameters.
+    See :class:`~pulsar_nack.core.tracker.NegativeAcksTracker` for the parameters.
     """
 
     _delay_ms: int

@@ -1,5 +1,5 @@
 /*
- * pulsar_nack._msgid: read a received message's id in two calls into the client.
+ * pulsar_nack.consumer._msgid: read a received message's id in two calls into the client.
  *
  * The Python client exposes a message id only through one pybind call per field
  * (ledger_id(), entry_id(), batch_index(), partition()), each a few hundred ns. Its
@@ -150,7 +150,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "pulsar_nack._msgid",
+    PyModuleDef_HEAD_INIT, "pulsar_nack.consumer._msgid",
     "A received message's id in one serialize() call, parsed in C.", -1, methods,
 };
 

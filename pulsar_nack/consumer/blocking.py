@@ -1,9 +1,9 @@
 """`NackingConsumer` and `subscribe()`: a `pulsar.Consumer` with our tracker inside.
 
 The application keeps the consumer API it knows; ``negative_acknowledge`` goes to a
-:class:`~pulsar_nack.tracker.NegativeAcksTracker` instead of the client's own tracker.
+:class:`~pulsar_nack.core.tracker.NegativeAcksTracker` instead of the client's own tracker.
 The broker-agnostic part (tracker, keys, pending set, handoff) is
-:class:`~pulsar_nack._nacking.NackingCore`; this module adds the ``pulsar.Consumer``
+:class:`~pulsar_nack.consumer.nacking.NackingCore`; this module adds the ``pulsar.Consumer``
 surface around it.
 
 Handoff to the client
@@ -14,7 +14,7 @@ Handoff to the client
     ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
     strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
     132 ms later. Our buckets fire early by exactly that client latency
-    (:func:`~pulsar_nack._nacking.client_handoff_latency_ms`), so a message arrives a
+    (:func:`~pulsar_nack.consumer.nacking.client_handoff_latency_ms`), so a message arrives a
     few ms after its bucket deadline, while bursts are at least 165 ms apart (buckets
     of 256 ms and more). Below 8 precision bits, and with ``never_early``, buckets fire
     early by only the client's delay (100 ms): a message then arrives 0-33 ms after its
@@ -51,24 +51,23 @@ from typing import Any, TypedDict
 import _pulsar
 import pulsar
 
-from ._nacking import (
+from .._validate import check_bool, check_int, check_ms, check_topics
+from ..core.backoff import RedeliveryBackoff
+from ..core.buckets import DEFAULT_PRECISION_BITS
+from ..core.timer import monotonic_ms
+from ..core.tracker import TrackerStats
+from ..errors import ConsumerClosedError
+from .dead_letter import DeadLetter
+from .nacking import (
     COALESCE_MS,
     HANDOFF_DELAY_MS,
-    PARTITION_SUFFIX,
     NackingCore,
     client_handoff_latency_ms,
 )
-from ._validate import check_bool, check_int, check_ms, check_topics
-from .backoff import RedeliveryBackoff
-from .buckets import DEFAULT_PRECISION_BITS
-from .errors import ConsumerClosedError
-from .timer import monotonic_ms
-from .tracker import TrackerStats
 
 __all__ = [
     "ConsumerClosedError",
     "ConsumerStats",
-    "DeadLetter",
     "NackingConsumer",
     "client_handoff_latency_ms",
     "subscribe",
@@ -83,51 +82,6 @@ ACK_FLUSH_MS = 150
 
 def _is_received(message: Any) -> bool:
     return isinstance(message, (pulsar.Message, _pulsar.Message))
-
-
-class DeadLetter:
-    """Sends messages to a dead-letter topic once the application saw them often enough.
-
-    Counts deliveries to the application, not the broker's per-entry redeliveries: a
-    copy of a batch message swallowed while its own nack was pending does not count.
-    Mirrors the client's ``ConsumerDeadLetterPolicy``: the topic defaults to
-    ``<topic>-<subscription>-DLQ`` (per topic, partition suffix removed), the message
-    keeps its payload, key and properties, plus ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``.
-    """
-
-    def __init__(self, client: pulsar.Client, subscription: str, policy: pulsar.ConsumerDeadLetterPolicy) -> None:
-        self.max_redeliver_count: int = policy.max_redeliver_count
-        self._topic: str = policy.dead_letter_topic or ""
-        self._initial_subscription: str = policy.initial_subscription_name or ""
-        self._client = client
-        self._subscription = subscription
-        self._producers: dict[str, pulsar.Producer] = {}
-        self._lock = threading.Lock()
-
-    def _producer(self, topic: str) -> pulsar.Producer:
-        target = self._topic or f"{PARTITION_SUFFIX.sub('', topic)}-{self._subscription}-DLQ"
-        with self._lock:
-            producer = self._producers.get(target)
-            if producer is None:
-                if self._initial_subscription:
-                    self._client.subscribe(target, self._initial_subscription).close()
-                producer = self._producers[target] = self._client.create_producer(target)
-            return producer
-
-    def send(self, message: Any) -> None:
-        """Publish *message* to its dead-letter topic (blocks until stored)."""
-        message_id = message.message_id()
-        properties = dict(message.properties())
-        properties.setdefault("REAL_TOPIC", message.topic_name())
-        properties.setdefault("ORIGIN_MESSAGE_ID", str(message_id))
-        key = message.partition_key()
-        self._producer(message.topic_name()).send(message.data(), properties, partition_key=key or None)
-
-    def close(self) -> None:
-        with self._lock:
-            producers, self._producers = list(self._producers.values()), {}
-        for producer in producers:
-            producer.close()
 
 
 class ConsumerStats(TypedDict):

@@ -25,7 +25,7 @@ Values below ``2**32`` use :class:`pyroaring.BitMap`; a stream upgrades itself t
 Only a few buckets receive adds at any time (deadlines grow with the clock).  At most
 ``max_open_buckets`` buckets are kept *open* (mutable bitmaps, least recently written
 first out; when a new bucket opens, the previous one's runs are compressed in place);
-every other bucket is *sealed* into a *page* (:mod:`pulsar_nack._pages`): one ``bytes``
+every other bucket is *sealed* into a *page* (:mod:`pulsar_nack.core.pages`): one ``bytes``
 object holding consecutive sealed buckets, each stream as Roaring runs or as one-byte
 gaps, whichever is smaller.  A page is keyed by its first bucket's deadline and holds
 only buckets before the next key, so the map stays sorted by deadline; a bucket sealed
@@ -36,11 +36,11 @@ per message.  An add to a sealed bucket unseals it (and splits its page).
 
 Adds that land after every bucket (one nack per ms at precision 0: every add a new
 bucket) are appended by the C hot path to a *tail log* of one stream instead
-(:mod:`pulsar_nack._speedups`); the next Python operation on the structure first
+(:mod:`pulsar_nack.core._speedups`); the next Python operation on the structure first
 *flushes* it (:meth:`TimeBuckets._flush_log`): its buckets come back encoded as pages,
 put after the last bucket, and its last bucket as an open one.
 
-This module has no threads and no locks; :class:`~pulsar_nack.tracker.NegativeAcksTracker`
+This module has no threads and no locks; :class:`~pulsar_nack.core.tracker.NegativeAcksTracker`
 adds both.
 """
 
@@ -56,8 +56,9 @@ from typing import Union
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
-from . import _accel, _pages
-from ._validate import check_bool, check_int
+from .._validate import check_bool, check_int
+from . import accel as _accel
+from . import pages as _pages
 from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
 __all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets"]
@@ -133,7 +134,7 @@ class TimeBuckets:
         Buckets kept mutable; the least recently written beyond this are sealed. Raise
         it if adds spread over many distinct buckets at once (many different delays).
     speedups : bool
-        Keep the hot slot in C when ``pulsar_nack._speedups`` is built (default); False
+        Keep the hot slot in C when ``pulsar_nack.core._speedups`` is built (default); False
         keeps it in Python. Same behaviour either way.
 
     >>> b = TimeBuckets(precision_bits=8)

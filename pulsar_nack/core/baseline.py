@@ -3,7 +3,7 @@
 A dict from message key to deadline, scanned whole by a fixed-interval timer every
 ``delay_ms / 3`` while anything is pending, like the Java client before PIP-393 (and
 the C++ client under ``pulsar-client``). Same interface and stats as
-:class:`~pulsar_nack.tracker.NegativeAcksTracker`; it is the reference model in the
+:class:`~pulsar_nack.core.tracker.NegativeAcksTracker`; it is the reference model in the
 property tests and the baseline in the benchmarks.
 
 Its costs, for comparison: a dict entry, a key tuple and a deadline int per message
@@ -16,9 +16,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from ._base import NEVER, BaseTracker, DueKeys, Redeliver
-from ._validate import check_int, check_ms
+from .._validate import check_int, check_ms
 from .backoff import RedeliveryBackoff
+from .base import NEVER, BaseTracker, DueKeys, Redeliver
 from .keys import MessageKey, checked_key
 from .timer import monotonic_ms
 
@@ -28,7 +28,7 @@ __all__ = ["HashMapNegativeAcksTracker"]
 class HashMapNegativeAcksTracker(BaseTracker):
     """Pending messages in a dict, released by a scan every ``interval_ms``.
 
-    Parameters are those of :class:`~pulsar_nack.tracker.NegativeAcksTracker`, plus
+    Parameters are those of :class:`~pulsar_nack.core.tracker.NegativeAcksTracker`, plus
     ``interval_ms`` (default ``max(delay_ms // 3, 1)``, as the pre-PIP-393 clients) and
     without the bucket options: deadlines are exact milliseconds. Re-adding a pending
     key replaces its deadline.
@@ -83,7 +83,7 @@ class HashMapNegativeAcksTracker(BaseTracker):
         return len(self._deadlines)
 
     def _put_key(self, key: MessageKey, deadline_ms: int) -> int:
-        """Store *key* (checked by :func:`~pulsar_nack.keys.checked_key`) due at *deadline_ms*. O(1)."""
+        """Store *key* (checked by :func:`~pulsar_nack.core.keys.checked_key`) due at *deadline_ms*. O(1)."""
         key = checked_key(key)
         self._deadlines[key] = check_int("deadline_ms", deadline_ms, 0)
         return NEVER - 1 if len(self._deadlines) == 1 else NEVER

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._validate import check_int
+from .._validate import check_int
 
 __all__ = [
     "MAX_BATCH_INDEX",

@@ -6,7 +6,7 @@ receive()``, ``acknowledge``, ``negative_acknowledge``, ...), with the semantics
 :class:`~pulsar_nack.consumer.NackingConsumer`: per-call ``delay_ms``, backoff by
 redelivery count, precision bits, batch-index awareness, and the same close modes.
 
-Both consumers are built on one :class:`~pulsar_nack._nacking.NackingCore` (tracker,
+Both consumers are built on one :class:`~pulsar_nack.consumer.nacking.NackingCore` (tracker,
 keys, pending set, handoff); this module only adds the asyncio surface.
 
 Threads and the event loop
@@ -32,12 +32,12 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from ._nacking import HANDOFF_DELAY_MS, NackingCore
-from ._validate import check_bool
-from .backoff import RedeliveryBackoff
-from .buckets import DEFAULT_PRECISION_BITS
-from .consumer import ConsumerClosedError, ConsumerStats
-from .tracker import NegativeAcksTracker
+from .._validate import check_bool
+from ..core.backoff import RedeliveryBackoff
+from ..core.buckets import DEFAULT_PRECISION_BITS
+from ..core.tracker import NegativeAcksTracker
+from .blocking import ConsumerClosedError, ConsumerStats
+from .nacking import HANDOFF_DELAY_MS, NackingCore
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
 
@@ -58,7 +58,7 @@ class AsyncNackingConsumer:
     **settings
         ``negative_ack_redelivery_delay_ms``, ``negative_ack_precision_bit_cnt``,
         ``redelivery_backoff``, ``never_early``, ``handoff_delay_ms``, ``coalesce_ms``,
-        ``guard_unbatched``: the keywords of :class:`~pulsar_nack._nacking.NackingCore`,
+        ``guard_unbatched``: the keywords of :class:`~pulsar_nack.consumer.nacking.NackingCore`,
         as for :class:`~pulsar_nack.consumer.NackingConsumer`.
     """
 

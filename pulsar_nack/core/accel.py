@@ -1,4 +1,4 @@
-"""The optional C hot path (``pulsar_nack._speedups``) and its pure-Python stand-in.
+"""The optional C hot path (``pulsar_nack.core._speedups``) and its pure-Python stand-in.
 
 ``NegativeAcksTracker.add`` spends most of its time in Python call overhead, not in the
 bitmap. The C extension removes that overhead for the common calls, ``add(key)`` (and
@@ -7,7 +7,7 @@ key that belongs in a bitmap a recent add went to:
 
 * :class:`HotSlot` (C or Python, same interface) holds up to 16 bitmaps recent adds
   went to (interleaved topics, batches, the buckets a backoff writes to). It is owned
-  by :class:`~pulsar_nack.buckets.TimeBuckets`. The C one also keeps a *tail log*: adds of
+  by :class:`~pulsar_nack.core.buckets.TimeBuckets`. The C one also keeps a *tail log*: adds of
   one stream that land after every bucket (a new bucket per add, as at precision 0),
   which TimeBuckets flushes into pages before anything else it does.
 * :data:`FastAdd` (C only) is the tracker's ``add`` for that call, several times cheaper
@@ -28,17 +28,12 @@ from typing import Any
 from pyroaring import BitMap
 
 __all__ = [
-    "MSGID",
     "SPEEDUPS",
     "FastAdd",
     "HotSlot",
     "PyHotSlot",
     "decode_gaps",
     "encode_gaps",
-    "message_key",
-    "parse_id",
-    "py_message_key",
-    "py_parse_id",
 ]
 
 
@@ -49,7 +44,7 @@ Growth = tuple[int, int]
 """``(messages, entries)`` added through slots that were removed."""
 LogTaken = tuple[int, list[tuple[int, bytes]], int, int, int, int, int, list[int]]
 """``(sid, [(key, page)], messages, entries, buckets, last_page_deadline, deadline, values)``:
-what ``HotSlot.take_log()`` hands back (see ``pulsar_nack/_speedups.c``)."""
+what ``HotSlot.take_log()`` hands back (see ``pulsar_nack/core/_speedups.c``)."""
 LogState = tuple[str, int, int, int, int, list[tuple[int, int]]]
 """``(topic, ledger, kind, sid, floor, [(deadline, value)])``: ``HotSlot.log()``, for checks."""
 
@@ -138,7 +133,7 @@ class PyHotSlot:
         """``(deadline, topic, ledger, kind, bitmap, base)`` of every slot, oldest first (for checks)."""
         return [(*k, slot[0], slot[1]) for k, slot in self._slots.items()]
 
-    # The tail log of the C HotSlot (see pulsar_nack/_speedups.c): here it never takes a
+    # The tail log of the C HotSlot (see pulsar_nack/core/_speedups.c): here it never takes a
     # key, so these keep the interface and hold nothing. The content is the same; only
     # the representation (an open bucket per add, sealed later) differs.
 
@@ -157,86 +152,13 @@ class PyHotSlot:
         return None
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at *pos* and the position after it; ValueError if truncated or too long."""
-    value = shift = 0
-    while shift < 70 and pos < len(data):
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value & 0xFFFF_FFFF_FFFF_FFFF, pos
-        shift += 7
-    raise ValueError("not a serialized Pulsar message id")
-
-
-def _signed(value: int, bits: int) -> int:
-    value &= (1 << bits) - 1
-    return value - (1 << bits) if value >> (bits - 1) else value
-
-
-def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
-    """``(ledger, entry, partition, batch_index, batch_size)`` of ``MessageId.serialize()`` bytes.
-
-    A ``MessageIdData`` protobuf: 1 ledgerId, 2 entryId (required), 3 partition and
-    4 batch_index (default -1), 6 batch_size (default 0); other fields are skipped. The
-    stand-in for the C ``parse_id`` of ``pulsar_nack._msgid``, same results and errors.
-    O(len(data)).
-
-    >>> py_parse_id(bytes.fromhex("0894b4e4f4cb03100218032009"))
-    (123456789012, 2, 3, 9, 0)
-    """
-    if not isinstance(data, bytes):
-        raise TypeError(f"data must be bytes, not {type(data).__name__}")
-    fields = [0, 0, -1, -1, 0]
-    seen, pos = 0, 0
-    while pos < len(data):
-        tag, pos = _varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            if number in (1, 2):
-                fields[number - 1] = _signed(value, 64)
-                seen |= number
-            elif number in (3, 4, 6):
-                fields[2 if number == 3 else 3 if number == 4 else 4] = _signed(value, 32)
-            continue
-        if wire == 2:
-            length, pos = _varint(data, pos)
-        elif wire in (1, 5):
-            length = 8 if wire == 1 else 4
-        else:
-            raise ValueError("not a serialized Pulsar message id")
-        if length > len(data) - pos:
-            raise ValueError("not a serialized Pulsar message id")
-        pos += length
-    if seen != 3:
-        raise ValueError("not a serialized Pulsar message id")
-    return fields[0], fields[1], fields[2], fields[3], fields[4]
-
-
-def py_message_key(message: Any) -> tuple[str, int, int, int]:
-    """``(topic, ledger, entry, batch_index)`` of a received ``_pulsar.Message``: four id reads. O(1).
-
-    The stand-in for the C ``message_key`` of ``pulsar_nack._msgid``, which reads the same
-    fields from one ``serialize()`` of the id (about 0.3 µs less per call: ``bench/client.py``).
-    """
-    message_id = message.message_id()
-    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
-
-
 HotSlot: Any = PyHotSlot
 FastAdd: Any = None
 encode_gaps: Any = None
-"""C ``encode_gaps(array)`` of :mod:`pulsar_nack._pages`' GAPS codec, or None (pure Python)."""
+"""C ``encode_gaps(array)`` of :mod:`pulsar_nack.core.pages`' GAPS codec, or None (pure Python)."""
 decode_gaps: Any = None
 """C ``decode_gaps(payload)``, or None (pure Python)."""
 SPEEDUPS = False
-message_key: Any = py_message_key
-"""``message_key(message)``: the C reader of ``pulsar_nack._msgid``, or :func:`py_message_key`."""
-parse_id: Any = py_parse_id
-"""``parse_id(data)``: the C parser of ``pulsar_nack._msgid``, or :func:`py_parse_id`."""
-MSGID = False
 
 if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
     try:
@@ -249,14 +171,5 @@ if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
         encode_gaps, decode_gaps = _c_encode_gaps, _c_decode_gaps
 
         SPEEDUPS = True
-    except ImportError:  # built without a C compiler: pure Python
-        pass
-
-    try:
-        from ._msgid import message_key as _c_message_key
-        from ._msgid import parse_id as _c_parse_id
-
-        message_key, parse_id = _c_message_key, _c_parse_id
-        MSGID = True
     except ImportError:  # built without a C compiler: pure Python
         pass

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._validate import check_int, check_ms
+from .._validate import check_int, check_ms
 
 __all__ = ["DeadlineTimer", "monotonic_ms"]
 

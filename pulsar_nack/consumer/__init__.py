@@ -1,0 +1,24 @@
+"""The consumer layer: ``pulsar.Consumer`` wrappers with the core's tracker inside.
+
+- :mod:`~pulsar_nack.consumer.nacking`: :class:`NackingCore`, shared by both consumers
+  (tracker, keys, pending set, handoff to the client);
+- :mod:`~pulsar_nack.consumer.blocking`: :class:`NackingConsumer` and :func:`subscribe`;
+- :mod:`~pulsar_nack.consumer.async_consumer`: the asyncio consumer
+  (public door: :mod:`pulsar_nack.asyncio`);
+- :mod:`~pulsar_nack.consumer.dead_letter`: the one dead-letter sender;
+- :mod:`~pulsar_nack.consumer.msgid`: the reader of a message's id (C, or pure Python).
+"""
+
+from __future__ import annotations
+
+from ..errors import ConsumerClosedError
+from .blocking import ConsumerStats, NackingConsumer, client_handoff_latency_ms, subscribe
+from .dead_letter import DeadLetter
+
+__all__ = [
+    "ConsumerClosedError",
+    "ConsumerStats", "DeadLetter",
+    "NackingConsumer",
+    "client_handoff_latency_ms",
+    "subscribe",
+]
