@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 """Where result JSON files go."""
 
-_PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "tqdm", "numpy")
+_PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pyspark", "tqdm", "numpy")
 _CORE_MODULES = (
     "buckets.py",
     "_pages.py",

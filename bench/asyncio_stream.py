@@ -28,7 +28,7 @@ import pulsar
 import pulsar.asyncio
 
 import pulsar_nack.asyncio
-from pulsar_nack.testing import BROKERS, quiet_client
+from pulsar_nack.testing import PulsarStandalone, quiet_client
 
 from ._common import broker_label, print_table, start_context, write_result
 from .e2e import _producer_thread, lateness_summary, run_case
@@ -92,7 +92,7 @@ async def _async_case(url: str, producer_client: pulsar.Client, delay_ms: int, n
 
 def run(messages: int, delay_ms: int) -> dict[str, Any]:
     cases = []
-    with BROKERS["apache"]() as broker:
+    with PulsarStandalone() as broker:
         client = quiet_client(broker.url)
         try:
             cases.append(asyncio.run(_async_case(broker.url, client, delay_ms, messages)))

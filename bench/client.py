@@ -177,11 +177,11 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     return result
 
 
-def run(n: int, call_reps: int, broker_kind: str = "apache") -> dict[str, Any]:
-    from pulsar_nack.testing import BROKERS
+def run(n: int, call_reps: int) -> dict[str, Any]:
+    from pulsar_nack.testing import PulsarStandalone
 
     results = []
-    with BROKERS[broker_kind]() as broker:
+    with PulsarStandalone() as broker:
         for system in ("built-in", "pulsar-nack"):
             results.append(run_worker("bench.client", broker.url, system, str(n), str(call_reps)))
     built_in, ours = results
@@ -212,11 +212,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200,000 ids, 3 repetitions")
     parser.add_argument("--ids", type=int, default=None, help="pending ids for the memory figure (default 1,000,000)")
-    parser.add_argument("--broker", choices=("apache", "lite"), default="apache", help="which broker to start")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     n = args.ids or (200_000 if args.quick else 1_000_000)
-    payload = run(n, 3 if args.quick else 7, args.broker)
+    payload = run(n, 3 if args.quick else 7)
     rows = []
     for case in payload["cases"]:
         rows.append(

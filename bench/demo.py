@@ -1,14 +1,12 @@
 """Record ``pulsar-nack demo --json``: ours beside pulsar-client's built-in nack, in one run.
 
-Each run is a fresh ``python -m pulsar_nack.cli demo --broker B --tracker T --messages S
+Each run is a fresh ``python -m pulsar_nack.cli demo --tracker T --messages S
 --json`` process; its last stdout line is the summary. Wall time is measured around the
 whole process (broker and Spark start included). One ``python -m bench.demo`` run does,
 one after the other: on Apache Pulsar standalone, ``--tracker ours`` and ``--tracker
 builtin`` at each size (``default``, then ``large``), each pair back to back, ``--repeats``
-times (who goes first alternates; each run records its ``repeat``); then pulsar-lite with
-ours at the default size. The results go to
-``bench/results/demo-apache.json`` (every Apache Pulsar run) and
-``bench/results/demo-lite.json``; docs/spark.md shows them side by side.
+times (who goes first alternates; each run records its ``repeat``). The results go to
+``bench/results/demo-apache.json``; docs/spark.md shows them side by side.
 
 Run: ``python -m bench.demo [--quick] [--sizes default,large] [--repeats N] [--receiver-queue-size N]``
 (quick: the small size, ``-quick`` files).
@@ -28,9 +26,9 @@ from ._common import REPO, print_table, start_context, write_result
 TRACKERS = ("ours", "builtin")
 
 
-def run_demo(size: str, broker: str, tracker: str, receiver_queue_size: int | None = None) -> dict[str, Any]:
+def run_demo(size: str, tracker: str, receiver_queue_size: int | None = None) -> dict[str, Any]:
     """One demo process; its summary, exit code, wall time and stderr line count."""
-    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--broker", broker, "--tracker", tracker]
+    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--tracker", tracker]
     command += ["--messages", size, "--json"]
     if receiver_queue_size is not None:
         command += ["--receiver-queue-size", str(receiver_queue_size)]
@@ -40,7 +38,7 @@ def run_demo(size: str, broker: str, tracker: str, receiver_queue_size: int | No
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     return {
         "size": size,
-        "broker": broker,
+        "broker": "apache",
         "tracker": tracker,
         "exit_code": out.returncode,
         "process_wall_s": wall,
@@ -74,18 +72,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         order = TRACKERS if repeat % 2 == 0 else TRACKERS[::-1]  # alternate who goes first
         for size in sizes:
             for tracker in order:
-                apache.append({**run_demo(size, "apache", tracker, args.receiver_queue_size), "repeat": repeat})
-    lite = [run_demo(sizes[0], "lite", "ours", args.receiver_queue_size)]
+                apache.append({**run_demo(size, tracker, args.receiver_queue_size), "repeat": repeat})
     print_table(
         ["broker", "tracker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99/max lateness ms", "wall s", "msg/s"],
-        [_row(r) for r in apache + lite],
+        [_row(r) for r in apache],
         title="pulsar-nack demo",
     )
     suffix = "-quick" if args.quick else ""
-    for name, runs in (("apache", apache), ("lite", lite)):
-        path = write_result(f"demo-{name}{suffix}", {"runs": runs}, start)
-        print(f"wrote {path}")
-    return {"runs": apache + lite}
+    path = write_result(f"demo-apache{suffix}", {"runs": apache}, start)
+    print(f"wrote {path}")
+    return {"runs": apache}
 
 
 if __name__ == "__main__":

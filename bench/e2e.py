@@ -15,10 +15,9 @@ Systems, measured in the same run on the same broker:
 * ``built-in``: ``client.subscribe(negative_ack_redelivery_delay_ms=delay)`` and the
   client's own ``negative_acknowledge``.
 
-The broker is Apache Pulsar standalone (``--broker apache``, the default) or pulsar-lite
-(``--broker lite``); the result records which.
+The broker is Apache Pulsar standalone; the result records its version.
 
-Run: ``python -m bench.e2e [--quick] [--broker apache|lite] [--messages N] [--delays 1000,10000] [--modes stream,burst]``.
+Run: ``python -m bench.e2e [--quick] [--messages N] [--delays 1000,10000] [--modes stream,burst]``.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import pulsar
 from tqdm import tqdm
 
 import pulsar_nack
-from pulsar_nack.testing import BROKERS, quiet_client
+from pulsar_nack.testing import PulsarStandalone, quiet_client
 
 from ._common import broker_label, percentile, print_table, write_result
 
@@ -132,10 +131,10 @@ def run_case(
 
 
 def run(
-    messages: int, delays: list[int], modes: list[str], broker_kind: str = "apache", subscriptions: tuple[str, ...] = ("Shared",)
+    messages: int, delays: list[int], modes: list[str], subscriptions: tuple[str, ...] = ("Shared",)
 ) -> dict[str, Any]:
     results = []
-    with BROKERS[broker_kind]() as broker:
+    with PulsarStandalone() as broker:
         client = quiet_client(broker.url)
         try:
             for delay_ms in delays:
@@ -154,7 +153,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--delays", default=None, help="comma-separated ms (default 1000,10000)")
     parser.add_argument("--modes", default="stream,burst")
-    parser.add_argument("--broker", choices=sorted(BROKERS), default="apache", help="which broker to start (default apache)")
     parser.add_argument(
         "--subscriptions", default=None, help="comma-separated consumer types (default Shared; full run adds Failover)"
     )
@@ -164,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     delays = [int(d) for d in (args.delays or ("1000" if args.quick else "1000,10000")).split(",")]
     modes = args.modes.split(",")
     subscriptions = tuple((args.subscriptions or ("Shared" if args.quick else "Shared,Failover")).split(","))
-    payload = run(messages, delays, modes, args.broker, subscriptions)
+    payload = run(messages, delays, modes, subscriptions)
     rows = []
     for case in payload["cases"]:
         late = case["lateness_ms"]

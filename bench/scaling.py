@@ -29,12 +29,12 @@ def _built_in(url: str, n: int) -> dict[str, Any]:
 
 
 def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
-    from pulsar_nack.testing import PulsarLite
+    from pulsar_nack.testing import PulsarStandalone
 
     rows: list[dict[str, Any]] = []
     jobs = [(system, n) for n in sizes for system in ("tracker", "baseline")]
     jobs += [("built-in", n) for n in sizes if n <= built_in_max]
-    with PulsarLite() as broker:
+    with PulsarStandalone() as broker:
         for system, n in tqdm(jobs, desc="scaling", disable=None):
             if system == "built-in":
                 r = _built_in(broker.url, n)

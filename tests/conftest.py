@@ -1,8 +1,7 @@
-"""Fixtures: one broker per kind for the session's broker tests, a quiet client, topics.
+"""Fixtures: one Apache Pulsar standalone broker for the session's broker tests, a quiet client, topics.
 
-``--broker apache`` (the default) runs the broker tests on Apache Pulsar standalone
-(fetched from Maven Central on first use), ``--broker lite`` on pulsar-lite, ``--broker
-both`` on each. Tests that need a feature one broker lacks ask for ``apache_broker``.
+The broker (fetched from Maven Central on first use) starts on the first test that asks
+for it and stops at the session's end.
 """
 
 from __future__ import annotations
@@ -18,28 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # for `import helpers`
 
 
-BROKER_KINDS = ("apache", "lite")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--broker",
-        choices=(*BROKER_KINDS, "both"),
-        default="apache",
-        help="which broker the broker tests run on: Apache Pulsar standalone (default), pulsar-lite, or both",
-    )
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "session_broker" in metafunc.fixturenames:
-        choice = metafunc.config.getoption("--broker")
-        kinds = list(BROKER_KINDS) if choice == "both" else [choice]
-        metafunc.parametrize("session_broker", kinds, indirect=True, scope="session")
-
-
 @pytest.fixture(scope="session")
 def broker_pool() -> Iterator[dict[str, Any]]:
-    """One broker of each kind per session, started on first use, stopped at the session's end."""
+    """Brokers shared by the session, started on first use, stopped at the session's end."""
     pool: dict[str, Any] = {}
     try:
         yield pool
@@ -48,30 +28,20 @@ def broker_pool() -> Iterator[dict[str, Any]]:
             pool.popitem()[1].stop()
 
 
-def _shared_broker(pool: dict[str, Any], kind: str) -> Any:
-    if kind not in pool:
-        from pulsar_nack.testing import BROKERS
+@pytest.fixture(scope="session")
+def session_broker(broker_pool: dict[str, Any]) -> Any:
+    """Apache Pulsar standalone, shared by the session."""
+    if "apache" not in broker_pool:
+        from pulsar_nack.testing import PulsarStandalone
 
-        pool[kind] = BROKERS[kind]().start()
-    return pool[kind]
+        broker_pool["apache"] = PulsarStandalone().start()
+    return broker_pool["apache"]
 
 
 @pytest.fixture(scope="session")
-def session_broker(request: pytest.FixtureRequest, broker_pool: dict[str, Any]) -> Any:
-    """The broker of the kind ``--broker`` chose (parametrized by pytest_generate_tests)."""
-    return _shared_broker(broker_pool, getattr(request, "param", "apache"))
-
-
-@pytest.fixture(scope="session")
-def apache_broker(broker_pool: dict[str, Any]) -> Any:
-    """Apache Pulsar standalone, whatever ``--broker`` says: for what pulsar-lite cannot do."""
-    return _shared_broker(broker_pool, "apache")
-
-
-@pytest.fixture(scope="session")
-def lite_broker(broker_pool: dict[str, Any]) -> Any:
-    """pulsar-lite: only for tests of the lite broker itself and of the demo's default."""
-    return _shared_broker(broker_pool, "lite")
+def apache_broker(session_broker: Any) -> Any:
+    """The session's Apache Pulsar standalone (the name older tests use)."""
+    return session_broker
 
 
 @pytest.fixture
@@ -104,7 +74,6 @@ def pytest_sessionfinish(session, exitstatus):
         return
     me = psutil.Process(os.getpid())
     patterns = (
-        "pulsar-lite",
         "PulsarStandaloneStarter",
         "org.apache.spark.deploy",
         "CoarseGrainedExecutorBackend",

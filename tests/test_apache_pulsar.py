@@ -1,8 +1,6 @@
-"""What pulsar-nack promises, verified on Apache Pulsar standalone (not on a look-alike).
-
-Every test here runs on the ``apache_broker`` fixture, whatever ``--broker`` says: these
-are the behaviours pulsar-lite cannot show (partitioned topics, Key_Shared, redelivery on
-Failover and Exclusive, batch-index acknowledgement, two processes on one subscription).
+"""What pulsar-nack promises, verified on Apache Pulsar standalone: partitioned topics,
+Key_Shared, redelivery on Failover and Exclusive, batch-index acknowledgement, two
+processes on one subscription.
 
 Timing bounds are behaviour bounds, generous for a loaded 2-core machine:
 

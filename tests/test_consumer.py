@@ -1,4 +1,4 @@
-"""NackingConsumer against a real embedded pulsar-lite broker and the real client.
+"""NackingConsumer against Apache Pulsar standalone and the real client.
 
 Each test has its own topic; waits are conditions with deadlines. Bounds are generous:
 these tests check behaviour, the benchmarks measure timing.
@@ -19,7 +19,7 @@ import pulsar_nack
 from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.errors import ConsumerClosedError
-from pulsar_nack.testing import PulsarLite, quiet_client
+from pulsar_nack.testing import PulsarStandalone, quiet_client
 
 pytestmark = pytest.mark.broker
 
@@ -273,7 +273,7 @@ def test_closing_one_of_two_consumers_with_pending_nacks_loses_nothing(pulsar_cl
 
 
 def test_broker_restart_with_pending_nacks_loses_nothing(tmp_path):
-    with PulsarLite(tmp_path / "broker") as broker:
+    with PulsarStandalone(tmp_path / "broker") as broker:
         client = quiet_client(broker.url, operation_timeout_seconds=10)
         topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
         consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)

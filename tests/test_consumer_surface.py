@@ -4,7 +4,7 @@
 and ``resume_message_listener``, plus issue 11's defect 1 through the consumer: a nack
 with a huge delay is refused and later nacks still come back.
 
-Every test runs on the ``apache_broker`` fixture, whatever ``--broker`` says. Waits are
+Every test runs on the session's Apache Pulsar standalone. Waits are
 conditions with deadlines; the one wait that must time out (nothing reaches a paused
 listener) says so.
 """

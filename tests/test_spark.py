@@ -1,4 +1,4 @@
-"""The Spark integration on a real local SparkSession and the embedded pulsar-lite broker.
+"""The Spark integration on a real local SparkSession and Apache Pulsar standalone.
 
 One SparkSession (``local[2,3]``: two cores, a failed task runs up to three times) for
 the whole file, stopped at the end together with its JVM. Every test has its own topic.
@@ -37,7 +37,7 @@ from pulsar_nack.spark import (
     executor_consumer,
     run_consumer_tasks,
 )
-from pulsar_nack.testing import client_factory_for, quiet_client
+from pulsar_nack.testing import quiet_client
 
 pytestmark = pytest.mark.spark
 
@@ -54,7 +54,7 @@ cloudpickle.register_pickle_by_value(spark_jobs)
 
 
 @pytest.fixture(scope="session")
-def spark(session_broker, apache_broker):
+def spark(session_broker):
     """A quiet local SparkSession: log4j at ERROR, UI off, loopback, this interpreter.
 
     It depends on the brokers so that it stops first: workers never see a broker go.
@@ -111,8 +111,7 @@ def produce(client, topic: str, n: int, *, batch_size: int = 10) -> None:
 
 def assert_subscription_empty(url: str, topic: str, subscription: str, wait_ms: int = 1500) -> None:
     """A fresh consumer gets nothing: every message of the subscription was acked."""
-    factory = client_factory_for(url)  # pulsar-lite: its consumer-id shim (the workers are on it too)
-    client = quiet_client(url) if factory is None else factory(url)
+    client = quiet_client(url)
     try:
         consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared)
         try:
@@ -128,8 +127,8 @@ def assert_subscription_empty(url: str, topic: str, subscription: str, wait_ms: 
 
 
 def make_config(url: str, *args, **kwargs) -> ConsumerConfig:
-    """A ConsumerConfig with the client factory the broker needs (pulsar-lite: its shim)."""
-    return ConsumerConfig(url, *args, client_factory=client_factory_for(url), **kwargs)
+    """A ConsumerConfig for the session's broker."""
+    return ConsumerConfig(url, *args, **kwargs)
 
 
 def new_topic() -> str:

@@ -1,10 +1,8 @@
 """``pulsar-nack broker``: start a test broker, print its URLs, run until Ctrl-C, stop it.
 
-For trying the library by hand. One flag per broker of
-:data:`pulsar_nack.testing.BROKERS`: ``--apache`` (the default) is Apache Pulsar's own
-standalone broker (:class:`~pulsar_nack.testing.PulsarStandalone`, fetched once from
-Maven Central); the other is the light look-alike the demo starts by default. Ctrl-C or
-SIGTERM stops the broker and exits 0; a broker that dies on its own exits 1.
+For trying the library by hand: Apache Pulsar's own standalone broker
+(:class:`~pulsar_nack.testing.PulsarStandalone`, fetched once from Maven Central). Ctrl-C
+or SIGTERM stops the broker and exits 0; a broker that dies on its own exits 1.
 """
 
 from __future__ import annotations
@@ -21,14 +19,7 @@ _POLL_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per test broker (``--apache``, the default, and the light one)."""
-    from ..testing import BROKER_HELP
-
-    kind = parser.add_mutually_exclusive_group()
-    for name, text in BROKER_HELP.items():
-        default = " (default)" if name == "apache" else ""
-        kind.add_argument(f"--{name}", dest="kind", action="store_const", const=name, help=text + default)
-    parser.set_defaults(kind="apache")
+    """No options: the broker is Apache Pulsar standalone on free loopback ports."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker = None
     try:
-        print(f"starting {args.kind} broker ...", file=sys.stderr, flush=True)
-        broker = start_broker(args.kind)
+        print("starting Apache Pulsar standalone ...", file=sys.stderr, flush=True)
+        broker = start_broker()
         print(f"service URL: {broker.url}", flush=True)
         if broker.admin_url is not None:
             print(f"admin URL:   {broker.admin_url}", flush=True)

@@ -2,9 +2,8 @@
 
 What it does:
 
-1. starts a test broker from :mod:`pulsar_nack.testing`: the light embedded one
-   (``--broker lite``, the default: it starts in a second) or Apache Pulsar standalone (``--broker apache``, fetched once from Maven
-   Central) -- unless ``--service-url`` names a running cluster;
+1. starts Apache Pulsar standalone (:class:`pulsar_nack.testing.PulsarStandalone`,
+   fetched once from Maven Central) -- unless ``--service-url`` names a running cluster;
 2. produces a stream of events ``0 .. N-1`` with a batched producer, on a thread, while
    Spark starts;
 3. runs ``--tasks`` consumer tasks per round on a SparkSession (``--master``, default
@@ -199,16 +198,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of events whose first processing fails (default 0.1)",
     )
     parser.add_argument("--tasks", type=_positive, default=4, help="consumer tasks per round (default 4)")
-    from ..testing import BROKER_HELP, DEMO_BROKER
-
-    kinds = "; ".join(f"{name}: {text}" for name, text in BROKER_HELP.items())
-    parser.add_argument(
-        "--broker", choices=sorted(BROKER_HELP), default=DEMO_BROKER,
-        help=f"the test broker to start ({kinds}); default {DEMO_BROKER}",
-    )
     parser.add_argument(
         "--service-url", default=None, metavar="URL",
-        help="use this Pulsar cluster instead of starting a test broker",
+        help="use this Pulsar cluster instead of starting Apache Pulsar standalone",
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument(
@@ -298,8 +290,8 @@ def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
         return None, args.service_url
     from ..testing import start_broker
 
-    _status(f"starting the {args.broker} broker")
-    broker = start_broker(args.broker)
+    _status("starting Apache Pulsar standalone")
+    broker = start_broker()
     return broker, broker.url
 
 
@@ -307,8 +299,6 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
     """Run the consumer tasks until the subscription is drained; the RunStats."""
     from ..core.backoff import MultiplierRedeliveryBackoff
     from ..spark import ConsumerConfig, TaskBudget, run_consumer_tasks
-    from ..testing import client_factory_for
-
     backoff = MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
     builtin = args.tracker == "builtin"
     config = ConsumerConfig(
@@ -320,7 +310,6 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         nack_delay_ms=backoff.next_delay_ms(0) if builtin else 60_000,
         backoff=None if builtin else backoff,
         retryable=(TransientError,),
-        client_factory=client_factory_for(url),
         consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
         tracker=args.tracker,
     )
@@ -350,14 +339,13 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Run the demo; return the exit code (1 if anything was lost or left behind)."""
     from ..spark import local_session, stop_session
-    from ..testing import client_factory_for, quiet_client
+    from ..testing import quiet_client
 
     started = time.monotonic()
     broker = client = spark = None
     try:
         broker, url = _start_broker(args)
-        factory = client_factory_for(url)
-        client = quiet_client(url) if factory is None else factory(url)
+        client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
         producer = _Producer(client, topic, args.messages)
         producer.thread.start()  # the stream runs while Spark starts
@@ -383,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
     times = {"spark_start_s": spark_start_s, "consume_s": consume_s, "wall_s": time.monotonic() - started}
-    summary = _summarize(args, producer, stats, left, times, url if broker is None else args.broker)
+    summary = _summarize(args, producer, stats, left, times, url if broker is None else "apache-standalone")
     if args.json:
         print(json.dumps(summary, sort_keys=False))
     else:

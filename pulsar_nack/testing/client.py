@@ -36,10 +36,10 @@ def quiet_client(url: str, **kwargs: Any) -> pulsar.Client:
 
     Examples
     --------
-    >>> from pulsar_nack.testing import PulsarLite
-    >>> with PulsarLite() as broker:
-    ...     client = quiet_client(broker.url)
-    ...     client.close()
+    A client connects on first use, so this needs no broker:
+
+    >>> client = quiet_client("pulsar://127.0.0.1:6650")
+    >>> client.close()
     """
     import pulsar
 
