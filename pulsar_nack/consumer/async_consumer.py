@@ -38,6 +38,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.tracker import NegativeAcksTracker
 from .blocking import ConsumerClosedError, ConsumerStats
 from .nacking import HANDOFF_DELAY_MS, NackingCore
+from .retry import RetryLetter, retry_topics_for
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
 
@@ -74,11 +75,13 @@ class AsyncNackingConsumer:
         topics: Iterable[str] | re.Pattern[str],
         *,
         _core: NackingCore | None = None,
+        _retry: RetryLetter | None = None,
         **settings: Any,
     ) -> None:
         if not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         self._core = NackingCore(self._hand_off, topics, **settings) if _core is None else _core
+        self._retry = _retry
         self._consumer = consumer
         self._raw = consumer._consumer
         self._closed = False
@@ -95,11 +98,15 @@ class AsyncNackingConsumer:
         ``pulsar.asyncio``. Runtime complexity: O(1) per received message.
         """
         self._check_open()
-        admit = self._core.admit
+        admit, retry = self._core.admit, self._retry
         while True:
             message = await self._consumer.receive()
-            if admit(message._message):
+            if not admit(message._message):
+                continue
+            if retry is None:
                 return message
+            if retry.admit(message._message):  # else a retry copy before its time: held
+                return retry.wrap(message)
 
     # ------------------------------------------------------------------ settling
 
@@ -138,6 +145,24 @@ class AsyncNackingConsumer:
         """
         self._check_open()
         self._core.nack(message, delay_ms)
+
+    async def reconsume_later(
+        self, message: Any, delay_ms: int | None = None, properties: dict[str, str] | None = None
+    ) -> None:
+        """Retry *message* durably: republish it to the retry letter topic, then ack it.
+
+        As :meth:`NackingConsumer.reconsume_later <pulsar_nack.consumer.NackingConsumer.reconsume_later>`:
+        needs ``subscribe(..., retry_enable=True)``; returns once the broker stored the
+        copy and the original is acked; if the produce fails, the original stays
+        unacked and the client's exception is raised. The send is asynchronous (the
+        loop is never blocked).
+        """
+        self._check_open()
+        if self._retry is None:
+            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
+        self._core.key_of(message)  # validates: nothing is sent for bad input
+        await asyncio.wrap_future(self._retry.submit(message, delay_ms, properties))
+        await self.acknowledge(message)
 
     def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
         """Core callback, on the timer thread: queue each due entry in the C++ client.
@@ -184,7 +209,7 @@ class AsyncNackingConsumer:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close, False)
+        await asyncio.get_running_loop().run_in_executor(None, self._close_trackers, False)
         await self._consumer.unsubscribe()
 
     async def close(self, redeliver_pending: bool = True) -> None:
@@ -200,8 +225,14 @@ class AsyncNackingConsumer:
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close, redeliver_pending)
+        await asyncio.get_running_loop().run_in_executor(None, self._close_trackers, redeliver_pending)
         await self._consumer.close()
+
+    def _close_trackers(self, redeliver_pending: bool) -> None:
+        """Stop the tracker (and the retry letter's hold and producers); joins threads."""
+        self._core.close(redeliver_pending)
+        if self._retry is not None:
+            self._retry.close(redeliver_pending)
 
     @property
     def closed(self) -> bool:
@@ -209,7 +240,11 @@ class AsyncNackingConsumer:
 
     def stats(self) -> ConsumerStats:
         """Counters (as :meth:`NackingConsumer.stats <pulsar_nack.consumer.NackingConsumer.stats>`), plus the tracker's."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
+        counts = self._core.counts()
+        if self._retry is not None:
+            counts.update(self._retry.counts())
+            counts["delivered"] -= counts["held"]
+        return ConsumerStats(**counts, tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
 
     async def __aenter__(self) -> AsyncNackingConsumer:
         return self
@@ -255,6 +290,8 @@ async def subscribe(
     negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
     redelivery_backoff: RedeliveryBackoff | None = None,
     never_early: bool = False,
+    retry_enable: bool = False,
+    retry_letter_topic: str | None = None,
     **subscribe_kwargs: Any,
 ) -> AsyncNackingConsumer:
     """Subscribe like ``await client.subscribe(...)`` and return an :class:`AsyncNackingConsumer`.
@@ -265,6 +302,11 @@ async def subscribe(
     100 ms handoff delay. ``batch_index_ack_enabled`` defaults to True here (False in
     pulsar): with it the broker's ack set keeps acked batch siblings from coming back.
     Every argument is validated before anything is subscribed.
+
+    ``retry_enable=True`` and *retry_letter_topic* add durable retries
+    (:meth:`AsyncNackingConsumer.reconsume_later`), as for
+    :func:`pulsar_nack.subscribe`. Here ``dead_letter_policy`` is accepted only with
+    them, and applies to reconsumes only: the asyncio nack path has no dead letters yet.
 
     Example (needs a broker; ``examples/asyncio_consumer.py`` runs one)::
 
@@ -279,14 +321,24 @@ async def subscribe(
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
-    if subscribe_kwargs.get("dead_letter_policy") is not None:
+    policy = subscribe_kwargs.pop("dead_letter_policy", None)
+    if policy is not None and not retry_enable:
         raise TypeError(
             "dead_letter_policy is not supported by pulsar_nack.asyncio yet: the client's own dead-letter "
             "count includes swallowed batch copies; use pulsar_nack.subscribe (blocking), which counts deliveries"
         )
+    if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
+        raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
     topics = _topics_of(topic, subscribe_kwargs.get("is_pattern_topic", False))
     subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
     check_bool("batch_index_ack_enabled", subscribe_kwargs["batch_index_ack_enabled"])
+    loop = asyncio.get_running_loop()
+    retry_topics = await loop.run_in_executor(  # validates, then at most two lookups
+        None, retry_topics_for, client, topics, subscription_name, policy, retry_enable, retry_letter_topic, subscribe_kwargs
+    )
+    if retry_topics is not None:
+        assert isinstance(topics, list)  # retries need topic names (checked)
+        topic = topics = [*topics, retry_topics.retry_letter_topic]
     # The core first: it validates the settings, so a bad call leaves no subscription behind.
     holder: list[AsyncNackingConsumer] = []
     core = NackingCore(
@@ -298,12 +350,20 @@ async def subscribe(
         never_early=never_early,
         guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
     )
+    retry = None if retry_topics is None else RetryLetter(
+        client, subscription_name, retry_topics, lambda ids: holder[0]._hand_off(ids),  # noqa: PLW0108 (bound later)
+        delay_ms=negative_ack_redelivery_delay_ms, backoff=redelivery_backoff,
+    )
     try:
         consumer = await client.subscribe(
             topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
         )
     except BaseException:
         core.close(False)
+        if retry is not None:
+            await loop.run_in_executor(None, retry.close, False)
         raise
-    holder.append(AsyncNackingConsumer(consumer, topics, _core=core))
+    holder.append(AsyncNackingConsumer(consumer, topics, _core=core, _retry=retry))
+    if retry is not None:
+        retry.start()
     return holder[0]

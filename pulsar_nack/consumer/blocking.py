@@ -64,6 +64,7 @@ from .nacking import (
     NackingCore,
     client_handoff_latency_ms,
 )
+from .retry import RetryLetter, retry_topics_for
 
 __all__ = [
     "ConsumerClosedError",
@@ -84,8 +85,13 @@ def _is_received(message: Any) -> bool:
     return isinstance(message, (pulsar.Message, _pulsar.Message))
 
 
-class ConsumerStats(TypedDict):
-    """Counters of a :class:`NackingConsumer`, with its tracker's stats."""
+def _left_ms(timeout_millis: int, start_ns: int) -> int:
+    """What is left of a receive timeout that started at *start_ns*."""
+    return max(timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000, 0)
+
+
+class _ConsumerCounts(TypedDict):
+    """The counters every consumer has (see :class:`ConsumerStats`)."""
 
     received: int
     delivered: int
@@ -97,6 +103,20 @@ class ConsumerStats(TypedDict):
     handoff_bursts: int
     pending_guarded: int
     tracker: TrackerStats
+
+
+class ConsumerStats(_ConsumerCounts, total=False):
+    """Counters of a :class:`NackingConsumer`, with its tracker's stats.
+
+    With ``retry_enable=True`` also ``reconsumed`` (retry copies stored by
+    ``reconsume_later``), ``retry_dead_lettered`` (reconsumes past
+    ``max_redeliver_count``, stored in the DLQ) and ``held`` (retry copies the broker
+    delivered early, held until due; not counted as delivered).
+    """
+
+    reconsumed: int
+    retry_dead_lettered: int
+    held: int
 
 
 class NackingConsumer:
@@ -149,6 +169,7 @@ class NackingConsumer:
         guard_unbatched: bool = False,
         dead_letter: DeadLetter | None = None,
         _core: NackingCore | None = None,
+        _retry: RetryLetter | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
@@ -169,6 +190,7 @@ class NackingConsumer:
             )
         self._core = _core
         self._dead_letter = dead_letter
+        self._retry = _retry
         self._consumer = consumer
         raw = getattr(consumer, "_consumer", None)
         self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
@@ -236,17 +258,17 @@ class NackingConsumer:
                 check_int("timeout_millis", timeout_millis, 0)
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
+        retry = self._retry
         while True:
             if not core._pending._count:  # the common path: nothing to compare with
                 next(core.received)
             elif not core.admit(message):  # an early copy: swallowed, wait for the next
-                if timeout_millis is None:
-                    message = raw.receive()
-                else:
-                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
-                    message = raw.receive(max(left, 0))
+                message = raw.receive() if timeout_millis is None else raw.receive(_left_ms(timeout_millis, start_ns))
                 continue
-            wrapped = _Message()
+            if retry is not None and not retry.admit(message):  # a retry copy before its time: held
+                message = raw.receive() if timeout_millis is None else raw.receive(_left_ms(timeout_millis, start_ns))
+                continue
+            wrapped = _Message() if retry is None else retry.message_type(message)()
             wrapped._message = message
             wrapped._schema = self._schema
             return wrapped
@@ -259,17 +281,19 @@ class NackingConsumer:
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
-            if self._core.admit(getattr(message, "_message", message)):
-                return message
+            if self._admit(message):
+                return message if self._retry is None else self._retry.wrap(message)
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Receive a batch (per the consumer's batch receive policy), early copies removed."""
         self._check_open()
-        return [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
+        messages = [m for m in self._consumer.batch_receive() if self._admit(m)]
+        return messages if self._retry is None else [self._retry.wrap(m) for m in messages]
 
     def _admit(self, message: Any) -> bool:
-        """Record a received message (wrapped or raw); False if it is an early copy."""
-        return self._core.admit(getattr(message, "_message", message))
+        """Record a received message (wrapped or raw); False if it is an early copy (or a held retry copy)."""
+        raw = getattr(message, "_message", message)
+        return self._core.admit(raw) and (self._retry is None or self._retry.admit(raw))
 
     # ------------------------------------------------------------------ settling
 
@@ -328,6 +352,40 @@ class NackingConsumer:
                 self._core.dead_lettered(message)
                 return
         self._core.nack(message, delay_ms)
+
+    def reconsume_later(
+        self, message: Any, delay_ms: int | None = None, properties: dict[str, str] | None = None
+    ) -> None:
+        """Retry *message* durably: republish it to the retry letter topic, then ack it.
+
+        Needs ``subscribe(..., retry_enable=True)``. The copy is delivered again after
+        *delay_ms* (else the backoff's delay for its ``RECONSUMETIMES``, else the fixed
+        delay), never before (see :mod:`~pulsar_nack.consumer.retry`); after
+        ``max_redeliver_count`` reconsumes it goes to the dead letter topic instead.
+        Blocks until the broker stored the copy, then acks the original: if the produce
+        fails, the original stays unacked and the client's exception is raised.
+        *properties* are added to the copy's (and override them, as in Java).
+
+        Raises
+        ------
+        TypeError
+            For something that is not a received message, a non-int delay, properties
+            that are not str to str.
+        ValueError
+            For a negative delay, a message of another consumer, a ``RECONSUMETIMES``
+            that is not an integer.
+        RuntimeError
+            If the consumer was subscribed without ``retry_enable=True``
+            (:class:`~pulsar_nack.errors.ConsumerClosedError` after :meth:`close`).
+        pulsar.PulsarException
+            The client's error when the copy could not be stored.
+        """
+        self._check_open()
+        if self._retry is None:
+            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
+        self._core.key_of(message)  # validates: nothing is sent for bad input
+        self._retry.submit(message, delay_ms, properties).result()
+        self.acknowledge(message)
 
     # ------------------------------------------------------------------ handoff
 
@@ -397,6 +455,8 @@ class NackingConsumer:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
         self._core.close(redeliver_pending=False)
+        if self._retry is not None:
+            self._retry.close(redeliver_pending=False)
         self._consumer.unsubscribe()
         self._closed = True
 
@@ -413,6 +473,8 @@ class NackingConsumer:
             return
         self._closed = True
         self._core.close(redeliver_pending)
+        if self._retry is not None:
+            self._retry.close(redeliver_pending)
         self._consumer.close()
         if self._dead_letter is not None:
             self._dead_letter.close()
@@ -423,7 +485,11 @@ class NackingConsumer:
 
     def stats(self) -> ConsumerStats:
         """Counters, plus the tracker's stats."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
+        counts = self._core.counts()
+        if self._retry is not None:
+            counts.update(self._retry.counts())
+            counts["delivered"] -= counts["held"]
+        return ConsumerStats(**counts, tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
 
     def __enter__(self) -> NackingConsumer:
         return self
@@ -476,6 +542,8 @@ def subscribe(
     redelivery_backoff: RedeliveryBackoff | None = None,
     never_early: bool = False,
     message_listener: Callable[[NackingConsumer, pulsar.Message], None] | None = None,
+    retry_enable: bool = False,
+    retry_letter_topic: str | None = None,
     **subscribe_kwargs: Any,
 ) -> NackingConsumer:
     """Subscribe like ``client.subscribe(...)`` and return a :class:`NackingConsumer`.
@@ -488,6 +556,13 @@ def subscribe(
     ``message_listener`` receives the :class:`NackingConsumer` and only the messages it
     should see. Every argument is validated before anything is subscribed.
 
+    ``retry_enable=True`` (Java's ``enableRetry``) adds durable retries:
+    :meth:`NackingConsumer.reconsume_later` and a subscription to the retry letter topic
+    (*retry_letter_topic*, else named as Java names it; see
+    :mod:`~pulsar_nack.consumer.retry`). It needs ``consumer_type`` Shared or
+    KeyShared. ``dead_letter_policy`` then gives ``max_redeliver_count`` (default 16)
+    and the dead letter topic of both the reconsume and the nack path, as in Java.
+
     Example (needs a broker; ``examples/wrap_consumer.py`` runs one)::
 
         consumer = pulsar_nack.subscribe(client, "orders", "billing",
@@ -498,11 +573,16 @@ def subscribe(
     policy = subscribe_kwargs.pop("dead_letter_policy", None)
     if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
         raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
-    dead_letter = None if policy is None else DeadLetter(client, subscription_name, policy)
     holder: list[NackingConsumer] = []
 
     def hand_off(ids: list[_pulsar.MessageId]) -> None:
         holder[0]._hand_off(ids)
+
+    retry_topics = retry_topics_for(client, topics, subscription_name, policy, retry_enable, retry_letter_topic, subscribe_kwargs)
+    if retry_topics is not None:  # as Java: the nack path dead-letters into the same DLQ
+        assert isinstance(topics, list)  # retries need topic names (checked)
+        policy, topics = retry_topics.dead_letter_policy(), [*topics, retry_topics.retry_letter_topic]
+    dead_letter = None if policy is None else DeadLetter(client, subscription_name, policy)
 
     core = NackingCore(  # validates the tracker's settings before the broker sees anything
         hand_off,
@@ -514,6 +594,9 @@ def subscribe(
         guard_unbatched=subscribe_kwargs.get("unacked_messages_timeout_ms") is not None,
         count_deliveries=dead_letter is not None,
     )
+    retry = None if retry_topics is None else RetryLetter(
+        client, subscription_name, retry_topics, hand_off, delay_ms=negative_ack_redelivery_delay_ms, backoff=redelivery_backoff
+    )
     ready = threading.Event()
     listener = None
     if message_listener is not None:
@@ -523,6 +606,8 @@ def subscribe(
             wrapper = holder[0]
             if wrapper.closed or not wrapper._admit(message):
                 return
+            if retry is not None:
+                message = retry.wrap(message)
             try:
                 message_listener(wrapper, message)
             except Exception:
@@ -538,8 +623,12 @@ def subscribe(
         )
     except BaseException:
         core.close(redeliver_pending=False)
+        if retry is not None:
+            retry.close(redeliver_pending=False)
         raise
-    wrapper = NackingConsumer(consumer, topics, dead_letter=dead_letter, _core=core)
+    wrapper = NackingConsumer(consumer, topics, dead_letter=dead_letter, _core=core, _retry=retry)
     holder.append(wrapper)
+    if retry is not None:
+        retry.start()
     ready.set()
     return wrapper

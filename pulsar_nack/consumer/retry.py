@@ -1,0 +1,586 @@
+"""Retry letter topics: ``reconsume_later``, compatible with the Java client.
+
+A retry that must survive the consumer is republished, not remembered:
+``reconsume_later(message, delay_ms)`` produces a copy of the message to the
+subscription's **retry letter topic** with a delivery time, and acks the original only
+once the copy is stored. The consumer also reads the retry topic, so the copy comes
+back to it (or to any consumer of the subscription) when the broker delivers it. After
+``max_redeliver_count`` reconsumes the copy goes to the **dead letter topic** instead.
+Nothing about a pending retry lives in the consumer's memory: a crash, a restart or a
+broker restart loses nothing and keeps every delay.
+
+What the Java client (4.0.8) does, and this module does the same:
+
+Names
+    ``<first topic>-<subscription>-RETRY`` and ``<first topic>-<subscription>-DLQ`` (the
+    topic's full name, as given), unless the old-style names
+    ``persistent://<tenant>/<ns>/<subscription>-RETRY`` / ``-DLQ`` exist already; names
+    given explicitly win over both. One retry topic and one DLQ per subscription, for a
+    partitioned topic too.
+The copy
+    Payload, key, ordering key and event time of the message; its properties plus
+    ``REAL_TOPIC`` (the original topic without ``-partition-N``), ``ORIGIN_MESSAGE_ID``
+    and ``ORIGIN_MESSAGE_IDY_TIME`` (the first message's id in Java's text form
+    ``ledger:entry:partition[:batchIndex]``), ``REAL_SUBSCRIPTION`` (each only if
+    absent, so they describe the first message of the chain), then the caller's
+    properties (which win, as in Java), then ``RECONSUMETIMES`` (1, or one more) and
+    ``DELAY_TIME`` (the delay in ms). Sent with ``deliver_after(delay)`` when the delay
+    is above 0, by a producer with batching off and chunking on.
+Dead letters
+    When the new ``RECONSUMETIMES`` would exceed ``max_redeliver_count`` (16 unless a
+    ``dead_letter_policy`` says otherwise), the same copy goes to the DLQ without a
+    delivery time. The first delivery does not count: a maximum of 2 gives 3 deliveries.
+
+And two things the Java client does not:
+
+Never early
+    The broker's delayed delivery is tick based: a stock broker
+    (``delayedDeliveryTickTimeMillis=1000``, not strict) delivers at once a message due
+    within one tick, so a 1 s retry comes back after a few ms. A copy that arrives
+    before its due time (publish time + ``DELAY_TIME``) is held here: nacked, unacked
+    and so still durable, into a never-early tracker of its own, and handed to the
+    application only when due (:meth:`RetryLetter.admit`).
+The original topic
+    The application sees a retried message as a :class:`RetryMessage`: a
+    ``pulsar.Message`` whose ``topic_name()`` is the original topic (``REAL_TOPIC``),
+    so handlers need not know about the retry topic. ``retry_topic_name()`` gives the
+    topic it was read from; ``message_id()`` and acks are those of the retry topic.
+
+What Python cannot do as Java does: an old-style retry or DLQ topic is found only when
+it is partitioned (pulsar-client has no existence check for a non-partitioned topic
+that does not also create it); name such a topic explicitly. A key that Java sent as
+bytes (base64 in the protocol) is copied as its base64 text.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import _pulsar
+import pulsar
+
+from .._validate import MAX_DELAY_MS, check_bool, check_ms
+from ..core.backoff import RedeliveryBackoff
+from ..core.keys import PARTITION_SUFFIX
+from .nacking import HandOff, NackingCore, full_topic_name
+
+__all__ = [
+    "DELAY_TIME",
+    "MAX_RECONSUMETIMES",
+    "ORIGIN_MESSAGE_ID",
+    "ORIGIN_MESSAGE_ID_LEGACY",
+    "REAL_SUBSCRIPTION",
+    "REAL_TOPIC",
+    "RECONSUMETIMES",
+    "RetryLetter",
+    "RetryMessage",
+    "RetryTopics",
+    "check_retry_args",
+    "due_time_ms",
+    "java_message_id",
+    "legacy_topic_names",
+    "raw_client",
+    "reconsume_times",
+    "resolve_retry_topics",
+    "retry_properties",
+    "retry_topics_for",
+]
+
+RECONSUMETIMES = "RECONSUMETIMES"
+"""How many times the message was reconsumed (1 on the first retry copy)."""
+DELAY_TIME = "DELAY_TIME"
+"""The delay of the last reconsume, in ms."""
+REAL_TOPIC = "REAL_TOPIC"
+"""The topic the first message was read from, without ``-partition-N``."""
+REAL_SUBSCRIPTION = "REAL_SUBSCRIPTION"
+"""The subscription that reconsumed it first."""
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+"""The first message's id, ``ledger:entry:partition[:batchIndex]`` as Java prints it."""
+ORIGIN_MESSAGE_ID_LEGACY = "ORIGIN_MESSAGE_IDY_TIME"
+"""The same id under the Java client's old (misspelled) name, which it still writes."""
+MAX_RECONSUMETIMES = 16
+"""``max_redeliver_count`` when retries are on without a dead-letter policy (as Java)."""
+
+HOLD_PRECISION_BITS = 4
+"""Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
+
+_CONSUMER_TYPES = ("Shared", "KeyShared")
+
+
+# ---------------------------------------------------------------------- pure rules
+
+
+def java_message_id(message_id: Any) -> str:
+    """A message id as the Java client prints it: ``ledger:entry:partition[:batchIndex]``.
+
+    The batch index is written only for a batched message (index 0 or more), as Java's
+    ``BatchMessageIdImpl``. O(1).
+
+    >>> java_message_id(_pulsar.MessageId(-1, 27, 0, -1))
+    '27:0:-1'
+    >>> java_message_id(_pulsar.MessageId(2, 11, 5, 0))
+    '11:5:2:0'
+    """
+    text = f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.partition()}"
+    batch_index = message_id.batch_index()
+    return f"{text}:{batch_index}" if batch_index >= 0 else text
+
+
+def legacy_topic_names(topic: str, subscription: str) -> tuple[str, str]:
+    """The old-style retry and DLQ names: ``<domain>://<tenant>/<ns>/<subscription>-RETRY``, ``-DLQ``.
+
+    >>> legacy_topic_names("orders", "billing")
+    ('persistent://public/default/billing-RETRY', 'persistent://public/default/billing-DLQ')
+    """
+    namespace = full_topic_name(topic).rsplit("/", 1)[0]
+    return f"{namespace}/{subscription}-RETRY", f"{namespace}/{subscription}-DLQ"
+
+
+def reconsume_times(message: Any) -> int:
+    """How many times *message* was reconsumed: its ``RECONSUMETIMES``, 0 when absent. O(1).
+
+    Raises ValueError when the property is not an integer (Java fails the reconsume too).
+    """
+    value = message.properties().get(RECONSUMETIMES)
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"the message's {RECONSUMETIMES} property is not an integer: {value!r}") from None
+
+
+def due_time_ms(message: Any) -> int | None:
+    """When a retry copy is due (epoch ms): its publish time + ``DELAY_TIME``; None if not a retry copy. O(1)."""
+    delay = message.properties().get(DELAY_TIME)
+    if delay is None:
+        return None
+    try:
+        return int(message.publish_timestamp()) + int(delay)
+    except ValueError:
+        return None
+
+
+def retry_properties(
+    message: Any, subscription: str, delay_ms: int, custom: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The properties of the retry (or dead-letter) copy of *message*, exactly as Java builds them.
+
+    The message's own properties; ``REAL_TOPIC``, ``ORIGIN_MESSAGE_IDY_TIME``,
+    ``ORIGIN_MESSAGE_ID`` and ``REAL_SUBSCRIPTION`` if absent; then *custom* (which
+    overrides any of them); then ``RECONSUMETIMES`` (1, or the value so far + 1) and
+    ``DELAY_TIME``. O(properties).
+
+    Raises ValueError when ``RECONSUMETIMES`` (the message's or *custom*'s) is not an
+    integer.
+    """
+    properties = dict(message.properties())
+    origin_id = java_message_id(message.message_id())
+    properties.setdefault(REAL_TOPIC, PARTITION_SUFFIX.sub("", message.topic_name()))
+    properties.setdefault(ORIGIN_MESSAGE_ID_LEGACY, origin_id)
+    properties.setdefault(ORIGIN_MESSAGE_ID, origin_id)
+    properties.setdefault(REAL_SUBSCRIPTION, subscription)
+    if custom:
+        properties.update(custom)
+    old = properties.get(RECONSUMETIMES)
+    try:
+        count = 1 if old is None else int(old) + 1
+    except ValueError:
+        raise ValueError(f"{RECONSUMETIMES} must be an integer, got {old!r}") from None
+    properties[RECONSUMETIMES] = str(count)
+    properties[DELAY_TIME] = str(max(delay_ms, 0))
+    return properties
+
+
+# ---------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class RetryTopics:
+    """Where reconsumed messages go: the resolved retry and dead letter topics of a subscription."""
+
+    retry_letter_topic: str
+    dead_letter_topic: str
+    max_redeliver_count: int
+    initial_subscription_name: str | None = None
+
+    def dead_letter_policy(self) -> pulsar.ConsumerDeadLetterPolicy:
+        """The same DLQ and count for the nack path, as Java's ``enableRetry`` gives it."""
+        return pulsar.ConsumerDeadLetterPolicy(
+            self.max_redeliver_count, self.dead_letter_topic, self.initial_subscription_name
+        )
+
+
+def raw_client(client: Any) -> Any:
+    """The ``_pulsar.Client`` inside a ``pulsar.Client`` or ``pulsar.asyncio.Client``."""
+    raw = getattr(client, "_client", None)
+    if not isinstance(raw, _pulsar.Client):
+        raise TypeError(f"client must be a pulsar.Client or pulsar.asyncio.Client, not {type(client).__name__}")
+    return raw
+
+
+def retry_topics_for(
+    client: Any,
+    topics: object,
+    subscription: str,
+    policy: pulsar.ConsumerDeadLetterPolicy | None,
+    retry_enable: object,
+    retry_letter_topic: object,
+    subscribe_kwargs: Mapping[str, Any],
+) -> RetryTopics | None:
+    """What ``subscribe(..., retry_enable=..., retry_letter_topic=...)`` asks for: None, or the topics.
+
+    Validates the keywords (see :func:`check_retry_args`), then resolves the names
+    (:func:`resolve_retry_topics`: at most two lookups, nothing created).
+    """
+    if not check_bool("retry_enable", retry_enable):
+        if retry_letter_topic is not None:
+            raise ValueError("retry_letter_topic needs retry_enable=True")
+        return None
+    check_retry_args(topics, retry_letter_topic, subscribe_kwargs)
+    assert isinstance(topics, list) and (retry_letter_topic is None or isinstance(retry_letter_topic, str))
+    return resolve_retry_topics(raw_client(client), topics, subscription, policy, retry_letter_topic)
+
+
+def check_retry_args(
+    topics: object, retry_letter_topic: object, subscribe_kwargs: Mapping[str, Any]
+) -> None:
+    """Validate the retry keywords of a ``subscribe`` call; changes nothing.
+
+    Retries need topic names (the names derive from the first one), and a Shared or
+    Key_Shared subscription: the broker's delayed delivery works on no other type.
+    """
+    if not isinstance(topics, list):
+        raise ValueError("retry_enable=True needs topic names, not a pattern (the retry topic is named after the first topic)")
+    if retry_letter_topic is not None and (not isinstance(retry_letter_topic, str) or not retry_letter_topic):
+        raise TypeError("retry_letter_topic must be a non-empty str or None")
+    kind = subscribe_kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive)
+    name = getattr(kind, "name", kind)
+    if name not in _CONSUMER_TYPES:
+        raise ValueError(
+            f"retry_enable=True needs consumer_type Shared or KeyShared, not {name}: the broker delays "
+            "retry copies only on those subscription types"
+        )
+
+
+def _partitioned(raw_client: Any, topic: str) -> bool:
+    """True if *topic* exists as a partitioned topic (a lookup that creates nothing on stock brokers)."""
+    try:
+        partitions = raw_client.get_topic_partitions(topic)
+    except Exception:  # not found, or not allowed: not an old-style topic we can use
+        return False
+    return any(name != topic for name in partitions)
+
+
+def resolve_retry_topics(
+    raw_client: Any,
+    topics: list[str],
+    subscription: str,
+    policy: pulsar.ConsumerDeadLetterPolicy | None,
+    retry_letter_topic: str | None,
+) -> RetryTopics:
+    """The retry and dead letter topics of a subscription, named as the Java client names them.
+
+    Explicit names win (*retry_letter_topic*, the policy's ``dead_letter_topic``); then
+    an old-style name that exists (found only when partitioned, see the module notes);
+    then ``<first topic>-<subscription>-RETRY`` / ``-DLQ``. One partitioned-metadata
+    lookup per old-style name, and none when both names are given.
+    """
+    first = full_topic_name(topics[0])
+    dead_letter = policy.dead_letter_topic if policy is not None else ""
+    retry, dlq = retry_letter_topic or "", dead_letter or ""
+    if not (retry and dlq):
+        legacy_retry, legacy_dlq = legacy_topic_names(first, subscription)
+        if not retry:
+            retry = legacy_retry if _partitioned(raw_client, legacy_retry) else f"{first}-{subscription}-RETRY"
+        if not dlq:
+            dlq = legacy_dlq if _partitioned(raw_client, legacy_dlq) else f"{first}-{subscription}-DLQ"
+    return RetryTopics(
+        retry_letter_topic=full_topic_name(retry),
+        dead_letter_topic=full_topic_name(dlq),
+        max_redeliver_count=policy.max_redeliver_count if policy is not None else MAX_RECONSUMETIMES,
+        initial_subscription_name=(policy.initial_subscription_name or None) if policy is not None else None,
+    )
+
+
+# ---------------------------------------------------------------------- the message the application sees
+
+
+class RetryMessage(pulsar.Message):
+    """A message read from the retry letter topic, as the application sees it.
+
+    A ``pulsar.Message`` in every way (data, value, properties, key, event time, its
+    retry-topic ``message_id()`` for acks), but ``topic_name()`` is the topic the first
+    message came from (its ``REAL_TOPIC`` property, without ``-partition-N``), so a
+    handler treats it as the original. ``retry_topic_name()`` is where it was read.
+    """
+
+    def topic_name(self) -> str:
+        """The original topic (``REAL_TOPIC``), or the retry topic if the property is missing."""
+        real = self._message.properties().get(REAL_TOPIC)
+        return str(real) if real else str(self._message.topic_name())
+
+    def retry_topic_name(self) -> str:
+        """The retry letter topic this copy was read from."""
+        return str(self._message.topic_name())
+
+    def reconsume_times(self) -> int:
+        """``RECONSUMETIMES``: how many times this message was reconsumed (1 or more)."""
+        return reconsume_times(self._message)
+
+
+# ---------------------------------------------------------------------- the sender and the hold
+
+
+def _error_for(result: Any) -> Exception:
+    """The client's exception class for a failed ``Result`` (``pulsar.exceptions``), with its name."""
+    name = getattr(result, "name", str(result))
+    cls = getattr(pulsar.exceptions, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = pulsar.exceptions.PulsarException
+    return cls(f"Pulsar error: {name}")
+
+
+def _producer_conf(chunking: bool) -> _pulsar.ProducerConfiguration:
+    """Java's retry and DLQ producers: no batching, chunking on, never block on a full queue."""
+    conf = _pulsar.ProducerConfiguration()
+    conf.batching_enabled(False)
+    conf.chunking_enabled(chunking)
+    conf.block_if_queue_full(False)
+    return conf
+
+
+class RetryLetter:
+    """The retry letter topic of one consumer: sends reconsumed messages, holds early copies.
+
+    Built by ``subscribe(..., retry_enable=True)``; both the blocking and the asyncio
+    consumer call it. Nothing here blocks except :meth:`close`: :meth:`submit` returns a
+    ``concurrent.futures.Future`` that the caller waits on (``result()``) or awaits
+    (``asyncio.wrap_future``).
+
+    Parameters
+    ----------
+    client : pulsar.Client or pulsar.asyncio.Client
+    subscription : str
+    topics : RetryTopics
+    hand_off : callable
+        The consumer's handoff: ``negative_acknowledge`` each id on the client (for held
+        copies).
+    delay_ms : int
+        The fixed delay when the call gives none and there is no backoff.
+    backoff : RedeliveryBackoff, optional
+        Delay by ``RECONSUMETIMES`` (0 for a first reconsume).
+    clock_ms : callable
+        Wall-clock epoch milliseconds (publish times are wall-clock).
+    """
+
+    topics: RetryTopics
+    _hold: NackingCore
+    _producers: dict[str, concurrent.futures.Future[Any]]
+    _counts: dict[str, int]
+
+    def __init__(
+        self,
+        client: Any,
+        subscription: str,
+        topics: RetryTopics,
+        hand_off: HandOff,
+        *,
+        delay_ms: int = 60_000,
+        backoff: RedeliveryBackoff | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.topics = topics
+        self.subscription = subscription
+        self.delay_ms = check_ms("delay_ms", delay_ms)
+        self.backoff = backoff
+        self._raw_client = raw_client(client)
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._hold = NackingCore(
+            hand_off,
+            [topics.retry_letter_topic],
+            negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS,
+            never_early=True,
+        )
+        self._producers = {}
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held"), 0)
+        self._closed = False
+
+    # -------------------------------------------------------------- sending
+
+    def delay_for(self, message: Any, delay_ms: int | None) -> int:
+        """The delay of a reconsume: the call's, else the backoff's by ``RECONSUMETIMES``, else the fixed one."""
+        if delay_ms is not None:
+            return check_ms("delay_ms", delay_ms)
+        if self.backoff is not None:
+            return check_ms("backoff delay_ms", self.backoff.next_delay_ms(reconsume_times(message)))
+        return self.delay_ms
+
+    def submit(
+        self, message: Any, delay_ms: int | None = None, properties: Mapping[str, str] | None = None
+    ) -> concurrent.futures.Future[str]:
+        """Produce the retry (or dead-letter) copy of a received *message*; never acks.
+
+        Returns a future of ``"retry"`` or ``"dead_letter"``, done once the broker stored
+        the copy; it holds the client's exception if the producer or the send failed.
+        Bad input raises at once (TypeError, ValueError) and sends nothing. O(properties).
+        """
+        raw = getattr(message, "_message", message)
+        if not isinstance(raw, _pulsar.Message):
+            raise TypeError(f"reconsume_later takes a received pulsar.Message, not {type(message).__name__}")
+        if properties is not None:
+            if not isinstance(properties, Mapping):
+                raise TypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+                raise TypeError("properties must map str to str")
+        delay = self.delay_for(raw, delay_ms)
+        props = retry_properties(raw, self.subscription, delay, properties)
+        dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
+        builder = _pulsar.MessageBuilder().content(raw.data()).properties(props)
+        if raw.partition_key():
+            builder.partition_key(raw.partition_key())
+        if raw.ordering_key():
+            builder.ordering_key(raw.ordering_key())
+        if raw.event_timestamp():
+            builder.event_timestamp(raw.event_timestamp())
+        if delay > 0 and not dead:
+            builder.deliver_after(timedelta(milliseconds=delay))
+        built = builder.build()
+        kind = "dead_letter" if dead else "retry"
+        target = self.topics.dead_letter_topic if dead else self.topics.retry_letter_topic
+        outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+        def sent(result: Any, _message_id: Any) -> None:
+            if result == _pulsar.Result.Ok:
+                with self._lock:
+                    self._counts["reconsumed" if kind == "retry" else "retry_dead_lettered"] += 1
+                outcome.set_result(kind)
+            else:
+                outcome.set_exception(_error_for(result))
+
+        def with_producer(producer: concurrent.futures.Future[Any]) -> None:
+            error = producer.exception()
+            if error is not None:
+                outcome.set_exception(error)
+                return
+            try:
+                producer.result().send_async(built, sent)
+            except Exception as exc:  # e.g. the producer was closed meanwhile
+                outcome.set_exception(exc)
+
+        self._producer(target, dead).add_done_callback(with_producer)
+        return outcome
+
+    def start(self) -> concurrent.futures.Future[Any]:
+        """Begin creating the retry producer now (the first reconsume need not wait for it)."""
+        return self._producer(self.topics.retry_letter_topic, False)
+
+    def _producer(self, topic: str, dead: bool) -> concurrent.futures.Future[Any]:
+        """The producer of *topic*, created once on first use (asynchronously); a failed one is retried."""
+        with self._lock:
+            if self._closed:
+                raise pulsar.exceptions.AlreadyClosed("Pulsar error: AlreadyClosed (the consumer is closed)")
+            future = self._producers.get(topic)
+            if future is not None and not (future.done() and future.exception() is not None):
+                return future
+            future = self._producers[topic] = concurrent.futures.Future()
+        initial = self.topics.initial_subscription_name if dead else None
+
+        def created(value: Any) -> None:
+            if isinstance(value, _pulsar.Error):
+                future.set_exception(_error_for(value.error))
+            else:
+                future.set_result(value)
+
+        def create() -> None:
+            try:
+                if initial:  # as Java's DLQ producer: the subscription keeps dead letters from vanishing
+                    conf = _pulsar.ConsumerConfiguration()
+                    conf.consumer_type(_pulsar.ConsumerType.Shared)  # joins a DLQ reader that is connected
+                    self._raw_client.subscribe(topic, initial, conf).close()
+                self._raw_client.create_producer_async_v2(topic, _producer_conf(chunking=True), created)
+            except Exception as exc:
+                future.set_exception(exc)
+
+        if initial:
+            threading.Thread(target=create, name="pulsar-nack-dlq-producer", daemon=True).start()
+        else:
+            create()
+        return future
+
+    # -------------------------------------------------------------- receiving
+
+    def is_retry_copy(self, raw: _pulsar.Message) -> bool:
+        """True if *raw* was read from the retry letter topic. O(1)."""
+        topic = raw.topic_name()
+        retry = self.topics.retry_letter_topic
+        return topic == retry or (topic.startswith(retry) and PARTITION_SUFFIX.sub("", topic) == retry)
+
+    def admit(self, raw: _pulsar.Message) -> bool:
+        """False if *raw* is a retry copy delivered before its due time: then it is held.
+
+        A held copy is nacked into this consumer's own never-early tracker with the
+        time left, so it stays unacked (durable) and comes back when due (at most about
+        a handoff, 100-150 ms, late). A copy of a message whose hold is pending (a
+        batch sibling's redelivery) is swallowed the same way. O(1) for other topics.
+        """
+        if not self.is_retry_copy(raw):
+            return True
+        if not self._hold.admit(raw):
+            return False
+        due = due_time_ms(raw)
+        if due is None:
+            return True
+        left = due - self._clock_ms()
+        if left <= 0:
+            return True
+        self._hold.nack(raw, min(left, MAX_DELAY_MS))
+        with self._lock:
+            self._counts["held"] += 1
+        return False
+
+    def message_type(self, raw: _pulsar.Message) -> type[pulsar.Message]:
+        """The class of the ``pulsar.Message`` the application gets: :class:`RetryMessage` for a retry copy."""
+        return RetryMessage if self.is_retry_copy(raw) else pulsar.Message
+
+    def wrap(self, message: pulsar.Message) -> pulsar.Message:
+        """*message* (a ``pulsar.Message``) as the application gets it: a :class:`RetryMessage` for a retry copy."""
+        raw = message._message
+        if not self.is_retry_copy(raw):
+            return message
+        wrapped = RetryMessage()
+        wrapped._message = raw
+        wrapped._schema = message._schema
+        return wrapped
+
+    def held(self) -> int:
+        """Copies held now (delivered early, waiting in the hold tracker). O(1)."""
+        return len(self._hold.tracker)
+
+    def counts(self) -> dict[str, int]:
+        """``reconsumed`` (retry copies stored), ``retry_dead_lettered`` (DLQ copies), ``held`` (early copies held)."""
+        with self._lock:
+            return dict(self._counts)
+
+    def close(self, redeliver_pending: bool = True) -> None:
+        """Close the producers and the hold tracker. Held copies are handed back (or left unacked). Idempotent."""
+        check_bool("redeliver_pending", redeliver_pending)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            producers, self._producers = list(self._producers.values()), {}
+        self._hold.close(redeliver_pending)
+        for future in producers:
+            try:
+                future.result(timeout=30).close()
+            except Exception:  # a producer that never came up: nothing to close
+                pass
+
