@@ -1,0 +1,285 @@
+"""reconsume_later on Apache Pulsar standalone (stock broker settings): retry letter topics.
+
+Each test has its own topic. "Never early" is checked against the copy's due time, its
+publish time + ``DELAY_TIME``, on the same wall clock the producer stamped it with.
+Lateness bounds are generous (a loaded 2-core machine); ``bench/retry.py`` measures them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+import pytest
+
+import pulsar_nack
+import pulsar_nack.asyncio
+from helpers import wait_for
+from pulsar_nack import MultiplierRedeliveryBackoff
+from pulsar_nack.consumer.retry import (
+    DELAY_TIME,
+    ORIGIN_MESSAGE_ID,
+    REAL_SUBSCRIPTION,
+    REAL_TOPIC,
+    RECONSUMETIMES,
+    RetryMessage,
+    due_time_ms,
+    java_message_id,
+)
+
+pytestmark = pytest.mark.broker
+
+SHARED = pulsar.ConsumerType.Shared
+EARLIEST = pulsar.InitialPosition.Earliest
+LATE_MS = 2_500  # the broker's tick (1 s), a hold's handoff, a busy machine
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def retrying(client: Any, topic: Any, **kwargs: Any) -> pulsar_nack.NackingConsumer:
+    kwargs.setdefault("consumer_type", SHARED)
+    kwargs.setdefault("initial_position", EARLIEST)
+    return pulsar_nack.subscribe(client, topic, kwargs.pop("subscription", "sub"), retry_enable=True, **kwargs)
+
+
+def receive(consumer: Any, timeout_s: float = 15.0) -> pulsar.Message:
+    return consumer.receive(int(timeout_s * 1000))
+
+
+def test_reconsumed_copy_is_the_message_with_java_properties_and_its_original_topic(pulsar_client, topic):
+    consumer = retrying(pulsar_client, topic)
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    producer.send(b"payload", properties={"app": "x"}, partition_key="k", ordering_key="ok", event_timestamp=4242)
+    first = receive(consumer)
+    origin = java_message_id(first.message_id())
+    copies = []
+    for delay in (0, 200, 300):
+        consumer.reconsume_later(first if not copies else copies[-1], delay)
+        copies.append(receive(consumer))
+    for n, (copy, delay) in enumerate(zip(copies, (0, 200, 300)), 1):
+        assert isinstance(copy, RetryMessage) and isinstance(copy, pulsar.Message)
+        assert copy.topic_name() == topic  # the application sees the original topic
+        assert copy.retry_topic_name() == f"{topic}-sub-RETRY"
+        assert copy.data() == b"payload" and copy.value() == b"payload"
+        assert (copy.partition_key(), copy.ordering_key(), copy.event_timestamp()) == ("k", "ok", 4242)
+        assert copy.properties() == {
+            "app": "x",
+            REAL_TOPIC: topic,
+            ORIGIN_MESSAGE_ID: origin,  # the first message's id, kept across hops
+            "ORIGIN_MESSAGE_IDY_TIME": origin,
+            REAL_SUBSCRIPTION: "sub",
+            RECONSUMETIMES: str(n),
+            DELAY_TIME: str(delay),
+        }
+        assert copy.reconsume_times() == n
+    consumer.acknowledge(copies[-1])
+    stats = consumer.stats()
+    assert stats["reconsumed"] == 3 and stats["retry_dead_lettered"] == 0
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(1_000)  # every original was acked after its copy was stored
+    consumer.close()
+
+
+def test_stock_tick_broker_never_hands_a_500_or_1000_ms_retry_over_early(pulsar_client, topic):
+    """A stock broker delivers a retry due within its 1 s tick at once; the consumer holds it until due."""
+    consumer = retrying(pulsar_client, topic)
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    delays = [500, 1000] * 6
+    for i in range(len(delays)):
+        producer.send(str(i).encode())
+    arrivals = {}
+    end = time.monotonic() + 30
+    while len(arrivals) < len(delays) and time.monotonic() < end:
+        try:
+            message = consumer.receive(500)
+        except pulsar.Timeout:
+            continue
+        if isinstance(message, RetryMessage):
+            arrivals[int(message.data())] = now_ms() - due_time_ms(message)
+            consumer.acknowledge(message)
+        else:
+            consumer.reconsume_later(message, delays[int(message.data())])
+    assert len(arrivals) == len(delays)
+    early = {i: late for i, late in arrivals.items() if late < 0}
+    assert not early, f"handed over before due (ms): {early}"
+    assert max(arrivals.values()) < LATE_MS, arrivals
+    assert consumer.stats()["held"] > 0  # the broker did deliver early: the hold is what kept them back
+    consumer.close()
+
+
+def test_dead_letter_after_max_redeliver_count(pulsar_client, topic):
+    policy = pulsar.ConsumerDeadLetterPolicy(2, None, "dlq-reader")
+    consumer = retrying(pulsar_client, topic, dead_letter_policy=policy)
+    pulsar_client.create_producer(topic).send(b"poison", properties={"p": "1"})
+    deliveries = []
+    message = receive(consumer)
+    while True:
+        deliveries.append(message.properties().get(RECONSUMETIMES))
+        consumer.reconsume_later(message, 0)
+        try:
+            message = consumer.receive(2_000)
+        except pulsar.Timeout:
+            break
+    assert deliveries == [None, "1", "2"]  # max 2: the first delivery and two retries
+    assert consumer.stats()["retry_dead_lettered"] == 1
+    dlq = pulsar_client.subscribe(f"{topic}-sub-DLQ", "dlq-reader")  # the policy's initial subscription kept it
+    letter = dlq.receive(10_000)
+    assert letter.data() == b"poison"
+    props = letter.properties()
+    assert props[RECONSUMETIMES] == "3" and props[DELAY_TIME] == "0" and props["p"] == "1"
+    assert props[REAL_TOPIC] == topic and props[REAL_SUBSCRIPTION] == "sub"
+    dlq.acknowledge(letter)
+    dlq.close()
+    consumer.close()
+
+
+def test_failed_produce_leaves_the_original_unacked_and_raises(pulsar_client, session_broker):
+    """The retry topic refuses our producer (its namespace allows one producer per topic, taken)."""
+    namespace = f"public/retry-fail-{uuid.uuid4().hex[:8]}"
+    session_broker.admin.request("PUT", f"namespaces/{namespace}")
+    session_broker.admin.request("POST", f"namespaces/{namespace}/maxProducersPerTopic", 1)
+    topic = f"persistent://{namespace}/t"
+    occupant = pulsar_client.create_producer(f"{topic}-sub-RETRY")
+    consumer = retrying(pulsar_client, topic)
+    pulsar_client.create_producer(topic).send(b"keep me")
+    message = receive(consumer)
+    with pytest.raises(pulsar.PulsarException):
+        consumer.reconsume_later(message, 1_000)
+    # An ack would reach the broker within the client's 100 ms ack grouping: give it 1 s.
+    assert not wait_for(lambda: session_broker.admin.backlog(topic, "sub") == 0, 1.0, poll_s=0.1)
+    consumer.close()
+    again = pulsar_nack.subscribe(pulsar_client, topic, "sub", consumer_type=SHARED)
+    back = receive(again)  # the original was never acked: it comes back
+    assert java_message_id(back.message_id()) == java_message_id(message.message_id())
+    again.close()
+    assert consumer.stats()["reconsumed"] == 0 and consumer.stats()["acked"] == 0
+    occupant.close()  # the next reconsume creates the producer again, and succeeds
+    consumer = retrying(pulsar_client, topic)
+    consumer.reconsume_later(receive(consumer), 0)
+    assert receive(consumer).properties()[RECONSUMETIMES] == "1"
+    consumer.close()
+
+
+def test_delays_follow_the_backoff_by_reconsume_count(pulsar_client, topic):
+    backoff = MultiplierRedeliveryBackoff(min_delay_ms=100, max_delay_ms=250, multiplier=2)
+    consumer = retrying(pulsar_client, topic, redelivery_backoff=backoff)
+    pulsar_client.create_producer(topic).send(b"b")
+    message = receive(consumer)
+    seen = []
+    for _ in range(4):
+        consumer.reconsume_later(message)
+        message = receive(consumer)
+        seen.append(int(message.properties()[DELAY_TIME]))
+        assert now_ms() >= due_time_ms(message)
+    assert seen == [100, 200, 250, 250]
+    consumer.acknowledge(message)
+    consumer.close()
+
+
+def test_partitioned_topic_has_one_retry_topic_and_the_copy_names_the_base_topic(pulsar_client, session_broker):
+    base = session_broker.create_partitioned_topic(f"part-{uuid.uuid4().hex[:8]}", 2)
+    consumer = retrying(pulsar_client, base)
+    producer = pulsar_client.create_producer(base, batching_enabled=False)
+    for i in range(4):
+        producer.send(str(i).encode(), partition_key=str(i))
+    partitions, copies = set(), 0
+    for _ in range(8):  # four originals, reconsumed at once, and their four copies
+        message = receive(consumer)
+        if not isinstance(message, RetryMessage):
+            partitions.add(message.topic_name())
+            consumer.reconsume_later(message, 0)
+            continue
+        assert message.topic_name() == base and message.retry_topic_name() == f"{base}-sub-RETRY"
+        assert message.properties()[ORIGIN_MESSAGE_ID].split(":")[2] in ("0", "1")  # the partition index
+        consumer.acknowledge(message)
+        copies += 1
+    assert partitions == {f"{base}-partition-0", f"{base}-partition-1"} and copies == 4
+    consumer.close()
+
+
+def test_a_retry_survives_its_consumer_and_is_not_early_for_the_next(pulsar_client, topic):
+    consumer = retrying(pulsar_client, topic)
+    pulsar_client.create_producer(topic).send(b"later")
+    consumer.reconsume_later(receive(consumer), 2_500)
+    consumer.close()  # nothing about the retry is left in memory
+    successor = retrying(pulsar_client, topic)
+    copy = receive(successor)
+    assert copy.data() == b"later" and now_ms() >= due_time_ms(copy)
+    successor.acknowledge(copy)
+    successor.close()
+
+
+def test_reconsume_needs_retry_enable_and_a_received_message(pulsar_client, topic):
+    plain = pulsar_nack.subscribe(pulsar_client, topic, "plain", consumer_type=SHARED, initial_position=EARLIEST)
+    pulsar_client.create_producer(topic).send(b"m")
+    message = receive(plain)
+    with pytest.raises(RuntimeError, match="retry_enable"):
+        plain.reconsume_later(message)
+    plain.close()
+    consumer = retrying(pulsar_client, topic)
+    message = receive(consumer)
+    with pytest.raises(TypeError):
+        consumer.reconsume_later(message.message_id())
+    with pytest.raises(TypeError, match="properties"):
+        consumer.reconsume_later(message, 10, {"a": 1})
+    with pytest.raises(ValueError):
+        consumer.reconsume_later(message, -1)
+    assert consumer.stats()["reconsumed"] == 0
+    consumer.close()
+
+
+def test_message_listener_gets_retry_copies_when_due(pulsar_client, topic):
+    got: list[tuple[Any, int]] = []
+
+    def listener(consumer, message):
+        if message.properties().get(RECONSUMETIMES):
+            got.append((message, now_ms()))
+            consumer.acknowledge(message)
+        else:
+            consumer.reconsume_later(message, 800)
+
+    consumer = retrying(pulsar_client, topic, message_listener=listener)
+    pulsar_client.create_producer(topic).send(b"l")
+    assert wait_for(lambda: got, 15)
+    message, arrived = got[0]
+    assert isinstance(message, RetryMessage) and message.topic_name() == topic
+    assert arrived >= due_time_ms(message)
+    consumer.close()
+
+
+@pytest.mark.asyncio
+async def test_asyncio_consumer_reconsumes_and_never_hands_over_early(session_broker):
+    client = pulsar.asyncio.Client(session_broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    topic = f"persistent://public/default/aio-retry-{uuid.uuid4().hex[:8]}"
+    policy = pulsar.ConsumerDeadLetterPolicy(1, None, "dlq-reader")
+    consumer = await pulsar_nack.asyncio.subscribe(
+        client, topic, "sub", consumer_type=SHARED, initial_position=EARLIEST, retry_enable=True, dead_letter_policy=policy
+    )
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(4):
+        await producer.send(str(i).encode(), properties={"i": str(i)})
+    for _ in range(4):
+        message = await asyncio.wait_for(consumer.receive(), 15)
+        await consumer.reconsume_later(message, 1_000)
+    copies = []
+    for _ in range(4):
+        copy = await asyncio.wait_for(consumer.receive(), 15)
+        assert now_ms() >= due_time_ms(copy), "handed over before due"
+        assert isinstance(copy, RetryMessage) and copy.topic_name() == topic
+        assert copy.properties()[RECONSUMETIMES] == "1" and copy.properties()["i"] == copy.data().decode()
+        copies.append(copy)
+    await asyncio.gather(*(consumer.reconsume_later(c, 0) for c in copies))  # max 1: these go to the DLQ
+    stats = consumer.stats()
+    assert stats["reconsumed"] == 4 and stats["retry_dead_lettered"] == 4
+    await consumer.close()
+    dlq = await client.subscribe(f"{topic}-sub-DLQ", "dlq-reader")
+    letters = sorted([(await asyncio.wait_for(dlq.receive(), 15)).data() for _ in range(4)])
+    assert letters == [b"0", b"1", b"2", b"3"]
+    await dlq.close()
+    await client.close()

@@ -1,0 +1,154 @@
+"""Retry letter rules without a broker: Java's names, properties and id text; argument checks."""
+
+from __future__ import annotations
+
+import _pulsar
+import pulsar
+import pytest
+
+import pulsar_nack
+from pulsar_nack.consumer.retry import (
+    DELAY_TIME,
+    ORIGIN_MESSAGE_ID,
+    ORIGIN_MESSAGE_ID_LEGACY,
+    REAL_SUBSCRIPTION,
+    REAL_TOPIC,
+    RECONSUMETIMES,
+    due_time_ms,
+    java_message_id,
+    legacy_topic_names,
+    resolve_retry_topics,
+    retry_properties,
+)
+
+
+class StandIn:
+    """A received message as far as the rules read it."""
+
+    def __init__(self, topic: str, message_id: _pulsar.MessageId, properties: dict[str, str], publish: int = 0):
+        self._topic, self._id, self._properties, self._publish = topic, message_id, properties, publish
+
+    def topic_name(self) -> str:
+        return self._topic
+
+    def message_id(self) -> _pulsar.MessageId:
+        return self._id
+
+    def properties(self) -> dict[str, str]:
+        return dict(self._properties)
+
+    def publish_timestamp(self) -> int:
+        return self._publish
+
+
+def test_message_ids_are_written_as_java_prints_them():
+    # MessageIdImpl: ledger:entry:partition; BatchMessageIdImpl adds :batchIndex.
+    assert java_message_id(_pulsar.MessageId(-1, 27, 0, -1)) == "27:0:-1"
+    assert java_message_id(_pulsar.MessageId(3, 11, 0, 0)) == "11:0:3:0"
+    assert java_message_id(_pulsar.MessageId(-1, 2**62, 5, 7)) == f"{2**62}:5:-1:7"
+
+
+def test_first_reconsume_adds_the_java_system_properties():
+    message = StandIn("persistent://public/default/orders-partition-2", _pulsar.MessageId(2, 9, 4, -1), {"a": "1"})
+    props = retry_properties(message, "billing", 1500)
+    assert props == {
+        "a": "1",
+        REAL_TOPIC: "persistent://public/default/orders",  # the partition suffix removed
+        ORIGIN_MESSAGE_ID: "9:4:2",
+        ORIGIN_MESSAGE_ID_LEGACY: "9:4:2",
+        REAL_SUBSCRIPTION: "billing",
+        RECONSUMETIMES: "1",
+        DELAY_TIME: "1500",
+    }
+
+
+def test_later_reconsumes_keep_the_origin_and_count_up():
+    first = {REAL_TOPIC: "t0", ORIGIN_MESSAGE_ID: "1:1:-1", ORIGIN_MESSAGE_ID_LEGACY: "1:1:-1",
+             REAL_SUBSCRIPTION: "s0", RECONSUMETIMES: "4", DELAY_TIME: "10"}
+    message = StandIn("persistent://public/default/t0-s0-RETRY", _pulsar.MessageId(-1, 50, 2, -1), first)
+    props = retry_properties(message, "other", -5)
+    assert props[ORIGIN_MESSAGE_ID] == "1:1:-1" and props[REAL_TOPIC] == "t0" and props[REAL_SUBSCRIPTION] == "s0"
+    assert props[RECONSUMETIMES] == "5"
+    assert props[DELAY_TIME] == "0"  # a negative delay is sent as 0, as Java
+
+
+def test_custom_properties_override_system_ones_before_the_count_as_in_java():
+    message = StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {RECONSUMETIMES: "2"})
+    props = retry_properties(message, "s", 100, {REAL_TOPIC: "mine", RECONSUMETIMES: "7", DELAY_TIME: "x"})
+    assert props[REAL_TOPIC] == "mine"
+    assert props[RECONSUMETIMES] == "8"  # read after the custom ones, then + 1
+    assert props[DELAY_TIME] == "100"  # written last
+    with pytest.raises(ValueError, match=RECONSUMETIMES):
+        retry_properties(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {RECONSUMETIMES: "two"}), "s", 1)
+
+
+def test_due_time_is_publish_time_plus_delay():
+    assert due_time_ms(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {DELAY_TIME: "250"}, publish=1_000)) == 1_250
+    assert due_time_ms(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {}, publish=1_000)) is None
+    assert due_time_ms(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {DELAY_TIME: "soon"}, publish=1_000)) is None
+
+
+class Lookups:
+    """A stand-in ``_pulsar.Client`` for name resolution: which topics are partitioned."""
+
+    def __init__(self, partitioned: dict[str, int]):
+        self.partitioned, self.calls = partitioned, []
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        self.calls.append(topic)
+        n = self.partitioned.get(topic, 0)
+        return [f"{topic}-partition-{i}" for i in range(n)] if n else [topic]
+
+
+def test_default_names_follow_the_first_topic_and_old_names_win_when_found():
+    lookups = Lookups({})
+    names = resolve_retry_topics(lookups, ["orders", "other"], "billing", None, None)
+    assert names.retry_letter_topic == "persistent://public/default/orders-billing-RETRY"
+    assert names.dead_letter_topic == "persistent://public/default/orders-billing-DLQ"
+    assert names.max_redeliver_count == 16 and names.initial_subscription_name is None
+    assert lookups.calls == list(legacy_topic_names("orders", "billing"))
+
+    old_retry, _ = legacy_topic_names("orders", "billing")
+    names = resolve_retry_topics(Lookups({old_retry: 2}), ["orders"], "billing", None, None)
+    assert names.retry_letter_topic == old_retry == "persistent://public/default/billing-RETRY"
+    assert names.dead_letter_topic.endswith("orders-billing-DLQ")
+
+
+def test_explicit_names_and_policy_win_without_lookups():
+    lookups = Lookups({})
+    policy = pulsar.ConsumerDeadLetterPolicy(3, "persistent://public/default/my-dlq", "keep")
+    names = resolve_retry_topics(lookups, ["orders"], "billing", policy, "my-retry")
+    assert (names.retry_letter_topic, names.dead_letter_topic) == (
+        "persistent://public/default/my-retry", "persistent://public/default/my-dlq")
+    assert (names.max_redeliver_count, names.initial_subscription_name) == (3, "keep")
+    assert lookups.calls == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"retry_enable": 1}, TypeError, "retry_enable"),
+        ({"retry_enable": True}, ValueError, "Shared or KeyShared"),  # default Exclusive
+        ({"retry_enable": True, "consumer_type": pulsar.ConsumerType.Failover}, ValueError, "Failover"),
+        ({"retry_letter_topic": "r"}, ValueError, "retry_enable=True"),
+        ({"retry_enable": True, "retry_letter_topic": 5, "consumer_type": pulsar.ConsumerType.Shared}, TypeError, "retry_letter_topic"),
+    ],
+)
+def test_subscribe_checks_the_retry_keywords_before_talking_to_a_broker(kwargs, error, match):
+    client = pulsar.Client("pulsar://127.0.0.1:1")  # nothing listens: any call to a broker would hang or fail
+    try:
+        with pytest.raises(error, match=match):
+            pulsar_nack.subscribe(client, "t", "s", **kwargs)
+    finally:
+        client.close()
+
+
+def test_retries_need_topic_names_not_a_pattern():
+    import re
+
+    client = pulsar.Client("pulsar://127.0.0.1:1")
+    try:
+        with pytest.raises(ValueError, match="pattern"):
+            pulsar_nack.subscribe(client, re.compile("t-.*"), "s", retry_enable=True, consumer_type=pulsar.ConsumerType.Shared)
+    finally:
+        client.close()
