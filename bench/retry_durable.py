@@ -6,9 +6,11 @@ schedules a retry of each, due 2-20 s later (a fixed spread by message index), w
 (``never_early=True``, so that every early copy is the crash's doing); it writes each
 retry's due time (wall clock at the call + delay) and says ``ready``. Then it is killed
 with SIGKILL, the broker is restarted too in the ``kill+restart`` scenario (there every
-delay is 30 s longer, so that retries fall due after the broker is back), and a new
+delay is 60 s longer, so that retries fall due after the broker is back), and a new
 consumer process (the *receiver*, same subscription, same mode) receives until every
-message came back or the last due time is 10 s past (20 s after it subscribed at least). Per message: its first arrival
+message came back or the last due time is 10 s past (20 s after it subscribed at least).
+Retries due before the receiver was up are late by the gap; ``due_after_receiver_up``
+summarizes the others alone. Per message: its first arrival
 minus its due time (negative: early), copies beyond the first (duplicates), and the
 messages never seen (lost).
 
@@ -45,7 +47,7 @@ EARLY_SLACK_MS = 50
 SUBSCRIPTION = "sub"
 RECEIVE_WINDOW_MS = 20_000
 """The receiver waits at least this long after subscribing, whatever the due times."""
-RESTART_OFFSET_MS = 30_000
+RESTART_OFFSET_MS = 60_000
 """Added to every delay in the ``kill+restart`` scenario: retries fall due after the broker is back."""
 
 
@@ -105,7 +107,8 @@ def worker_receive(url: str, topic: str, mode: str, n: int, until_ms: int, out_p
     import pulsar
 
     client, consumer = _subscribe(url, topic, mode)
-    until_ms = max(until_ms, now_ms() + RECEIVE_WINDOW_MS)  # a broker just restarted loads topics slowly
+    subscribed_at = now_ms()
+    until_ms = max(until_ms, subscribed_at + RECEIVE_WINDOW_MS)  # a broker just restarted loads topics slowly
     events: list[list[int]] = []
     seen: set[int] = set()
     while len(seen) < n and now_ms() < until_ms:
@@ -118,7 +121,7 @@ def worker_receive(url: str, topic: str, mode: str, n: int, until_ms: int, out_p
         events.append([index, arrival, int(message.properties().get("RECONSUMETIMES", 0))])
         seen.add(index)
         consumer.acknowledge(message)
-    Path(out_path).write_text(json.dumps({"events": events, "stats": {k: v for k, v in consumer.stats().items() if k != "tracker"}}))
+    Path(out_path).write_text(json.dumps({"subscribed_at": subscribed_at, "events": events, "stats": {k: v for k, v in consumer.stats().items() if k != "tracker"}}))
     consumer.close()
     client.close()
 
@@ -208,7 +211,11 @@ def run_scenario(
         "delay_ms": [min_ms, max_ms],
         "acked_before_kill": acked_before_kill,
         "broker_restart_s": restart_s,
+        "receiver_up_after_kill_ms": received["subscribed_at"] - killed_at,
         **summarize_arrivals(dues, received["events"], killed_at),
+        "due_after_receiver_up": summarize_arrivals(
+            {i: d for i, d in dues.items() if d >= received["subscribed_at"]}, received["events"], killed_at
+        ),
         "receiver_stats": received["stats"],
     }
 
@@ -217,13 +224,15 @@ def summarize_arrivals(dues: dict[int, int], events: list[list[int]], killed_at:
     """Lateness of each message's first arrival (arrival - due), early/lost/duplicate counts."""
     first: dict[int, int] = {}
     for index, arrival, _count in events:
-        first.setdefault(index, arrival)
+        if index in dues:
+            first.setdefault(index, arrival)
     lateness = sorted(first[i] - dues[i] for i in first)
     early = [x for x in lateness if x < -EARLY_SLACK_MS]
     return {
+        "retries": len(dues),
         "received": len(first),
         "lost": len(dues) - len(first),
-        "duplicates": len(events) - len(first),
+        "duplicates": sum(1 for index, _, _ in events if index in dues) - len(first),
         "early": len(early),
         "earliest_ms": lateness[0] if lateness else None,
         "lateness_ms": {
@@ -250,6 +259,7 @@ def _row(r: dict[str, Any]) -> list[Any]:
         r["mode"], r["scenario"], r["retries"], r["received"], r["lost"], r["duplicates"],
         f"{r['early']} ({100 * r['early'] / r['retries']:.0f} %)",
         " / ".join(_ms(late[k]) for k in ("min", "p50", "p99", "max")),
+        " / ".join(_ms(r["due_after_receiver_up"]["lateness_ms"][k]) for k in ("min", "p50", "p99", "max")),
         r["broker_restart_s"] if r["broker_restart_s"] is not None else "-",
     ]
 
@@ -287,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(json.dumps({k: run[k] for k in ("mode", "scenario", "received", "lost", "duplicates", "early")}), flush=True)
     print_table(
         ["mode", "scenario", "retries", "received", "lost", "duplicates", "early (< due - 50 ms)",
-         "lateness min/p50/p99/max ms", "broker restart s"],
+         "lateness min/p50/p99/max ms", "due after receiver up: min/p50/p99/max", "broker restart s"],
         [_row(r) for r in runs],
         title="retries across a SIGKILL of the consumer",
     )

@@ -213,6 +213,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the consumers' receiver_queue_size (default: pulsar-client's, 1000)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    _add_retry_arguments(parser)
+
+
+# --- durable retries (issue 25): --retries and the broker's delayed-delivery tick -------------
+
+DURABLE_TICK_MS = 100
+"""The demo broker's ``delayedDeliveryTickTimeMillis`` with ``--retries durable`` (stock: 1000)."""
+
+
+def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retries", choices=("nack", "durable"), default="nack",
+        help="nack: retries in the workers' trackers (default); durable: reconsume_later through a "
+        "retry letter topic, which survives workers and brokers",
+    )
+    parser.add_argument(
+        "--broker-tick-ms", type=_positive, default=None, metavar="MS",
+        help="delayedDeliveryTickTimeMillis of the demo's broker (default: "
+        f"{DURABLE_TICK_MS} with --retries durable, else the broker's 1000)",
+    )
+
+
+def _broker_config(args: argparse.Namespace) -> dict[str, str]:
+    """The demo broker's extra settings: the delayed-delivery tick durable retries come back on."""
+    tick = args.broker_tick_ms
+    if tick is None and getattr(args, "retries", "nack") == "durable":
+        tick = DURABLE_TICK_MS
+    return {} if tick is None else {"delayedDeliveryTickTimeMillis": str(tick)}
 
 
 def _status(text: str) -> None:
@@ -288,10 +316,10 @@ def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
     """(the broker started here or None, the service URL)."""
     if args.service_url:
         return None, args.service_url
-    from ..testing import start_broker
+    from ..testing import PulsarStandalone
 
     _status("starting Apache Pulsar standalone")
-    broker = start_broker()
+    broker = PulsarStandalone(config=_broker_config(args)).start()
     return broker, broker.url
 
 
@@ -312,6 +340,7 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         retryable=(TransientError,),
         consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
         tracker=args.tracker,
+        retries=getattr(args, "retries", "nack"),
     )
     budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
     progress = None
@@ -436,6 +465,8 @@ def _summarize(
         "master": args.master,
         "broker": broker,
         "tracker": args.tracker,
+        "retries": getattr(args, "retries", "nack"),
+        "broker_config": _broker_config(args) if broker == "apache-standalone" else None,
         "receiver_queue_size": args.receiver_queue_size,
         "driver_pid": os.getpid(),
         "worker_pids": sorted({t["worker_pid"] for t in stats["task_stats"]}),
@@ -473,7 +504,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     width = max(len(name) for name, _ in rows)
     print(
         f"pulsar-nack demo: {s['messages']:,} events, {s['failure_rate']:.0%} failing once, "
-        f"{s['master']}, {s['broker']}, tracker {s['tracker']}"
+        f"{s['master']}, {s['broker']}, tracker {s['tracker']}, retries {s.get('retries', 'nack')}"
     )
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")

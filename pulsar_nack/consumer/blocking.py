@@ -38,6 +38,7 @@ Batches
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import re
@@ -386,6 +387,38 @@ class NackingConsumer:
         self._core.key_of(message)  # validates: nothing is sent for bad input
         self._retry.submit(message, delay_ms, properties).result()
         self.acknowledge(message)
+
+    def reconsume_later_async(
+        self, message: Any, delay_ms: int | None = None, properties: dict[str, str] | None = None
+    ) -> concurrent.futures.Future[None]:
+        """:meth:`reconsume_later` without waiting: a future, done once the copy is stored and the original acked.
+
+        The ack is made on the client's thread when the broker confirms the copy; if
+        the produce fails, the original stays unacked and the future holds the client's
+        exception. Bad input raises at once, as :meth:`reconsume_later`. For a loop
+        that must not wait a round trip per retry (the Spark tasks).
+        """
+        self._check_open()
+        if self._retry is None:
+            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
+        self._core.key_of(message)
+        stored = self._retry.submit(message, delay_ms, properties)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def ack(future: concurrent.futures.Future[str]) -> None:
+            error = future.exception()
+            if error is None:
+                try:
+                    self.acknowledge(message)
+                except Exception as exc:  # closed meanwhile: the original stays unacked
+                    error = exc
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        stored.add_done_callback(ack)
+        return done
 
     # ------------------------------------------------------------------ handoff
 

@@ -85,6 +85,7 @@ __all__ = [
     "due_time_ms",
     "java_message_id",
     "legacy_topic_names",
+    "origin_key",
     "raw_client",
     "reconsume_times",
     "resolve_retry_topics",
@@ -316,9 +317,14 @@ class RetryMessage(pulsar.Message):
     """A message read from the retry letter topic, as the application sees it.
 
     A ``pulsar.Message`` in every way (data, value, properties, key, event time, its
-    retry-topic ``message_id()`` for acks), but ``topic_name()`` is the topic the first
-    message came from (its ``REAL_TOPIC`` property, without ``-partition-N``), so a
-    handler treats it as the original. ``retry_topic_name()`` is where it was read.
+    retry-topic ``message_id()`` for acks), but it reads as the original message
+    redelivered, so a handler treats it as such:
+
+    - ``topic_name()`` is the topic the first message came from (its ``REAL_TOPIC``
+      property, without ``-partition-N``); ``retry_topic_name()`` is where it was read;
+    - ``redelivery_count()`` is ``RECONSUMETIMES``, how many times it was reconsumed (the
+      broker's count of the copy itself also counts the times it was held, and says
+      nothing about the message).
     """
 
     def topic_name(self) -> str:
@@ -333,6 +339,37 @@ class RetryMessage(pulsar.Message):
     def reconsume_times(self) -> int:
         """``RECONSUMETIMES``: how many times this message was reconsumed (1 or more)."""
         return reconsume_times(self._message)
+
+    def redelivery_count(self) -> int:
+        """How many times the message came back: its ``RECONSUMETIMES``."""
+        return reconsume_times(self._message)
+
+
+def origin_key(message: Any) -> tuple[str, int, int, int] | None:
+    """The key ``(topic, ledger, entry, batch_index)`` the first message of a retry copy had.
+
+    From ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID`` (``-partition-N`` added back from the
+    id's partition); None if they are missing or not in Java's form. O(1).
+
+    >>> class Copy:
+    ...     def properties(self):
+    ...         return {"REAL_TOPIC": "persistent://public/default/t", "ORIGIN_MESSAGE_ID": "7:3:1:-1"}
+    >>> origin_key(Copy())
+    ('persistent://public/default/t-partition-1', 7, 3, -1)
+    """
+    properties = message.properties()
+    topic, origin = properties.get(REAL_TOPIC), properties.get(ORIGIN_MESSAGE_ID)
+    if not topic or not origin:
+        return None
+    try:
+        parts = [int(p) for p in origin.split(":")]
+    except ValueError:
+        return None
+    if len(parts) not in (3, 4):
+        return None
+    ledger, entry, partition = parts[:3]
+    batch_index = parts[3] if len(parts) == 4 else -1
+    return (f"{topic}-partition-{partition}" if partition >= 0 else topic), ledger, entry, batch_index
 
 
 # ---------------------------------------------------------------------- the sender and the hold

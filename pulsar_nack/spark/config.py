@@ -16,7 +16,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
 from ..core.keys import PARTITION_SUFFIX
 
-__all__ = ["NON_RETRYABLE_ACTIONS", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
+__all__ = ["NON_RETRYABLE_ACTIONS", "RETRIES", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
 NON_RETRYABLE_ACTIONS: tuple[str, ...] = ("ack", "dead_letter", "raise")
 """What :func:`~pulsar_nack.spark.consume_partition` does with a message whose handler raised a
@@ -28,6 +28,8 @@ _INITIAL_POSITIONS = ("Earliest", "Latest")
 _LOG_LEVELS = ("debug", "info", "warn", "error")
 TRACKERS: tuple[str, ...] = ("ours", "builtin")
 """``ConsumerConfig.tracker``: pulsar-nack's tracker, or pulsar-client's built-in nack."""
+RETRIES: tuple[str, ...] = ("nack", "durable")
+"""``ConsumerConfig.retries``: nack (in the worker's memory), or reconsume (a retry letter topic)."""
 
 
 def _enum_name(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -126,6 +128,18 @@ class ConsumerConfig:
         It has no backoff (``backoff`` must be None); ``precision_bits`` and
         ``never_early`` do not apply; its pending nacks and memory are not visible
         (reported as None), and ``TaskBudget.drain_pending`` cannot wait for them.
+    retries : {"nack", "durable"}
+        ``"nack"`` (default): a retry is a nack, kept in the worker's tracker: cheap,
+        but lost with the worker (the broker then redelivers it at once). ``"durable"``:
+        a retry is ``reconsume_later``: the message is republished to the
+        subscription's retry letter topic with its delay and the original acked once the
+        copy is stored, so a retry survives the worker, the job and the broker; the copy
+        comes back to any worker, never before its time, as the original message
+        (``topic_name()``, ``redelivery_count()`` = reconsumes). Needs ``tracker="ours"``
+        and a Shared or KeyShared subscription, and delayed delivery on the broker (a
+        100 ms ``delayedDeliveryTickTimeMillis`` keeps retries within about 0.1-0.3 s
+        of their time; the stock 1 s tick makes them up to about 1 s late).
+        ``max_redeliveries`` and ``on_non_retryable`` apply as with nacks.
 
     Examples
     --------
@@ -159,6 +173,7 @@ class ConsumerConfig:
     ack_flush_ms: int = 200
     batch_index_ack: bool = True
     tracker: str = "ours"
+    retries: str = "nack"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -186,6 +201,7 @@ class ConsumerConfig:
             raise ValueError(f"tracker must be one of {TRACKERS}, got {self.tracker!r}")
         if self.tracker == "builtin" and self.backoff is not None:
             raise ValueError("tracker='builtin' has no backoff: leave backoff None and set nack_delay_ms")
+        self._check_retries()
         for name in ("client_options", "consumer_options"):
             value = getattr(self, name)
             if not isinstance(value, Mapping):
@@ -205,6 +221,16 @@ class ConsumerConfig:
             raise ValueError(f"on_non_retryable must be one of {NON_RETRYABLE_ACTIONS}, got {self.on_non_retryable!r}")
         if self.dead_letter_topic is not None and (not isinstance(self.dead_letter_topic, str) or not self.dead_letter_topic):
             raise TypeError("dead_letter_topic must be a non-empty str or None")
+
+    def _check_retries(self) -> None:
+        if not isinstance(self.retries, str):
+            raise TypeError(f"retries must be a str, not {type(self.retries).__name__}")
+        if self.retries not in RETRIES:
+            raise ValueError(f"retries must be one of {RETRIES}, got {self.retries!r}")
+        if self.retries == "durable" and self.tracker != "ours":
+            raise ValueError("retries='durable' needs tracker='ours'")
+        if self.retries == "durable" and self.subscription_type not in ("Shared", "KeyShared"):
+            raise ValueError(f"retries='durable' needs a Shared or KeyShared subscription, not {self.subscription_type}")
 
     @property
     def key(self) -> tuple[str, tuple[str, ...], str]:
@@ -231,6 +257,7 @@ class ConsumerConfig:
             self.log_level.lower(),
             self.batch_index_ack,
             self.tracker,
+            self.retries,
         )
 
     def retry_delay_ms(self, redelivery_count: int) -> int:

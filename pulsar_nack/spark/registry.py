@@ -28,12 +28,14 @@ __all__ = ["close_executor_consumers", "executor_consumer"]
 _log = logging.getLogger(__name__)
 
 _RECONNECT_GRACE_S = 2.0
+_NO_LIMIT = 2**31 - 1
+"""A dead-letter count that is never reached (the client's int32 maximum)."""
 
 
 class _Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
-    __slots__ = ("client", "consumer", "pid", "producers", "settings", "tasks", "uid")
+    __slots__ = ("client", "consumer", "pid", "producers", "retry_dues", "settings", "tasks", "uid")
 
     settings: tuple[Any, ...]
     pid: int
@@ -42,6 +44,7 @@ class _Entry:
     uid: str
     tasks: int
     producers: dict[str, Any]
+    retry_dues: list[float]  # retries="durable": a heap of monotonic times its tasks drain until
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close consumer, dead-letter producers and client; log, never raise."""
@@ -104,6 +107,11 @@ def _build(config: ConsumerConfig) -> _Entry:
         "negative_ack_redelivery_delay_ms": config.nack_delay_ms,
     }
     topics = list(config.topic_names) if len(config.topic_names) > 1 else config.topic_names[0]
+    if config.retries == "durable":
+        # Retries go to the retry letter topic; the task's retry policy alone decides about
+        # dead letters (max_redeliveries, on_non_retryable), so the consumer's own limit is off.
+        options["retry_enable"] = True
+        options["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(_NO_LIMIT)
     consumer: NackingConsumer | BuiltinNackConsumer
     try:
         if config.tracker == "builtin":
@@ -130,6 +138,7 @@ def _build(config: ConsumerConfig) -> _Entry:
     entry.uid = f"{os.getpid()}-{next(_CONSUMERS_BUILT)}-{uuid.uuid4().hex[:6]}"
     entry.tasks = 0
     entry.producers = {}
+    entry.retry_dues = []
     return entry
 
 

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import heapq
 import logging
 import math
 import os
@@ -31,13 +33,23 @@ __all__ = ["consume_partition", "consumer_task"]
 _log = logging.getLogger(__name__)
 
 _HOUSEKEEPING_S = 0.2
+_DURABLE_GRACE_S = 2.0
+"""With ``retries="durable"``, a task drains a retry it scheduled until this long after its due time
+(the broker's stock delayed-delivery tick is 1 s, and an early copy is held about 0.15 s more)."""
+_HARVEST_TIMEOUT_S = 60.0
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
 Key = tuple[str, int, int, int]
 
 
 def _message_key(message: Any) -> Key:
-    """``(topic, ledger, entry, batch index)`` of a message."""
+    """``(topic, ledger, entry, batch index)`` of a message; of its first message for a retry copy."""
+    if callable(getattr(message, "retry_topic_name", None)):  # a RetryMessage (retries="durable")
+        from ..consumer.retry import origin_key
+
+        key = origin_key(message)
+        if key is not None:
+            return key
     mid = message.message_id()
     return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
@@ -136,6 +148,8 @@ class _TaskRun:
         self.worker_tasks = _next_worker_task()
         self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
         self.tracker = self.consumer.tracker  # None with tracker="builtin"
+        self.durable = config.retries == "durable"
+        self.reconsumes: list[tuple[concurrent.futures.Future[None], Any]] = []  # not yet stored
         self.swallowed_before = self.consumer.stats()["swallowed"]
         self.counts = dict.fromkeys(("received", "acked", "nacked", "redelivered", "non_retryable", "dead_lettered"), 0)
         self.reported = dict.fromkeys(_COUNTERS, 0)
@@ -169,6 +183,7 @@ class _TaskRun:
                 _discard(self.config.key, self.entry)
                 self.flush_ms = (time.monotonic() - flush_start) * 1000
             else:
+                self._harvest(wait=True)
                 self.flush_ms = _flush_acks(self.consumer, self.last_ack, self.config.ack_flush_ms)
             self._report()
         return self._stats()
@@ -192,7 +207,7 @@ class _TaskRun:
                 message = self.consumer.receive(timeout)
             except pulsar.Timeout:
                 now = time.monotonic()
-                if budget.drain_pending and self.tracker is not None and len(self.tracker):
+                if budget.drain_pending and self._pending_retries(now):
                     last_busy = now
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
@@ -225,7 +240,7 @@ class _TaskRun:
             self.handler_errors[name] = self.handler_errors.get(name, 0) + 1
         action = retry_action(self.config, error, count)
         if action == "retry":
-            self._nack(message, count)
+            self._retry(message, count)
             return
         if isinstance(error, Exception):
             self.counts["non_retryable"] += 1
@@ -251,13 +266,58 @@ class _TaskRun:
         if self.tracker is not None:
             self.peak_pending = _peak(self.peak_pending, len(self.tracker))
 
+    def _retry(self, message: Any, count: int) -> None:
+        """Retry later: a nack, or with ``retries="durable"`` a reconsume (its ack follows the stored copy)."""
+        if not self.durable:
+            self._nack(message, count)
+            return
+        delay = self.config.retry_delay_ms(count)
+        future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
+        self.reconsumes.append((future, message))
+        heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + _DURABLE_GRACE_S)
+        self.counts["nacked"] += 1
+        if self.record_timings:
+            now_ms = time.time() * 1000
+            self.nacks.append((_message_key(message), now_ms, now_ms + delay))
+
+    def _harvest(self, wait: bool) -> None:
+        """Settle finished reconsumes (all of them with *wait*): a failed one is nacked instead."""
+        pending = []
+        for future, message in self.reconsumes:
+            if wait:
+                concurrent.futures.wait([future], timeout=_HARVEST_TIMEOUT_S)
+            if not future.done():
+                pending.append((future, message))
+                continue
+            if future.exception() is None:
+                self.last_ack = time.monotonic()
+                continue
+            _log.warning("reconsume failed (%s); nacking the message instead", future.exception())
+            try:
+                self.consumer.negative_acknowledge(message)
+            except Exception:  # the consumer is gone: the message is unacked, it comes back
+                _log.debug("nack after a failed reconsume failed", exc_info=True)
+        self.reconsumes = pending
+
+    def _pending_retries(self, now: float) -> int:
+        """Retries this worker waits for: nacks in its tracker, and durable retries not yet due (+ grace)."""
+        pending = len(self.tracker) if self.tracker is not None else 0
+        dues = self.entry.retry_dues
+        while dues and dues[0] < now:
+            heapq.heappop(dues)
+        return pending + len(dues)
+
     # -- bookkeeping ---------------------------------------------------------------
 
     def _housekeeping(self, now: float) -> None:
         """Every 200 ms: sample the tracker's size and memory; report progress when due."""
         if now < self.next_housekeeping:
             return
+        if self.reconsumes:
+            self._harvest(wait=False)
         pending, memory = _tracker_sample(self.tracker)
+        if self.durable:
+            pending = self._pending_retries(now)
         self.peak_memory = _peak(self.peak_memory, memory)
         self.peak_pending = _peak(self.peak_pending, pending)
         self.next_housekeeping = now + _HOUSEKEEPING_S
@@ -277,6 +337,8 @@ class _TaskRun:
 
     def _stats(self) -> TaskStats:
         pending, memory = _tracker_sample(self.tracker)
+        if self.durable:
+            pending = self._pending_retries(time.monotonic())
         counts = self.counts
         return TaskStats(
             partition=self.partition,

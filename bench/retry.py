@@ -1,0 +1,285 @@
+"""Retry letter topics: when reconsumed messages come back, and what a pending retry costs.
+
+Two parts, each on its own Apache Pulsar standalone:
+
+``lateness``
+    For each broker setting (stock: ``delayedDeliveryTickTimeMillis=1000``, not strict;
+    a 100 ms tick; a 100 ms tick with ``isDelayedDeliveryDeliverAtTimeStrict=true``), our
+    consumer reconsumes ``--per-delay`` messages at each of several delays and records
+    when each copy reaches the application, minus its due time (publish time +
+    ``DELAY_TIME``). Beside it, an *observer*: a plain ``pulsar.Consumer`` on the retry
+    topic under a second subscription, which sees when the broker delivers each copy,
+    which is what a client without our hold (the Java client) hands over.
+``cost``
+    ``--pending`` messages retried with a 10 min delay, with ``negative_acknowledge``,
+    ``reconsume_later`` (waits for the stored copy: a round trip per call) and
+    ``reconsume_later_async`` (pipelined): the call's cost (µs), retries per second,
+    the client memory held per pending retry (the tracker's own estimate, and the
+    process RSS growth), and for reconsume the broker's side: the retry topic's storage
+    and the subscription's delayed-delivery index per pending retry (admin stats).
+
+Run: ``python -m bench.retry [--quick] [--parts lateness,cost]``; writes
+``bench/results/retry.json`` (``retry-quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import concurrent.futures
+import threading
+import time
+import uuid
+from typing import Any
+
+from ._common import percentile, print_table, rss_bytes, start_context, write_result
+
+BROKERS: dict[str, dict[str, str]] = {
+    "stock": {},
+    "tick-100": {"delayedDeliveryTickTimeMillis": "100"},
+    "tick-100-strict": {"delayedDeliveryTickTimeMillis": "100", "isDelayedDeliveryDeliverAtTimeStrict": "true"},
+}
+DELAYS_MS = (250, 500, 1000, 2000, 5000)
+LONG_DELAY_MS = 600_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _lateness(values: list[int]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {
+        "n": len(ordered),
+        "early": sum(1 for v in ordered if v < 0),
+        "min": ordered[0],
+        "p50": percentile(ordered, 50),
+        "p99": percentile(ordered, 99),
+        "max": ordered[-1],
+    }
+
+
+# ---------------------------------------------------------------------- lateness
+
+
+def _observe(client: Any, retry_topic: str, expected: int, out: list[int], stop: threading.Event) -> None:
+    """A plain consumer on the retry topic: broker arrival minus due time of each copy."""
+    import pulsar
+
+    from pulsar_nack.consumer.retry import due_time_ms
+
+    consumer = client.subscribe(
+        retry_topic, "observer", consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    while len(out) < expected and not stop.is_set():
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        out.append(now_ms() - (due_time_ms(message) or 0))
+        consumer.acknowledge(message)
+    consumer.close()
+
+
+def lateness_run(broker: Any, per_delay: int) -> dict[str, Any]:
+    """Reconsume *per_delay* messages at each delay; application and broker lateness per delay."""
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.consumer.retry import DELAY_TIME, RetryMessage, due_time_ms
+    from pulsar_nack.testing import quiet_client
+
+    client = quiet_client(broker.url)
+    topic = f"persistent://public/default/retry-late-{uuid.uuid4().hex[:8]}"
+    consumer = pulsar_nack.subscribe(
+        client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest, retry_enable=True,
+    )
+    n = per_delay * len(DELAYS_MS)
+    observed: list[int] = []
+    stop = threading.Event()
+    observer = threading.Thread(target=_observe, args=(client, f"{topic}-sub-RETRY", n, observed, stop), daemon=True)
+    observer.start()
+    retry_topic = f"{topic}-sub-RETRY"
+    if not _wait(lambda: "observer" in broker.admin.topic_stats(retry_topic).get("subscriptions", {}), 30):
+        raise RuntimeError("the observer did not subscribe")
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(n):
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    # Reconsume every original first, without waiting a round trip each (a handler that
+    # waits would keep the copies of short delays queued behind the originals it handles).
+    futures: list[concurrent.futures.Future[None]] = []
+    while len(futures) < n:
+        message = consumer.receive(30_000)
+        futures.append(consumer.reconsume_later_async(message, DELAYS_MS[int(message.data()) % len(DELAYS_MS)]))
+    ours: dict[int, list[int]] = {d: [] for d in DELAYS_MS}
+    end = time.monotonic() + max(DELAYS_MS) / 1000 + 60
+    seen = 0
+    while seen < n and time.monotonic() < end:
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        assert isinstance(message, RetryMessage)
+        ours[int(message.properties()[DELAY_TIME])].append(now_ms() - (due_time_ms(message) or 0))
+        consumer.acknowledge(message)
+        seen += 1
+    failed = sum(1 for f in futures if f.exception() is not None)
+    observer.join(timeout=max(DELAYS_MS) / 1000 + 30)
+    stop.set()
+    held = consumer.stats()["held"]
+    consumer.close()
+    client.close()
+    return {
+        "received": seen,
+        "expected": n,
+        "failed_reconsumes": failed,
+        "held": held,
+        "application": _lateness([v for values in ours.values() for v in values]),
+        "application_by_delay": {str(d): _lateness(v) for d, v in ours.items() if v},
+        "broker": _lateness(observed) if observed else None,
+    }
+
+
+# ---------------------------------------------------------------------- cost
+
+
+def _calls_us(times_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(t / 1000 for t in times_ns)
+    return {
+        "mean": sum(ordered) / len(ordered),
+        "p50": percentile(ordered, 50),
+        "p99": percentile(ordered, 99),
+        "max": ordered[-1],
+    }
+
+
+def _wait(condition: Any, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
+    """Retry *pending* received messages with a 10 min delay; call cost and memory."""
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.testing import quiet_client
+
+    client = quiet_client(broker.url)
+    topic = f"persistent://public/default/retry-cost-{mode}-{uuid.uuid4().hex[:8]}"
+    consumer = pulsar_nack.subscribe(
+        client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest, retry_enable=mode != "nack",
+        receiver_queue_size=1000,
+    )
+    producer = client.create_producer(topic, batching_enabled=False, max_pending_messages=pending + 1)
+    for i in range(pending):
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    messages = [consumer.receive(30_000) for _ in range(pending)]
+    call: Any = {
+        "nack": consumer.negative_acknowledge,
+        "reconsume": consumer.reconsume_later,
+        "reconsume_async": consumer.reconsume_later_async,
+    }[mode]
+    call(messages[0], LONG_DELAY_MS)  # warm up (the retry producer, the tracker's first bucket)
+    times_ns = array.array("q", bytes(8 * (pending - 1)))  # preallocated: not in the RSS delta
+    outcomes: list[Any] = [None] * (pending - 1)
+    rss_before = rss_bytes()
+    started = time.perf_counter_ns()
+    for i, message in enumerate(messages[1:]):
+        begin = time.perf_counter_ns()
+        outcomes[i] = call(message, LONG_DELAY_MS)
+        times_ns[i] = time.perf_counter_ns() - begin
+    if mode == "reconsume_async":
+        concurrent.futures.wait(outcomes, timeout=300)
+    all_done_s = (time.perf_counter_ns() - started) / 1e9
+    rss_after = rss_bytes()
+    del messages, outcomes
+    tracker = consumer.tracker.stats()
+    result: dict[str, Any] = {
+        "mode": mode,
+        "pending": pending,
+        "call_us": _calls_us(list(times_ns)),
+        "retries_per_s": (pending - 1) / all_done_s,
+        "tracker_bytes_per_pending": tracker["memory_bytes"] / pending if mode == "nack" else None,
+        "tracker_pending": tracker["pending_messages"],
+        "rss_delta_bytes_per_pending": (rss_after - rss_before) / (pending - 1),
+    }
+    if mode != "nack":
+        result["held"] = consumer.stats()["held"]
+        retry_topic = f"{topic}-sub-RETRY"
+        _wait(lambda: broker.admin.topic_stats(retry_topic)["subscriptions"]["sub"]["msgDelayed"] >= pending, 30)
+        stats = broker.admin.topic_stats(retry_topic)
+        sub = stats["subscriptions"]["sub"]
+        result["broker"] = {
+            "retry_topic_storage_bytes": stats["storageSize"],
+            "msg_backlog": sub["msgBacklog"],
+            "msg_delayed": sub["msgDelayed"],
+            "delayed_index_bytes": sub.get("delayedMessageIndexSizeInBytes"),
+            "storage_bytes_per_pending": stats["storageSize"] / pending,
+            "delayed_index_bytes_per_pending": (sub.get("delayedMessageIndexSizeInBytes") or 0) / pending,
+        }
+    consumer.close(redeliver_pending=False)
+    client.close()
+    return result
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench.retry", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--parts", default="lateness,cost")
+    parser.add_argument("--per-delay", type=int, default=100, help="messages per delay (lateness)")
+    parser.add_argument("--pending", type=int, default=5000, help="pending retries (cost)")
+    parser.add_argument("--brokers", default=",".join(BROKERS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.per_delay, args.pending = 10, 500
+    from pulsar_nack.testing import PulsarStandalone
+
+    start = start_context()
+    payload: dict[str, Any] = {"delays_ms": list(DELAYS_MS), "lateness": {}, "cost": []}
+    parts = args.parts.split(",")
+    if "lateness" in parts:
+        for name in args.brokers.split(","):
+            with PulsarStandalone(config=BROKERS[name]) as broker:
+                run = lateness_run(broker, args.per_delay)
+            payload["lateness"][name] = {"config": BROKERS[name], **run}
+            print(name, run["application"], run["broker"], flush=True)
+        rows = []
+        for name, run in payload["lateness"].items():
+            for who in ("application", "broker"):
+                late = run[who]
+                if late:
+                    rows.append([name, who, late["n"], late["early"], f"{late['min']:.0f}",
+                                 f"{late['p50']:.0f}", f"{late['p99']:.0f}", f"{late['max']:.0f}"])
+        print_table(["broker", "seen by", "copies", "early", "min", "p50", "p99", "max ms"], rows,
+                    title="reconsume lateness (arrival - due)")
+    if "cost" in parts:
+        with PulsarStandalone() as broker:
+            for mode in ("nack", "reconsume", "reconsume_async"):
+                payload["cost"].append(_retry_cost(broker, mode, args.pending))
+        print_table(
+            ["mode", "pending", "call µs p50", "call µs p99", "retries/s", "tracker B/pending", "RSS B/pending"],
+            [[c["mode"], c["pending"], f"{c['call_us']['p50']:.1f}", f"{c['call_us']['p99']:.1f}", f"{c['retries_per_s']:.0f}",
+              "-" if c["tracker_bytes_per_pending"] is None else f"{c['tracker_bytes_per_pending']:.1f}",
+              f"{c['rss_delta_bytes_per_pending']:.0f}"] for c in payload["cost"]],
+            title="cost per pending retry",
+        )
+    path = write_result("retry-quick" if args.quick else "retry", payload, start)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
