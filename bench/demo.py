@@ -10,6 +10,11 @@ times (who goes first alternates; each run records its ``repeat``). The results 
 
 Run: ``python -m bench.demo [--quick] [--sizes default,large] [--repeats N] [--receiver-queue-size N]``
 (quick: the small size, ``-quick`` files).
+
+``--retries`` runs the retry modes side by side instead (issue 25), each demo on its own
+broker: ``nack``, ``durable`` and ``builtin`` on a broker with a 100 ms delayed-delivery
+tick, and ``durable`` again on the stock 1 s tick (``durable-stock-tick``), to
+``bench/results/demo-retries.json`` (docs/spark.md, "Durable retries").
 """
 
 from __future__ import annotations
@@ -26,9 +31,20 @@ from ._common import REPO, print_table, start_context, write_result
 TRACKERS = ("ours", "builtin")
 
 
-def run_demo(size: str, tracker: str, receiver_queue_size: int | None = None) -> dict[str, Any]:
+RETRY_MODES: dict[str, list[str]] = {
+    "nack": ["--tracker", "ours", "--retries", "nack", "--broker-tick-ms", "100"],
+    "durable": ["--tracker", "ours", "--retries", "durable", "--broker-tick-ms", "100"],
+    "builtin": ["--tracker", "builtin", "--broker-tick-ms", "100"],
+    "durable-stock-tick": ["--tracker", "ours", "--retries", "durable", "--broker-tick-ms", "1000"],
+}
+"""``--retries``: the demo's options per retry mode (each run starts its own broker)."""
+
+
+def run_demo(
+    size: str, tracker: str, receiver_queue_size: int | None = None, extra: list[str] | None = None
+) -> dict[str, Any]:
     """One demo process; its summary, exit code, wall time and stderr line count."""
-    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--tracker", tracker]
+    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", *(extra or ["--tracker", tracker])]
     command += ["--messages", size, "--json"]
     if receiver_queue_size is not None:
         command += ["--receiver-queue-size", str(receiver_queue_size)]
@@ -64,7 +80,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sizes", default="default,large", help="Apache Pulsar sizes, comma-separated")
     parser.add_argument("--receiver-queue-size", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
+    parser.add_argument("--retries", action="store_true", help="the retry modes side by side (see the module notes)")
     args = parser.parse_args(argv)
+    if args.retries:
+        return retries_side_by_side(["small"] if args.quick else args.sizes.split(","), args.repeats, args.quick)
     sizes = ["small"] if args.quick else args.sizes.split(",")
     start = start_context()
     apache = []
@@ -82,6 +101,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = write_result(f"demo-apache{suffix}", {"runs": apache}, start)
     print(f"wrote {path}")
     return {"runs": apache}
+
+
+def retries_side_by_side(sizes: list[str], repeats: int, quick: bool) -> dict[str, Any]:
+    """nack, durable, builtin (100 ms tick) and durable on the stock tick, per size, order rotating."""
+    start = start_context()
+    runs = []
+    modes = list(RETRY_MODES)
+    for repeat in range(repeats):
+        order = modes[repeat % len(modes):] + modes[: repeat % len(modes)]
+        for size in sizes:
+            for mode in order:
+                run = run_demo(size, RETRY_MODES[mode][1], extra=RETRY_MODES[mode])
+                runs.append({**run, "mode": mode, "repeat": repeat})
+                s = run["summary"]
+                print(mode, size, s["lost"], s["duplicates_pct"], s["redelivery_lateness_ms"], s["messages_per_s"], flush=True)
+    print_table(
+        ["broker", "tracker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99/max lateness ms", "wall s", "msg/s"],
+        [[r["mode"], *_row(r)[1:]] for r in runs],
+        title="pulsar-nack demo: retry modes",
+    )
+    path = write_result("demo-retries-quick" if quick else "demo-retries", {"runs": runs}, start)
+    print(f"wrote {path}")
+    return {"runs": runs}
 
 
 if __name__ == "__main__":

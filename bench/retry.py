@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any
 
-from ._common import percentile, print_table, rss_bytes, start_context, write_result
+from ._common import percentile, print_table, rss_bytes, start_context, trim_heap, write_result
 
 BROKERS: dict[str, dict[str, str]] = {
     "stock": {},
@@ -192,6 +192,7 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     call(messages[0], LONG_DELAY_MS)  # warm up (the retry producer, the tracker's first bucket)
     times_ns = array.array("q", bytes(8 * (pending - 1)))  # preallocated: not in the RSS delta
     outcomes: list[Any] = [None] * (pending - 1)
+    trim_heap()
     rss_before = rss_bytes()
     started = time.perf_counter_ns()
     for i, message in enumerate(messages[1:]):
@@ -201,6 +202,7 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     if mode == "reconsume_async":
         concurrent.futures.wait(outcomes, timeout=300)
     all_done_s = (time.perf_counter_ns() - started) / 1e9
+    trim_heap()
     rss_after = rss_bytes()
     del messages, outcomes
     tracker = consumer.tracker.stats()

@@ -152,3 +152,28 @@ def test_retries_need_topic_names_not_a_pattern():
             pulsar_nack.subscribe(client, re.compile("t-.*"), "s", retry_enable=True, consumer_type=pulsar.ConsumerType.Shared)
     finally:
         client.close()
+
+
+def test_spark_durable_retries_are_validated_on_the_driver():
+    from pulsar_nack.spark import ConsumerConfig
+
+    config = ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable")
+    assert config.retries == "durable" and config._consumer_settings() != ConsumerConfig("pulsar://h:6650", "t", "s")._consumer_settings()
+    with pytest.raises(TypeError, match="retries"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries=1)
+    with pytest.raises(ValueError, match="retries"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries="later")
+    with pytest.raises(ValueError, match="tracker='ours'"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", tracker="builtin")
+    with pytest.raises(ValueError, match="Shared or KeyShared"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", subscription_type="Failover")
+
+
+def test_a_retry_copy_is_keyed_as_its_first_message():
+    from pulsar_nack.consumer.retry import origin_key
+
+    copy = StandIn("persistent://public/default/t-s-RETRY", _pulsar.MessageId(-1, 99, 0, -1),
+                   {REAL_TOPIC: "persistent://public/default/t", ORIGIN_MESSAGE_ID: "5:6:-1:2"})
+    assert origin_key(copy) == ("persistent://public/default/t", 5, 6, 2)
+    assert origin_key(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {REAL_TOPIC: "t", ORIGIN_MESSAGE_ID: "(1,2,3,4)"})) is None
+    assert origin_key(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {})) is None

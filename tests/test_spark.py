@@ -505,3 +505,19 @@ def test_demo_with_the_builtin_tracker_runs_the_same_pipeline_on_apache_pulsar(a
     wait = summary["retry_wait_ms"]  # arrival - nack, whatever delay the config asked for
     assert wait["min"] >= 450, f"a retry waited {wait['min']} ms, not the demo's first backoff (500 ms)"
     assert summary["peak_pending_nacks"] is None and summary["peak_tracker_memory_bytes"] is None
+
+
+def test_demo_with_durable_retries_loses_nothing_and_no_retry_is_early(apache_broker):
+    """``--retries durable``: every failure reconsumed through the retry letter topic, none early.
+
+    The session's broker has the stock 1 s delayed-delivery tick, which delivers the
+    demo's 500 ms retries at once; the consumers hold them until due (the lateness of
+    each retry is its arrival minus its reconsume call plus its delay).
+    """
+    summary, _ = run_demo("--service-url", apache_broker.url, "--retries", "durable", "--messages", "2000")
+    assert summary["retries"] == "durable" and summary["ok"]
+    assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["produced"] == 2000
+    assert summary["nacked"] == summary["handler_errors"]["TransientError"] > 0
+    late = summary["redelivery_lateness_ms"]
+    assert late["count"] == summary["nacked"]  # each reconsume paired with its copy (by ORIGIN_MESSAGE_ID)
+    assert late["min"] >= -2, f"a retry came {-late['min']} ms early"  # (ms rounding of publish times)
