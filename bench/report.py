@@ -21,7 +21,8 @@ DOCS = {
     "README.md": ["results-table", "consumer-summary"],
     "docs/benchmarks.md": ["goals", "memory", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
-    "docs/spark.md": ["demo", "replay"],
+    "docs/spark.md": ["demo", "replay", "demo-retries"],
+    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
 }
@@ -595,6 +596,122 @@ def replay_table() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- retry letter topics (issue 25)
+
+_BROKER_LABELS = {
+    "stock": "stock (1 s tick, not strict)",
+    "tick-100": "`delayedDeliveryTickTimeMillis=100`",
+    "tick-100-strict": "100 ms tick + `isDelayedDeliveryDeliverAtTimeStrict=true`",
+}
+
+
+def retry_lateness_table() -> str:
+    """Reconsume lateness per broker setting: the application (held early copies) and the broker (bench/retry.py)."""
+    data = _load("retry")
+    lines = [
+        "| broker setting | seen by | copies | early | min | p50 | p99 | max | held early copies |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, run in data["lateness"].items():
+        for who, label in (("application", "our consumer"), ("broker", "the broker (no hold: the Java client)")):
+            late = run[who]
+            held = f"{run['held']:,}" if who == "application" else "–"
+            lines.append(
+                f"| {_BROKER_LABELS.get(name, name)} | {label} | {late['n']:,} | {late['early']:,} | "
+                + " | ".join(f"{late[k]:,.0f} ms" for k in ("min", "p50", "p99", "max"))
+                + f" | {held} |"
+            )
+    lines += [
+        "",
+        "Arrival minus due time (publish time + `DELAY_TIME`) of each reconsumed copy; negative is early. "
+        f"A stream of one message every 10 ms, reconsumed with delays of {', '.join(f'{d:,}' for d in data['delays_ms'])} ms "
+        "(interleaved); `python -m bench.retry` (`bench/results/retry.json`), on the machine in its `meta`.",
+    ]
+    return "\n".join(lines)
+
+
+def retry_durable_table() -> str:
+    """Retries across a SIGKILL of the consumer and a broker restart: reconsume vs nack (bench/retry_durable.py)."""
+    data = _load("retry_durable")
+    lines = [
+        "| retries by | scenario | retries | received | lost | duplicates | early (before due - 50 ms) "
+        "| lateness min / p50 / p99 / max | the same, for retries due after the new consumer was up |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+
+    def span(late: dict[str, Any]) -> str:
+        return " / ".join("–" if late[k] is None else f"{late[k]:,.0f}" for k in ("min", "p50", "p99", "max")) + " ms"
+
+    for run in data["runs"]:
+        after = run["due_after_receiver_up"]
+        lines.append(
+            f"| {'reconsume_later' if run['mode'] == 'reconsume' else 'negative_acknowledge'} | {run['scenario']} | "
+            f"{run['retries']:,} | {run['received']:,} | {run['lost']} | {run['duplicates']} | "
+            f"{run['early']:,} ({100 * run['early'] / run['retries']:.0f} %) | {span(run['lateness_ms'])} | "
+            f"{span(after['lateness_ms'])} ({after['retries']:,} retries) |"
+        )
+    restart = [r["broker_restart_s"] for r in data["runs"] if r["broker_restart_s"] is not None]
+    lines += [
+        "",
+        f"Delays {data['runs'][0]['delay_ms'][0]:,}-{data['runs'][0]['delay_ms'][1]:,} ms (60 s more in the restart scenario, "
+        f"so that they fall due after the broker is back; it took {', '.join(f'{x:.0f}' for x in restart)} s to restart); "
+        f"broker tick {data['tick_ms']} ms; `python -m bench.retry_durable` (`bench/results/retry_durable.json`).",
+    ]
+    return "\n".join(lines)
+
+
+def retry_cost_table() -> str:
+    """What a pending retry costs: nack vs reconsume, client and broker (bench/retry.py)."""
+    data = _load("retry")
+    lines = [
+        "| retry with | pending | call p50 / p99 | retries/s (one thread) | client memory per pending retry | broker per pending retry |",
+        "|---|---:|---|---:|---|---|",
+    ]
+    for cost in data["cost"]:
+        call = cost["call_us"]
+        if cost["mode"] == "nack":
+            memory = f"{cost['tracker_bytes_per_pending']:.1f} B (tracker estimate)"
+            broker = "nothing (the entry stays unacked)"
+        else:
+            memory = f"nothing tracked ({cost['tracker_pending']} in the tracker, {cost['held']} held)"
+            b = cost["broker"]
+            broker = (f"{b['storage_bytes_per_pending']:.0f} B stored (retry topic), "
+                      f"{b['delayed_index_bytes_per_pending']:.0f} B delayed-delivery index")
+        name = {"nack": "`negative_acknowledge`", "reconsume": "`reconsume_later` (waits for the stored copy)",
+                "reconsume_async": "`reconsume_later_async` (pipelined)"}[cost["mode"]]
+        lines.append(
+            f"| {name} | {cost['pending']:,} | {call['p50']:,.1f} / {call['p99']:,.1f} µs | {cost['retries_per_s']:,.0f} | "
+            f"{memory}; process RSS +{cost['rss_delta_bytes_per_pending']:,.0f} B | {broker} |"
+        )
+    lines += ["", "10-byte payloads, 10 min delays; `python -m bench.retry` (`bench/results/retry.json`)."]
+    return "\n".join(lines)
+
+
+def demo_retries_table() -> str:
+    """``pulsar-nack demo`` per retry mode, side by side (``python -m bench.demo --retries``)."""
+    runs = _load("demo-retries")["runs"]
+    lines = [
+        "| mode | broker tick | size | events | lost | duplicates | retries | retry lateness min / p50 / p99 / max "
+        "| messages/s | vs nack, same size |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for run in runs:
+        s = run["summary"]
+        late = s["redelivery_lateness_ms"]
+        tick = (s.get("broker_config") or {}).get("delayedDeliveryTickTimeMillis", "1000")
+        peer = next((r for r in runs if r["mode"] == "nack" and r["size"] == run["size"]
+                     and r.get("repeat", 0) == run.get("repeat", 0)), None)
+        ratio = "–" if peer is None else f"{s['messages_per_s'] / peer['summary']['messages_per_s']:.2f}×"
+        lines.append(
+            f"| {run['mode']} | {tick} ms | {run['size']} | {s['produced']:,} | {s['lost']} | "
+            f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | {s['nacked']:,} | "
+            + " / ".join(f"{late[k]:,.0f}" for k in ("min", "p50", "p99", "max"))
+            + f" ms | {s['messages_per_s']:,.0f} | {ratio} |"
+        )
+    lines += ["", "`python -m bench.demo --retries` (`bench/results/demo-retries.json`); each run starts its own broker."]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "replay": replay_table,
     "asyncio-lateness": asyncio_lateness_table,
@@ -613,6 +730,10 @@ BLOCKS = {
     "meta": meta_table,
     "consumer": consumer_table,
     "consumer-summary": consumer_summary,
+    "retry-lateness": retry_lateness_table,
+    "retry-durable": retry_durable_table,
+    "retry-cost": retry_cost_table,
+    "demo-retries": demo_retries_table,
 }
 
 

@@ -4,8 +4,9 @@ Two parts, each on its own Apache Pulsar standalone:
 
 ``lateness``
     For each broker setting (stock: ``delayedDeliveryTickTimeMillis=1000``, not strict;
-    a 100 ms tick; a 100 ms tick with ``isDelayedDeliveryDeliverAtTimeStrict=true``), our
-    consumer reconsumes ``--per-delay`` messages at each of several delays and records
+    a 100 ms tick; a 100 ms tick with ``isDelayedDeliveryDeliverAtTimeStrict=true``), a
+    stream of one message every 10 ms; our consumer reconsumes each as it arrives
+    (``--per-delay`` messages at each of several delays, interleaved) and records
     when each copy reaches the application, minus its due time (publish time +
     ``DELAY_TIME``). Beside it, an *observer*: a plain ``pulsar.Consumer`` on the retry
     topic under a second subscription, which sees when the broker delivers each copy,
@@ -61,6 +62,21 @@ def _lateness(values: list[int]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- lateness
 
+INTERVAL_MS = 10
+"""The lateness stream: one original message every 10 ms."""
+
+
+def _send_paced(client: Any, topic: str, n: int) -> None:
+    producer = client.create_producer(topic, batching_enabled=False)
+    start = time.monotonic()
+    for i in range(n):
+        wait = start + i * INTERVAL_MS / 1000 - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # the stream's pace
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    producer.close()
+
 
 def _observe(client: Any, retry_topic: str, expected: int, out: list[int], stop: threading.Event) -> None:
     """A plain consumer on the retry topic: broker arrival minus due time of each copy."""
@@ -104,28 +120,25 @@ def lateness_run(broker: Any, per_delay: int) -> dict[str, Any]:
     retry_topic = f"{topic}-sub-RETRY"
     if not _wait(lambda: "observer" in broker.admin.topic_stats(retry_topic).get("subscriptions", {}), 30):
         raise RuntimeError("the observer did not subscribe")
-    producer = client.create_producer(topic, batching_enabled=False)
-    for i in range(n):
-        producer.send_async(str(i).encode(), None)
-    producer.flush()
-    # Reconsume every original first, without waiting a round trip each (a handler that
-    # waits would keep the copies of short delays queued behind the originals it handles).
+    # A stream: one original every INTERVAL_MS; each is reconsumed as it arrives, without
+    # waiting a round trip (reconsume_later_async), and its copy is timed when it is back.
+    sender = threading.Thread(target=_send_paced, args=(client, topic, n), daemon=True)
+    sender.start()
     futures: list[concurrent.futures.Future[None]] = []
-    while len(futures) < n:
-        message = consumer.receive(30_000)
-        futures.append(consumer.reconsume_later_async(message, DELAYS_MS[int(message.data()) % len(DELAYS_MS)]))
     ours: dict[int, list[int]] = {d: [] for d in DELAYS_MS}
-    end = time.monotonic() + max(DELAYS_MS) / 1000 + 60
+    end = time.monotonic() + n * INTERVAL_MS / 1000 + max(DELAYS_MS) / 1000 + 60
     seen = 0
     while seen < n and time.monotonic() < end:
         try:
             message = consumer.receive(200)
         except pulsar.Timeout:
             continue
-        assert isinstance(message, RetryMessage)
-        ours[int(message.properties()[DELAY_TIME])].append(now_ms() - (due_time_ms(message) or 0))
-        consumer.acknowledge(message)
-        seen += 1
+        if isinstance(message, RetryMessage):
+            ours[int(message.properties()[DELAY_TIME])].append(now_ms() - (due_time_ms(message) or 0))
+            consumer.acknowledge(message)
+            seen += 1
+        else:
+            futures.append(consumer.reconsume_later_async(message, DELAYS_MS[int(message.data()) % len(DELAYS_MS)]))
     failed = sum(1 for f in futures if f.exception() is not None)
     observer.join(timeout=max(DELAYS_MS) / 1000 + 30)
     stop.set()
@@ -202,9 +215,10 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     if mode == "reconsume_async":
         concurrent.futures.wait(outcomes, timeout=300)
     all_done_s = (time.perf_counter_ns() - started) / 1e9
+    del outcomes  # the futures of the calls: the benchmark's, not the retries'
     trim_heap()
     rss_after = rss_bytes()
-    del messages, outcomes
+    del messages
     tracker = consumer.tracker.stats()
     result: dict[str, Any] = {
         "mode": mode,
