@@ -609,7 +609,7 @@ def retry_lateness_table() -> str:
     """Reconsume lateness per broker setting: the application (held early copies) and the broker (bench/retry.py)."""
     data = _load("retry")
     lines = [
-        "| broker setting | seen by | copies | early | min | p50 | p99 | max | held early copies |",
+        "| broker setting | seen by | copies | early | min | p50 | p99 | max | holds (a copy may be held twice) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, run in data["lateness"].items():
@@ -681,9 +681,14 @@ def retry_cost_table() -> str:
                 "reconsume_async": "`reconsume_later_async` (pipelined)"}[cost["mode"]]
         lines.append(
             f"| {name} | {cost['pending']:,} | {call['p50']:,.1f} / {call['p99']:,.1f} µs | {cost['retries_per_s']:,.0f} | "
-            f"{memory}; process RSS +{cost['rss_delta_bytes_per_pending']:,.0f} B | {broker} |"
+            f"{memory}; process RSS {cost['rss_delta_bytes_per_pending']:+,.0f} B | {broker} |"
         )
-    lines += ["", "10-byte payloads, 10 min delays; `python -m bench.retry` (`bench/results/retry.json`)."]
+    lines += [
+        "",
+        "10-byte payloads, 10 min delays; RSS is the process's growth over the calls divided by the retries, after "
+        "`malloc_trim` (with the pipelined calls it includes the client's buffers for thousands of copies in flight "
+        "at once); `python -m bench.retry` (`bench/results/retry.json`).",
+    ]
     return "\n".join(lines)
 
 
