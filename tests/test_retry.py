@@ -283,3 +283,16 @@ async def test_asyncio_consumer_reconsumes_and_never_hands_over_early(session_br
     assert letters == [b"0", b"1", b"2", b"3"]
     await dlq.close()
     await client.close()
+
+
+def test_reconsume_later_async_acks_once_the_copy_is_stored(pulsar_client, topic):
+    consumer = retrying(pulsar_client, topic)
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    for i in range(20):
+        producer.send(str(i).encode())
+    futures = [consumer.reconsume_later_async(receive(consumer), 300) for _ in range(20)]
+    assert all(f.result(timeout=30) is None for f in futures)
+    assert consumer.stats()["reconsumed"] == 20 and consumer.stats()["acked"] == 20
+    copies = sorted(int(receive(consumer).data()) for _ in range(20))
+    assert copies == list(range(20))
+    consumer.close()

@@ -272,13 +272,13 @@ class _TaskRun:
             self._nack(message, count)
             return
         delay = self.config.retry_delay_ms(count)
+        called_ms = time.time() * 1000  # before the call: the copy's due time counts from its send
         future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
         self.reconsumes.append((future, message))
         heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + _DURABLE_GRACE_S)
         self.counts["nacked"] += 1
         if self.record_timings:
-            now_ms = time.time() * 1000
-            self.nacks.append((_message_key(message), now_ms, now_ms + delay))
+            self.nacks.append((_message_key(message), called_ms, called_ms + delay))
 
     def _harvest(self, wait: bool) -> None:
         """Settle finished reconsumes (all of them with *wait*): a failed one is nacked instead."""
