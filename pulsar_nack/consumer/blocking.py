@@ -86,9 +86,6 @@ def _is_received(message: Any) -> bool:
     return isinstance(message, (pulsar.Message, _pulsar.Message))
 
 
-def _left_ms(timeout_millis: int, start_ns: int) -> int:
-    """What is left of a receive timeout that started at *start_ns*."""
-    return max(timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000, 0)
 
 
 class _ConsumerCounts(TypedDict):
@@ -251,6 +248,8 @@ class NackingConsumer:
         raw = self._raw
         if raw is None:
             return self._receive_wrapped(timeout_millis)
+        if self._retry is not None:
+            return self._receive_retrying(raw, self._retry, timeout_millis)
         core = self._core
         if timeout_millis is None:
             message = raw.receive()
@@ -259,17 +258,47 @@ class NackingConsumer:
                 check_int("timeout_millis", timeout_millis, 0)
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
-        retry = self._retry
         while True:
             if not core._pending._count:  # the common path: nothing to compare with
                 next(core.received)
             elif not core.admit(message):  # an early copy: swallowed, wait for the next
-                message = raw.receive() if timeout_millis is None else raw.receive(_left_ms(timeout_millis, start_ns))
+                if timeout_millis is None:
+                    message = raw.receive()
+                else:
+                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                    message = raw.receive(max(left, 0))
                 continue
-            if retry is not None and not retry.admit(message):  # a retry copy before its time: held
-                message = raw.receive() if timeout_millis is None else raw.receive(_left_ms(timeout_millis, start_ns))
-                continue
-            wrapped = _Message() if retry is None else retry.message_type(message)()
+            wrapped = _Message()
+            wrapped._message = message
+            wrapped._schema = self._schema
+            return wrapped
+
+    def _receive_retrying(self, raw: Any, retry: RetryLetter, timeout_millis: int | None) -> pulsar.Message:
+        """receive() with a retry letter topic: a copy that came early is held until due.
+
+        Copies due within :data:`~pulsar_nack.consumer.retry.MEMORY_HOLD_MS` are kept
+        here (unacked) and returned when due; the receive waits no longer than that.
+        Copies due later are nacked into the retry letter's hold tracker.
+        """
+        if timeout_millis is not None:
+            check_int("timeout_millis", timeout_millis, 0)
+        deadline = None if timeout_millis is None else monotonic_ms() + timeout_millis
+        while True:
+            message = retry.pop_due()
+            if message is None:
+                wait = retry.ms_to_next_due()
+                if deadline is not None:
+                    left = deadline - monotonic_ms()
+                    wait = left if wait is None else min(wait, left)
+                try:
+                    message = raw.receive() if wait is None else raw.receive(max(wait, 1))
+                except pulsar.Timeout:
+                    if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
+                        raise
+                    continue
+                if not self._core.admit(message) or not retry.admit(message, in_memory=True):
+                    continue
+            wrapped = retry.message_type(message)()
             wrapped._message = message
             wrapped._schema = self._schema
             return wrapped

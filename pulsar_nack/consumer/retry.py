@@ -55,6 +55,8 @@ bytes (base64 in the protocol) is copied as its base64 text.
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -110,6 +112,10 @@ MAX_RECONSUMETIMES = 16
 
 HOLD_PRECISION_BITS = 4
 """Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
+MEMORY_HOLD_MS = 1000
+"""``NackingConsumer.receive`` keeps an early copy due within this many ms in memory (unacked)
+and returns it when due; one due later is nacked into the hold tracker (a broker round trip,
+and 100-150 ms of handoff)."""
 
 _CONSUMER_TYPES = ("Shared", "KeyShared")
 
@@ -446,6 +452,8 @@ class RetryLetter:
             never_early=True,
         )
         self._producers = {}
+        self._in_memory: list[tuple[int, int, _pulsar.Message]] = []  # (due epoch ms, sequence, copy)
+        self._sequence = itertools.count()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held"), 0)
         self._closed = False
@@ -560,13 +568,16 @@ class RetryLetter:
         retry = self.topics.retry_letter_topic
         return topic == retry or (topic.startswith(retry) and PARTITION_SUFFIX.sub("", topic) == retry)
 
-    def admit(self, raw: _pulsar.Message) -> bool:
+    def admit(self, raw: _pulsar.Message, in_memory: bool = False) -> bool:
         """False if *raw* is a retry copy delivered before its due time: then it is held.
 
-        A held copy is nacked into this consumer's own never-early tracker with the
-        time left, so it stays unacked (durable) and comes back when due (at most about
-        a handoff, 100-150 ms, late). A copy of a message whose hold is pending (a
-        batch sibling's redelivery) is swallowed the same way. O(1) for other topics.
+        A held copy stays unacked (durable). With *in_memory* (the blocking
+        ``receive``), one due within :data:`MEMORY_HOLD_MS` is kept here, for
+        :meth:`pop_due` to return when due. Otherwise it is nacked into this
+        consumer's own never-early tracker with the time left, and comes back when due
+        (at most about a handoff, 100-150 ms, late). A copy of a message whose hold is
+        pending (a batch sibling's redelivery) is swallowed the same way. O(1) for
+        other topics; O(log n) for a copy kept in memory.
         """
         if not self.is_retry_copy(raw):
             return True
@@ -578,10 +589,31 @@ class RetryLetter:
         left = due - self._clock_ms()
         if left <= 0:
             return True
-        self._hold.nack(raw, min(left, MAX_DELAY_MS))
         with self._lock:
             self._counts["held"] += 1
+            if in_memory and left <= MEMORY_HOLD_MS and not self._closed:
+                heapq.heappush(self._in_memory, (due, next(self._sequence), raw))
+                return False
+        self._hold.nack(raw, min(left, MAX_DELAY_MS))
         return False
+
+    def pop_due(self) -> _pulsar.Message | None:
+        """The earliest copy kept in memory if it is due now, else None. O(log n)."""
+        if not self._in_memory:
+            return None
+        with self._lock:
+            if self._in_memory and self._in_memory[0][0] <= self._clock_ms():
+                return heapq.heappop(self._in_memory)[2]
+        return None
+
+    def ms_to_next_due(self) -> int | None:
+        """Milliseconds until the earliest copy kept in memory is due (0: now), or None. O(1)."""
+        if not self._in_memory:
+            return None
+        with self._lock:
+            if not self._in_memory:
+                return None
+            return max(self._in_memory[0][0] - self._clock_ms(), 0)
 
     def message_type(self, raw: _pulsar.Message) -> type[pulsar.Message]:
         """The class of the ``pulsar.Message`` the application gets: :class:`RetryMessage` for a retry copy."""
@@ -598,8 +630,8 @@ class RetryLetter:
         return wrapped
 
     def held(self) -> int:
-        """Copies held now (delivered early, waiting in the hold tracker). O(1)."""
-        return len(self._hold.tracker)
+        """Copies held now (delivered early, waiting in memory or in the hold tracker). O(1)."""
+        return len(self._in_memory) + len(self._hold.tracker)
 
     def counts(self) -> dict[str, int]:
         """``reconsumed`` (retry copies stored), ``retry_dead_lettered`` (DLQ copies), ``held`` (early copies held)."""
@@ -614,6 +646,7 @@ class RetryLetter:
                 return
             self._closed = True
             producers, self._producers = list(self._producers.values()), {}
+            self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
         self._hold.close(redeliver_pending)
         for future in producers:
             try:
