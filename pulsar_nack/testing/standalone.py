@@ -63,11 +63,11 @@ DEFAULT_HEAP = "768m"
 DEFAULT_JVM_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
 """The JVM options of a broker that is given none: the C1 compiler only.
 
-Without it, the C2 compiler's threads take about half the CPU a start needs (7.5-11 s
-of CPU to ready against 4.2-5.0 s, ``bench/results/startup.json``) and keep taking it
-while the demo or a test runs beside the broker on a 2-core machine. A broker used for
-tests and demos never runs long enough to repay C2. Pass ``jvm_options=()`` for the
-JVM's default tiered compilation.
+With the JVM's default tiered compilation, the C2 compiler's threads take about half
+the CPU a start needs (median 10.5 s of CPU to ready, against 5.4 s with C1 only;
+``broker_phases`` in ``bench/results/startup.json``) and keep taking it while the demo
+or a test runs beside the broker on a 2-core machine. A broker used for tests and demos
+never runs long enough to repay C2. Pass ``jvm_options=()`` for tiered compilation.
 """
 _TEMP_PREFIX = "pulsar-nack-standalone-"
 _POLL_INTERVAL_S = 0.25
