@@ -74,6 +74,18 @@ def lite_broker(broker_pool: dict[str, Any]) -> Any:
     return _shared_broker(broker_pool, "lite")
 
 
+@pytest.fixture(scope="session")
+def pulsar_cluster() -> Iterator[Any]:
+    """A two-broker Apache Pulsar cluster (ZooKeeper, one bookie), started on first use."""
+    from pulsar_nack.testing import PulsarCluster
+
+    cluster = PulsarCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def pulsar_client(session_broker) -> Iterator[object]:
     from pulsar_nack.testing import quiet_client
@@ -106,6 +118,9 @@ def pytest_sessionfinish(session, exitstatus):
     patterns = (
         "pulsar-lite",
         "PulsarStandaloneStarter",
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain",  # PulsarCluster's JVMs
+        "org.apache.bookkeeper.server.Main",
+        "org.apache.pulsar.PulsarBrokerStarter",
         "org.apache.spark.deploy",
         "CoarseGrainedExecutorBackend",
         "pyspark.daemon",

@@ -9,6 +9,11 @@
 Both have the same surface: a context manager, ``url``, ``admin_url`` (None where there
 is none), ``start()``, ``stop()``, ``restart()`` (keeps the data), ``pid``, ``log_path``
 and ``create_partitioned_topic(topic, partitions)``.
+
+- :class:`PulsarCluster`: the same Apache Pulsar as separate JVMs (ZooKeeper, one bookie,
+  two brokers by default), for tests that kill, freeze, restart a broker or move topics
+  between brokers. ``url`` names every broker; ``brokers[i]`` has each one's ``url``,
+  ``admin_url`` and ``pid``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from ..errors import BrokerError
 from .client import quiet_client
+from .cluster import PulsarCluster
 from .lite import PulsarLite
 from .standalone import PulsarStandalone
 
@@ -26,6 +32,7 @@ __all__ = [
     "BROKER_HELP",
     "DEMO_BROKER",
     "BrokerError",
+    "PulsarCluster",
     "PulsarLite",
     "PulsarStandalone",
     "client_factory_for",

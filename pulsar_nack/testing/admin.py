@@ -8,6 +8,7 @@ namespaces are ``tenant/namespace``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +20,7 @@ from ..errors import BrokerError
 __all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
 
 _TIMEOUT_S = 30.0
+_MAX_REDIRECTS = 3
 
 
 def topic_path(topic: str) -> str:
@@ -67,17 +69,29 @@ class PulsarAdmin:
         """One call on ``/admin/v2/{path}``; the decoded JSON answer, or None for an empty one."""
         return self._send(method, f"admin/v2/{path}", body)
 
-    def _send(self, method: str, path: str, body: Any = None) -> Any:
+    def _send(self, method: str, path: str, body: Any = None, *, text: bool = False) -> Any:
+        """One call; follows a broker's 307 to the broker that owns the topic or bundle."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.admin_url}/{path}", data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as answer:
-                text = answer.read().decode()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise BrokerError(f"{method} {path}: HTTP {exc.code} {detail}") from None
-        return json.loads(text) if text.strip() else None
+        url = f"{self.admin_url}/{path}"
+        for _ in range(_MAX_REDIRECTS + 1):
+            req = urllib.request.Request(url, data=data, method=method)
+            req.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as answer:
+                    answer_text = answer.read().decode()
+                break
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location")
+                if exc.code in (307, 308) and location:
+                    url = location  # urllib follows no redirect of a PUT, POST or DELETE
+                    continue
+                detail = exc.read().decode(errors="replace")[:500]
+                raise BrokerError(f"{method} {path}: HTTP {exc.code} {detail}") from None
+        else:
+            raise BrokerError(f"{method} {path}: more than {_MAX_REDIRECTS} redirects")
+        if text:
+            return answer_text.strip()
+        return json.loads(answer_text) if answer_text.strip() else None
 
     def namespaces(self, tenant: str) -> list[str]:
         return list(self.request("GET", f"namespaces/{tenant}"))
@@ -117,13 +131,12 @@ class PulsarAdmin:
 
     def topic_bundle(self, topic: str) -> str:
         """The namespace bundle that holds *topic*, such as ``0x40000000_0x80000000``."""
-        answer = self._send("GET", f"lookup/v2/topic/{topic_path(topic)}/bundle")
-        return str(answer)
+        return str(self._send("GET", f"lookup/v2/topic/{topic_path(topic)}/bundle", text=True))
 
     def bundles(self, namespace: str) -> list[str]:
         """The bundles of *namespace*, in hash order."""
         boundaries = self.request("GET", f"namespaces/{namespace_path(namespace)}/bundles")["boundaries"]
-        return [f"{low}_{high}" for low, high in zip(boundaries, boundaries[1:])]
+        return [f"{low}_{high}" for low, high in itertools.pairwise(boundaries)]
 
     def unload_topic(self, topic: str) -> None:
         """Unload *topic* (every partition of a partitioned one); clients reconnect."""

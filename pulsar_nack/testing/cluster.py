@@ -695,10 +695,10 @@ class PulsarCluster:
                 done = subprocess.run(
                     argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                     cwd=str(self.data_dir), timeout=_SETUP_TIMEOUT_S, check=False,
-                    preexec_fn=parent_death_signal_preexec(),  # noqa: PLW1509 - see its docstring
+                    preexec_fn=parent_death_signal_preexec(),
                 )  # fmt: skip
             except subprocess.TimeoutExpired:
-                raise BrokerError(f"initialize-cluster-metadata took over {_SETUP_TIMEOUT_S} s:\n{read_tail(log_path)}")
+                raise BrokerError(f"initialize-cluster-metadata took over {_SETUP_TIMEOUT_S} s:\n{read_tail(log_path)}") from None
         if done.returncode != 0:
             raise BrokerError(f"initialize-cluster-metadata exited {done.returncode}:\n{read_tail(log_path)}")
 
