@@ -401,6 +401,11 @@ class PulsarCluster:
         return PulsarAdmin(self.admin_url)
 
     @property
+    def session_timeout_ms(self) -> int:
+        """The brokers' ``metadataStoreSessionTimeoutMillis``."""
+        return self._session_timeout_ms
+
+    @property
     def version(self) -> str:
         if self.release is None:
             raise BrokerError("the cluster is not started")
