@@ -75,13 +75,13 @@ CLUSTER_NAME = "pulsar-nack"
 _TEMP_PREFIX = "pulsar-nack-cluster-"
 _POLL_INTERVAL_S = 0.2
 _SETUP_TIMEOUT_S = 120.0
-_ZOOKEEPER_MEM = "-Xms64m -Xmx128m"
+_ZOOKEEPER_MEM = "-Xms32m -Xmx128m"
 _GC = "-XX:+UseG1GC -XX:+PerfDisableSharedMem"
 _INHERITED_PREFIXES = ("PULSAR_", "BOOKIE_", "BK_")
 
 
 def _java_mem(heap: str) -> str:
-    return f"-Xms{heap} -Xmx{heap} -XX:MaxDirectMemorySize={heap}"
+    return f"-Xms64m -Xmx{heap} -XX:MaxDirectMemorySize={heap}"
 
 
 def _check_heap(name: str, heap: object) -> str:
