@@ -25,6 +25,7 @@ from pulsar_nack.testing.cluster import (
 )
 
 PARTITIONS = 4
+FAILOVER_DEADLINE_S = 25.0
 
 
 def _topic(prefix: str) -> str:
@@ -165,13 +166,14 @@ def test_a_killed_broker_hands_its_partitions_to_the_survivor_and_nothing_is_los
         cluster.kill_broker(victim)
         assert pid_gone(pid)
         survivor = 1 - victim
+        # The session times out after 6 s; 25 s leaves room for a busy machine, and fails
+        # with Pulsar's default 30 s session (the lookups then move after about 31 s).
         moved = wait_for(
             lambda: all(cluster.owner_of(f"{topic}-partition-{p}") == survivor for p in range(PARTITIONS)),
-            timeout_s=60.0,
+            timeout_s=FAILOVER_DEADLINE_S - (time.monotonic() - killed_at),
             poll_s=0.2,
         )
-        assert moved, "the killed broker's partitions did not move to the survivor within 60 s"
-        assert time.monotonic() - killed_at < 60.0
+        assert moved, f"the killed broker's partitions did not move to the survivor within {FAILOVER_DEADLINE_S} s"
         got = first | _receive_all(consumer, set(payloads), 90.0)
         assert set(payloads) - got == set(), f"lost {len(set(payloads) - got)} messages"
         assert cluster.brokers[survivor].is_running()

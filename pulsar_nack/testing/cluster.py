@@ -326,7 +326,8 @@ class PulsarCluster:
         ZooKeeper gets 128 MB.
     session_timeout_ms : int
         The brokers' ``metadataStoreSessionTimeoutMillis`` (default 6000): how long a killed
-        broker keeps owning its topics.
+        broker keeps owning its topics. 4,000 to 40,000: ZooKeeper grants no session
+        outside 2 to 20 ticks of 2 s.
     broker_config : mapping, optional
         Extra ``broker.conf`` settings for every broker, set over ours.
     startup_timeout_s : float
@@ -362,7 +363,8 @@ class PulsarCluster:
         self._broker_count = check_int("brokers", brokers, 1, 16)
         self._data_dir_arg = None if data_dir is None else Path(os.fspath(data_dir)).absolute()
         self._heap = _check_heap("heap", heap)
-        self._session_timeout_ms = check_int("session_timeout_ms", session_timeout_ms, 1000)
+        # ZooKeeper grants sessions of 2 to 20 ticks (4-40 s with tickTime=2000)
+        self._session_timeout_ms = check_int("session_timeout_ms", session_timeout_ms, 4000, 40_000)
         self._broker_config = _check_config("broker_config", broker_config)
         self._startup_timeout_s = check_seconds("startup_timeout_s", startup_timeout_s, allow_zero=False)
         self._data_dir: Path | None = None
