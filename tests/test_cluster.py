@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -75,6 +76,15 @@ def test_bad_arguments_name_the_argument() -> None:
         PulsarCluster(session_timeout_ms=10)
     with pytest.raises(BrokerError, match="not started"):
         _ = PulsarCluster().url
+
+
+@pytest.mark.broker  # start() looks for a JDK and the distribution before it checks the directory
+def test_a_used_data_dir_is_refused_before_any_jvm_starts(tmp_path: Path) -> None:
+    (tmp_path / "left-over").write_text("x")
+    cluster = PulsarCluster(data_dir=tmp_path)
+    with pytest.raises(BrokerError, match="data_dir must be empty"):
+        cluster.start()
+    assert cluster.nodes == [cluster.zookeeper, cluster.bookie] and cluster.zookeeper.pid is None
 
 
 def test_override_properties_replaces_in_place_because_bookkeeper_keeps_the_first() -> None:

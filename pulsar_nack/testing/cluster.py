@@ -319,7 +319,8 @@ class PulsarCluster:
     brokers : int
         How many brokers (default 2).
     data_dir : path, optional
-        Where configs, logs and data go. None: a fresh temporary directory, removed by
+        Where configs, logs and data go; it must be empty or absent (it is kept after
+        :meth:`stop`, for its logs). None: a fresh temporary directory, removed by
         :meth:`stop`.
     heap : str
         Each broker's and the bookie's ``-Xmx`` and direct memory bound (default ``"256m"``).
@@ -585,6 +586,9 @@ class PulsarCluster:
 
     def _ensure_data_dir(self) -> None:
         if self._data_dir_arg is not None:
+            if self._data_dir_arg.is_dir() and any(self._data_dir_arg.iterdir()):
+                # the bookie's cookie names its old port, ZooKeeper holds the old cluster
+                raise BrokerError(f"data_dir must be empty or absent: {self._data_dir_arg} is not empty")
             self._data_dir = self._data_dir_arg
         elif self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
