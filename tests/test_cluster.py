@@ -160,7 +160,7 @@ def test_move_topic_and_unload_keep_the_topic_serving(cluster: PulsarCluster) ->
 def test_a_killed_broker_hands_its_partitions_to_the_survivor_and_nothing_is_lost(cluster: PulsarCluster) -> None:
     topic = cluster.create_partitioned_topic(_topic("failover"), PARTITIONS)
     owners = cluster.spread_partitions(topic, PARTITIONS)
-    client = quiet_client(cluster.url, operation_timeout_seconds=10)
+    client = quiet_client(cluster.url)
     try:
         consumer = client.subscribe(topic, "s")
         producer = client.create_producer(topic, batching_enabled=False)
@@ -199,7 +199,7 @@ def test_a_killed_broker_hands_its_partitions_to_the_survivor_and_nothing_is_los
 def test_a_frozen_broker_holds_its_topics_until_thawed(cluster: PulsarCluster) -> None:
     topic = _topic("freeze")
     target = cluster.owner_of(topic)
-    client = quiet_client(cluster.url, operation_timeout_seconds=10)
+    client = quiet_client(cluster.url)
     try:
         consumer = client.subscribe(topic, "s")
         producer = client.create_producer(topic)
