@@ -457,7 +457,7 @@ def cluster_table() -> str:
     """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
     result = _load("cluster")
     lines = [
-        "| run | start | ZooKeeper / metadata / all ready | RSS at ready: ZooKeeper, bookie, brokers | total RSS "
+        "| run | start | ready at: ZooKeeper / metadata / all | RSS at ready: ZooKeeper, bookie, brokers | total RSS "
         "| lookups moved | first message back | all 500 back | lost | restart | load avg |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
