@@ -203,6 +203,20 @@ def test_a_killed_broker_hands_its_partitions_to_the_survivor_and_nothing_is_los
 
 
 @pytest.mark.broker
+def test_a_broker_stopped_gracefully_hands_its_topics_over_at_once(cluster: PulsarCluster) -> None:
+    topic = _topic("graceful")
+    owner = cluster.owner_of(topic)
+    pid = cluster.brokers[owner].pid
+    assert pid is not None
+    cluster.stop_broker(owner)
+    assert pid_gone(pid) and not cluster.brokers[owner].is_running()
+    # No session to wait for (6 s, then some): SIGTERM releases the bundles before the JVM exits.
+    assert wait_for(lambda: cluster.owner_of(topic) == 1 - owner, timeout_s=5.0, poll_s=0.1)
+    cluster.restart_broker(owner)
+    assert cluster.brokers[owner].broker_id in cluster.admin.brokers(cluster.cluster_name)
+
+
+@pytest.mark.broker
 def test_a_frozen_broker_holds_its_topics_until_thawed(cluster: PulsarCluster) -> None:
     topic = _topic("freeze")
     target = cluster.owner_of(topic)
