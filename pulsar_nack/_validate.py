@@ -13,9 +13,9 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_ms",
+    "check_name",
     "check_number",
     "check_optional_int",
-    "check_name",
     "check_seconds",
     "check_topics",
 ]
