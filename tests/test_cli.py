@@ -258,3 +258,21 @@ def test_quick_bench_results_go_to_a_user_directory_never_into_the_checkout(tmp_
     for name in ("memory", "memory-quick"):
         assert _common.write_result(name, {"cases": []}) == tmp_path / "out" / f"{name}.json"
     assert not list(_common.RESULTS.glob("*-quick.json"))
+
+
+def test_quiet_client_logs_go_to_stderr_not_stdout():
+    """pulsar.ConsoleLogger writes to stdout, where it broke ``demo --json``; quiet_client's do not."""
+    code = (
+        "import pulsar\n"
+        "from pulsar_nack.testing import quiet_client\n"
+        "client = quiet_client('pulsar://127.0.0.1:1', operation_timeout_seconds=2)\n"
+        "try:\n"
+        "    client.create_producer('persistent://public/default/x')\n"
+        "except pulsar.PulsarException:\n"
+        "    pass\n"
+        "client.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "", done.stdout[:2000]
+    assert "Connection refused" in done.stderr or "Failed to establish connection" in done.stderr, done.stderr[:2000]
