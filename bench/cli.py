@@ -13,11 +13,10 @@ in ``~/.cache/pulsar-nack/bench``, outside the checkout; ``--out DIR`` puts eith
 * ``core-ab``   pop_due and timer lateness of this core beside an earlier commit's core
                 in one run (bench/core_ab.py)
 
-``--quick`` runs reduced sizes (about two minutes on an idle 2-core machine, more on a
-busy one); its verdicts are informational, since the goals are defined for the full
-sizes, and it exits 0 unless a part fails. The full run takes much longer (10M-message
-memory cases) and exits 1 when a part misses a goal. ``--plot`` redraws docs/img/ from
-the committed JSON.
+``--quick`` runs reduced sizes, in minutes; its verdicts are informational, since the
+goals are defined for the full sizes, and it exits 0 unless a part fails. The full run
+takes much longer (10M-message memory cases) and exits 1 when a part misses a goal.
+``--plot`` redraws docs/img/ from the committed JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ PARTS: dict[str, tuple[str, list[str]]] = {
     "consumer": ("bench.consumer", []),
     "core-ab": ("bench.core_ab", []),
 }
-# Quick mode: small enough that all parts together finish in under two minutes.
+# Quick mode: reduced sizes, so that all parts together take minutes.
 QUICK_ARGS = {
     "memory": ["--quick", "--messages", "200000", "--cases", "consec-x8-y10,rand10-x8-y10,y0-x1"],
     "core": ["--quick"],
@@ -53,7 +52,7 @@ QUICK_ARGS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true",
-        help="reduced sizes, about two minutes; informational verdicts; results in ~/.cache/pulsar-nack/bench",
+        help="reduced sizes (minutes); informational verdicts; results in ~/.cache/pulsar-nack/bench",
     )
     parser.add_argument("--out", default=None, metavar="DIR", help="write the result files into DIR")
     parser.add_argument("--only", default=None, help=f"comma-separated parts: {','.join(PARTS)}")
