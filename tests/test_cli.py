@@ -188,6 +188,12 @@ def test_demo_without_maven_and_nothing_cached_says_what_to_install_in_one_line_
     assert "`mvn` is not on PATH" in line and "apt-get install maven" in line and "--service-url" in line
 
 
+def test_demo_on_a_service_url_without_java_for_spark_says_so_in_one_line_within_5_s(tmp_path):
+    env = _bare_env(tmp_path, str(tmp_path))
+    line = _one_line_error(*_demo("--service-url", "pulsar://127.0.0.1:1", env=env), limit_s=5)
+    assert "Spark needs Java 17 or newer and no `java` on PATH" in line and "apt-get install openjdk" in line
+
+
 def test_demo_with_nothing_at_the_service_url_is_one_line_within_15_s():
     line = _one_line_error(*_demo("--service-url", "pulsar://127.0.0.1:1", "--json"), limit_s=15)
     assert "nothing answers at --service-url pulsar://127.0.0.1:1" in line

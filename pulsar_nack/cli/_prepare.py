@@ -7,7 +7,8 @@ alternative:
 - :func:`check_standalone`: a JDK that runs Apache Pulsar, and ``mvn`` when the
   distribution is not cached yet;
 - :func:`check_service_url`: a Pulsar broker answers at ``--service-url``;
-- :func:`check_master`: a ``spark://`` master accepts connections.
+- :func:`check_master`: a ``spark://`` master accepts connections;
+- :func:`check_spark_java`: the Java that Spark's driver will run on is there (17+).
 
 :func:`fetch_standalone` then fetches the distribution on first use, saying so on
 stderr: what is fetched and its size, the seconds (and megabytes) while Maven
@@ -38,6 +39,7 @@ __all__ = [
     "artifact_size",
     "check_master",
     "check_service_url",
+    "check_spark_java",
     "check_standalone",
     "fetch_standalone",
 ]
@@ -297,4 +299,29 @@ def check_master(master: str) -> None:
     if why is not None:
         raise SetupError(
             f"nothing answers at --master {master} ({why.lower()}): start the Spark master, or use --master local[2]"
+        )
+
+
+SPARK_MIN_JAVA = 17
+
+
+def check_spark_java() -> None:
+    """Raise :class:`SetupError` unless the ``java`` Spark's driver starts with is there and
+    new enough: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else ``java`` on PATH (the
+    launcher's own rule). An unknown version passes (Spark itself says more)."""
+    from ..testing.distribution import java_major
+
+    home = os.environ.get("JAVA_HOME")
+    java = Path(home) / "bin" / "java" if home else (Path(found) if (found := shutil.which("java")) else None)
+    if java is None or not java.exists():
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no `java` on PATH"
+        raise SetupError(
+            f"Spark needs Java {SPARK_MIN_JAVA} or newer and {where}: install a JDK (e.g. `apt-get install "
+            f"openjdk-17-jdk-headless`) or point JAVA_HOME at one"
+        )
+    major = java_major(java.resolve().parent.parent)
+    if major is not None and major < SPARK_MIN_JAVA:
+        raise SetupError(
+            f"Spark needs Java {SPARK_MIN_JAVA} or newer; {java} is Java {major}: install a newer JDK "
+            "(e.g. `apt-get install openjdk-17-jdk-headless`) or point JAVA_HOME at one"
         )

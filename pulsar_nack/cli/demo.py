@@ -46,7 +46,7 @@ import uuid
 import zlib
 from typing import Any
 
-from ._prepare import SetupError, check_master, check_service_url, check_standalone, fetch_standalone
+from ._prepare import SetupError, check_master, check_service_url, check_spark_java, check_standalone, fetch_standalone
 
 __all__ = ["SIZES", "DemoHandler", "TransientError", "add_arguments", "result", "run"]
 
@@ -358,9 +358,11 @@ def _prepare(args: argparse.Namespace) -> Any:
     start, or None with ``--service-url``. Raises SetupError (one line) or BrokerError."""
     check_master(args.master)
     if args.service_url:
+        check_spark_java()
         check_service_url(args.service_url)
         return None
     release = check_standalone()
+    check_spark_java()
     fetch_standalone(release, PROG)
     return release
 
