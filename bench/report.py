@@ -27,8 +27,8 @@ DOCS = {
     "docs/brokers.md": ["cluster"],
 }
 
-DEMO_RESULTS = ("demo-apache", "demo-lite")
-"""The demo's result files, written by one ``python -m bench.demo`` run."""
+DEMO_RESULTS = ("demo-apache",)
+"""The demo's result files, written by one ``python -m bench.demo`` run (Apache Pulsar)."""
 
 # Space model constants (bytes), from CPython 3.11, the roaring portable format and
 # pulsar_nack/core/pages.py.
@@ -69,8 +69,14 @@ def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str, subscription: 
 
 
 def _broker(result: dict[str, Any]) -> str:
-    """Which broker a result came from (older results predate the label: pulsar-lite)."""
-    return str(result.get("broker", "pulsar-lite 0.2.0 (embedded)"))
+    """Which broker a result came from, e.g. "Apache Pulsar 4.0.8 standalone".
+
+    Raises
+    ------
+    KeyError
+        For a result without the label: every table with broker numbers shows where they came from.
+    """
+    return str(result["broker"])
 
 
 def _client(client: dict[str, Any], system: str) -> dict[str, Any]:

@@ -178,7 +178,7 @@ class _TaskRun:
         import pulsar
 
         budget, receive_timeout = self.budget, self.config.receive_timeout_ms
-        last_busy = self.start
+        last_busy = time.monotonic()  # idle from here: subscribing (in __init__) may take seconds
         while True:
             now = time.monotonic()
             self._housekeeping(now)

@@ -224,3 +224,19 @@ def _unpack(archive: Path, root: Path, home: Path) -> None:
         raise BrokerError(f"could not unpack {archive}: {exc}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def cached(release: PulsarRelease) -> Path | None:
+    """Where a complete local copy of *release* is, or None when the next start must fetch it.
+
+    ``PULSAR_NACK_PULSAR_HOME``, when it is set and holds a distribution, counts as cached.
+    Checks a few paths only: no download, no lock.
+    """
+    explicit = os.environ.get("PULSAR_NACK_PULSAR_HOME")
+    if explicit:
+        return Path(explicit) if (Path(explicit) / "bin" / "pulsar").is_file() else None
+    home = cache_dir() / f"apache-pulsar-{release.version}"
+    if not (home / "conf" / "standalone.conf").is_file():
+        return None
+    complete = (home / "bin" / "pulsar").is_file() or (home / "lib" / f"pulsar-broker-{release.version}.jar").is_file()
+    return home if complete else None
