@@ -1,6 +1,7 @@
 """A small client of Apache Pulsar's admin REST API (``/admin/v2``), for tests and benchmarks.
 
-Only what the tests need: namespaces, partitioned topics, topic and subscription stats.
+Only what the tests need: namespaces, partitioned topics, topic and subscription stats,
+the broker's runtime configuration.
 Topic names may be short (``orders``) or full (``persistent://public/default/orders``).
 """
 
@@ -57,6 +58,10 @@ class PulsarAdmin:
 
     def namespaces(self, tenant: str) -> list[str]:
         return list(self.request("GET", f"namespaces/{tenant}"))
+
+    def runtime_configuration(self) -> dict[str, str]:
+        """Every broker setting as the broker runs with it (``brokers/configuration/runtime``), as strings."""
+        return {str(key): str(value) for key, value in dict(self.request("GET", "brokers/configuration/runtime")).items()}
 
     def create_partitioned_topic(self, topic: str, partitions: int) -> str:
         """Create *topic* with *partitions* partitions (1-10,000); return its full name."""
