@@ -3,6 +3,13 @@
 ``--broker apache`` (the default) runs the broker tests on Apache Pulsar standalone
 (fetched from Maven Central on first use), ``--broker lite`` on pulsar-lite, ``--broker
 both`` on each. Tests that need a feature one broker lacks ask for ``apache_broker``.
+
+The ``apache`` broker is the newest release with batch-index acknowledgement on, the
+configuration the promises are measured on. Tests marked ``all_brokers`` also run on each
+Apache Pulsar version of ``--pulsar-versions`` (default ``4.0,3.0``) with that version's
+own default settings, one shared broker per version per session: ``session_broker`` is
+parametrized as ``apache``, ``apache-4.0.8``, ``apache-3.0.7`` (and ``lite``). A version no
+installed JDK runs is skipped, with the reason, unless ``--pulsar-versions`` named it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for `import helpers`
 
 
 BROKER_KINDS = ("apache", "lite")
+DEFAULT_PULSAR_VERSIONS = "4.0,3.0"
+VERSIONED = "apache-"  # session_broker params "apache-<version>": that version, its default settings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,18 +37,53 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="apache",
         help="which broker the broker tests run on: Apache Pulsar standalone (default), pulsar-lite, or both",
     )
+    parser.addoption(
+        "--pulsar-versions",
+        default=None,
+        help=(
+            "comma-separated Apache Pulsar versions ('4.0.8', '4.0', '3.x') that tests marked all_brokers "
+            f"also run on, each with its default settings; 'none' for none (default {DEFAULT_PULSAR_VERSIONS})"
+        ),
+    )
+
+
+def _version_params(config: pytest.Config) -> list[Any]:
+    """One ``apache-<version>`` param per version asked for (deduplicated), or a skipped one
+    for a default version that no installed JDK runs."""
+    from pulsar_nack.errors import BrokerError
+    from pulsar_nack.testing.distribution import choose_release
+
+    asked = config.getoption("--pulsar-versions")
+    specs = (asked or DEFAULT_PULSAR_VERSIONS).split(",")
+    params: dict[str, Any] = {}
+    for spec in (s.strip() for s in specs if s.strip() and s.strip() != "none"):
+        try:
+            release, _ = choose_release(version=spec)
+        except BrokerError as exc:
+            if asked:
+                raise pytest.UsageError(f"--pulsar-versions {spec}: {exc}") from None
+            marks = pytest.mark.skip(reason=f"Apache Pulsar {spec}: {exc}")
+            params.setdefault(spec, pytest.param(f"{VERSIONED}{spec}", marks=marks, id=f"{VERSIONED}{spec}"))
+            continue
+        except ValueError as exc:
+            raise pytest.UsageError(f"--pulsar-versions: {exc}") from None
+        key = f"{VERSIONED}{release.version}"
+        params.setdefault(key, pytest.param(key, id=key))
+    return list(params.values())
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "session_broker" in metafunc.fixturenames:
         choice = metafunc.config.getoption("--broker")
-        kinds = list(BROKER_KINDS) if choice == "both" else [choice]
+        kinds: list[Any] = list(BROKER_KINDS) if choice == "both" else [choice]
+        if metafunc.definition.get_closest_marker("all_brokers") is not None:
+            kinds += _version_params(metafunc.config)
         metafunc.parametrize("session_broker", kinds, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
 def broker_pool() -> Iterator[dict[str, Any]]:
-    """One broker of each kind per session, started on first use, stopped at the session's end."""
+    """One broker per kind or version per session, started on first use, stopped at the session's end."""
     pool: dict[str, Any] = {}
     try:
         yield pool
@@ -49,16 +93,21 @@ def broker_pool() -> Iterator[dict[str, Any]]:
 
 
 def _shared_broker(pool: dict[str, Any], kind: str) -> Any:
+    """``apache``/``lite`` from :data:`BROKERS`; ``apache-<version>``: that version, default settings."""
     if kind not in pool:
-        from pulsar_nack.testing import BROKERS
+        from pulsar_nack.testing import BROKERS, PulsarStandalone
 
-        pool[kind] = BROKERS[kind]().start()
+        if kind.startswith(VERSIONED):
+            pool[kind] = PulsarStandalone(version=kind[len(VERSIONED) :]).start()
+        else:
+            pool[kind] = BROKERS[kind]().start()
     return pool[kind]
 
 
 @pytest.fixture(scope="session")
 def session_broker(request: pytest.FixtureRequest, broker_pool: dict[str, Any]) -> Any:
-    """The broker of the kind ``--broker`` chose (parametrized by pytest_generate_tests)."""
+    """The broker ``--broker`` chose, or for ``all_brokers`` tests also each Apache Pulsar
+    version (parametrized by pytest_generate_tests)."""
     return _shared_broker(broker_pool, getattr(request, "param", "apache"))
 
 

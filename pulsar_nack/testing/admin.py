@@ -1,7 +1,7 @@
 """A small client of Apache Pulsar's admin REST API (``/admin/v2``), for tests and benchmarks.
 
 Only what the tests need: namespaces, partitioned topics, topic and subscription stats,
-the broker's runtime configuration.
+the broker's version and runtime configuration.
 Topic names may be short (``orders``) or full (``persistent://public/default/orders``).
 """
 
@@ -45,6 +45,11 @@ class PulsarAdmin:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """One REST call; the decoded JSON answer, or None for an empty one."""
+        text = self.request_text(method, path, body)
+        return json.loads(text) if text.strip() else None
+
+    def request_text(self, method: str, path: str, body: Any = None) -> str:
+        """One REST call; the answer as text (some answers, like the version, are not JSON)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.admin_url}/admin/v2/{path}", data=data, method=method)
         req.add_header("Content-Type", "application/json")
@@ -54,10 +59,14 @@ class PulsarAdmin:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             raise BrokerError(f"{method} {path}: HTTP {exc.code} {detail}") from None
-        return json.loads(text) if text.strip() else None
+        return text
 
     def namespaces(self, tenant: str) -> list[str]:
         return list(self.request("GET", f"namespaces/{tenant}"))
+
+    def broker_version(self) -> str:
+        """The Pulsar version the broker reports (``brokers/version``), e.g. ``"4.0.8"``."""
+        return self.request_text("GET", "brokers/version").strip()
 
     def runtime_configuration(self) -> dict[str, str]:
         """Every broker setting as the broker runs with it (``brokers/configuration/runtime``), as strings."""

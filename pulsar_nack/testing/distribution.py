@@ -74,12 +74,16 @@ class PulsarRelease:
     kind : {"distribution", "classpath"}
         ``"distribution"``: the server tarball, run with ``bin/pulsar standalone``.
         ``"classpath"``: the ``pulsar-broker`` jar and its dependencies, run with ``java -cp``.
+    default_batch_index_ack : bool
+        The broker's own default of ``acknowledgmentAtBatchIndexLevelEnabled`` (as its
+        admin API reports it with the standalone settings and no override).
     """
 
     version: str
     min_java: int
     max_java: int | None = None
     kind: ReleaseKind = "distribution"
+    default_batch_index_ack: bool = False
 
     @property
     def artifact(self) -> str:
@@ -103,7 +107,9 @@ class PulsarRelease:
 
 
 RELEASES: tuple[PulsarRelease, ...] = (
-    PulsarRelease("4.0.8", 21),  # newest LTS on Maven Central (checked 2026-11-24)
+    # Newest LTS on Maven Central (checked 2026-11-24). Batch-index acks are off by default
+    # here too (ServiceConfiguration, and the admin API says false): PIP-391 is not in 4.0.
+    PulsarRelease("4.0.8", 21),
     # Previous LTS. Maven Central has no 3.0 tarball and no pulsar-broker after 3.0.7
     # (3.0.8 to 3.0.15: 404, checked 2026-11-25), hence the classpath. Pulsar 3.0
     # supports Java 17; newer JDKs are untested with it.
