@@ -34,7 +34,7 @@ def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     jobs = [(system, n) for n in sizes for system in ("tracker", "baseline")]
     jobs += [("built-in", n) for n in sizes if n <= built_in_max]
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         for system, n in tqdm(jobs, desc="scaling", disable=None):
             if system == "built-in":
                 r = _built_in(broker.url, n)

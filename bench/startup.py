@@ -255,7 +255,7 @@ def time_broker(config: dict[str, str], jvm_options: Sequence[str], smoke: bool)
 
     load = os.getloadavg()[0]
     launched, start = time.time(), time.monotonic()
-    broker = PulsarStandalone(config=config, jvm_options=jvm_options)
+    broker = PulsarStandalone(config=config, jvm_options=jvm_options, batch_index_ack=True)
     try:
         broker.start()
         ready = time.monotonic() - start

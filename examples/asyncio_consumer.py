@@ -99,7 +99,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         if args.service_url is None:
             print("starting Apache Pulsar standalone (the first time fetches it, about 245 MB) ...", file=sys.stderr)
-        url = args.service_url or stack.enter_context(PulsarStandalone()).url
+        url = args.service_url or stack.enter_context(PulsarStandalone(batch_index_ack=True)).url
         asyncio.run(run(url, args.messages))
 
 

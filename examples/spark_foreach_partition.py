@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         from pulsar_nack.testing import PulsarStandalone
 
         print("starting Apache Pulsar standalone (the first time fetches it, about 245 MB) ...", file=sys.stderr)
-        broker = PulsarStandalone().start()
+        broker = PulsarStandalone(batch_index_ack=True).start()
     url = args.service_url or broker.url
     try:
         if args.messages:

@@ -40,7 +40,7 @@ def handle(message: pulsar.Message) -> None:
 def _start_broker(stack: contextlib.ExitStack) -> str:
     """Start Apache Pulsar standalone for this run (stopped when *stack* closes); its URL."""
     print("starting Apache Pulsar standalone (the first time fetches it, about 245 MB) ...", file=sys.stderr)
-    return stack.enter_context(PulsarStandalone()).url
+    return stack.enter_context(PulsarStandalone(batch_index_ack=True)).url
 
 
 def main() -> None:
