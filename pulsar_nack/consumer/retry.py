@@ -390,11 +390,11 @@ def _error_for(result: Any) -> Exception:
     return cls(f"Pulsar error: {name}")
 
 
-def _producer_conf(chunking: bool) -> _pulsar.ProducerConfiguration:
+def _producer_conf() -> _pulsar.ProducerConfiguration:
     """Java's retry and DLQ producers: no batching, chunking on, never block on a full queue."""
     conf = _pulsar.ProducerConfiguration()
     conf.batching_enabled(False)
-    conf.chunking_enabled(chunking)
+    conf.chunking_enabled(True)
     conf.block_if_queue_full(False)
     return conf
 
@@ -550,7 +550,7 @@ class RetryLetter:
                     conf = _pulsar.ConsumerConfiguration()
                     conf.consumer_type(_pulsar.ConsumerType.Shared)  # joins a DLQ reader that is connected
                     self._raw_client.subscribe(topic, initial, conf).close()
-                self._raw_client.create_producer_async_v2(topic, _producer_conf(chunking=True), created)
+                self._raw_client.create_producer_async_v2(topic, _producer_conf(), created)
             except Exception as exc:
                 future.set_exception(exc)
 
