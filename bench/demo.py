@@ -81,9 +81,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--receiver-queue-size", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
     parser.add_argument("--retries", action="store_true", help="the retry modes side by side (see the module notes)")
+    parser.add_argument("--modes", default=None, help="with --retries: comma-separated modes (default: all four)")
     args = parser.parse_args(argv)
     if args.retries:
-        return retries_side_by_side(["small"] if args.quick else args.sizes.split(","), args.repeats, args.quick)
+        modes = args.modes.split(",") if args.modes else list(RETRY_MODES)
+        return retries_side_by_side(["small"] if args.quick else args.sizes.split(","), args.repeats, args.quick, modes)
     sizes = ["small"] if args.quick else args.sizes.split(",")
     start = start_context()
     apache = []
@@ -103,11 +105,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return {"runs": apache}
 
 
-def retries_side_by_side(sizes: list[str], repeats: int, quick: bool) -> dict[str, Any]:
-    """nack, durable, builtin (100 ms tick) and durable on the stock tick, per size, order rotating."""
+def retries_side_by_side(sizes: list[str], repeats: int, quick: bool, modes: list[str]) -> dict[str, Any]:
+    """The retry modes (nack, durable, builtin on a 100 ms tick, durable on the stock tick) per size, order rotating."""
+    unknown = set(modes) - set(RETRY_MODES)
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {sorted(unknown)}; choose from {', '.join(RETRY_MODES)}")
     start = start_context()
     runs = []
-    modes = list(RETRY_MODES)
     for repeat in range(repeats):
         order = modes[repeat % len(modes):] + modes[: repeat % len(modes)]
         for size in sizes:

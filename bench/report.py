@@ -752,13 +752,38 @@ def demo_retries_table() -> str:
                      and r.get("repeat", 0) == run.get("repeat", 0)), None)
         ratio = "–" if peer is None else f"{s['messages_per_s'] / peer['summary']['messages_per_s']:.2f}×"
         lines.append(
-            f"| {run['mode']} | {tick} ms | {run['size']} | {s['produced']:,} | {s['lost']} | "
+            f"| {run['mode']} | {tick} ms | {run['size']}{'' if len(runs) <= 8 else ', run ' + str(run.get('repeat', 0) + 1)} | {s['produced']:,} | {s['lost']} | "
             f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | {s['nacked']:,} | "
             + " / ".join(f"{late[k]:,.0f}" for k in ("min", "p50", "p99", "max"))
             + f" ms | {s['messages_per_s']:,.0f} | {ratio} |"
         )
-    lines += ["", "`python -m bench.demo --retries` (`bench/results/demo-retries.json`); each run starts its own broker."]
-    return "\n".join(lines)
+    lines += ["", "`python -m bench.demo --retries` (`bench/results/demo-retries.json`); each run starts its own broker, "
+              "the modes one after the other, their order rotating between repetitions."]
+    summary = _demo_retries_summary(runs)
+    return "\n".join(lines + ([] if summary is None else ["", summary]))
+
+
+def _demo_retries_summary(runs: list[dict[str, Any]]) -> str | None:
+    """Medians over the repetitions: durable beside nack (throughput ratio, p99 lateness), per size."""
+    repeats = sorted({r.get("repeat", 0) for r in runs})
+    if len(repeats) < 2:
+        return None
+    parts = []
+    for size in dict.fromkeys(r["size"] for r in runs):
+        pairs = []
+        for repeat in repeats:
+            by_mode = {r["mode"]: r["summary"] for r in runs if r["size"] == size and r.get("repeat", 0) == repeat}
+            if "durable" in by_mode and "nack" in by_mode:
+                pairs.append((by_mode["durable"]["messages_per_s"] / by_mode["nack"]["messages_per_s"],
+                              by_mode["durable"]["redelivery_lateness_ms"]["p99"]))
+        if pairs:
+            parts.append(
+                f"`{size}`: durable / nack messages/s {statistics.median(p[0] for p in pairs):.2f}× (runs: "
+                + ", ".join(f"{p[0]:.2f}×" for p in pairs)
+                + f"), durable p99 lateness {statistics.median(p[1] for p in pairs):,.0f} ms (runs: "
+                + ", ".join(f"{p[1]:,.0f}" for p in pairs) + " ms)"
+            )
+    return f"Medians of the {len(repeats)} repetitions: " + "; ".join(parts) + "."
 
 
 BLOCKS = {

@@ -177,3 +177,31 @@ def test_a_retry_copy_is_keyed_as_its_first_message():
     assert origin_key(copy) == ("persistent://public/default/t", 5, 6, 2)
     assert origin_key(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {REAL_TOPIC: "t", ORIGIN_MESSAGE_ID: "(1,2,3,4)"})) is None
     assert origin_key(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {})) is None
+
+
+def test_a_copy_due_within_150_ms_is_kept_in_memory_until_due_and_a_later_one_is_nacked():
+    from pulsar_nack.consumer.retry import MEMORY_HOLD_MS, RetryLetter, RetryTopics
+
+    now = [1_000]
+    handed: list = []
+    client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker
+    names = RetryTopics("persistent://public/default/t-s-RETRY", "persistent://public/default/t-s-DLQ", 16)
+    retry = RetryLetter(client, "s", names, handed.extend, clock_ms=lambda: now[0])
+    try:
+        soon = StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 5, 1, -1), {DELAY_TIME: "200"}, publish=900)
+        later = StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 5, 2, -1), {DELAY_TIME: "900"}, publish=900)
+        plain = StandIn("persistent://public/default/t", _pulsar.MessageId(-1, 6, 1, -1), {DELAY_TIME: "900"}, publish=900)
+        assert retry.admit(plain, in_memory=True)  # not from the retry topic: never held
+        assert MEMORY_HOLD_MS == 150
+        assert not retry.admit(soon, in_memory=True)  # due at 1,101 (+1: publish times are whole ms)
+        assert not retry.admit(later, in_memory=True)  # due at 1,801: nacked into the hold tracker
+        assert retry.held() == 2 and retry.counts()["held"] == 2
+        assert retry.ms_to_next_due() == 101 and retry.pop_due() is None
+        now[0] = 1_100
+        assert retry.pop_due() is None and retry.ms_to_next_due() == 1
+        now[0] = 1_101
+        assert retry.pop_due() is soon and retry.pop_due() is None and retry.ms_to_next_due() is None
+        assert retry.admit(StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 5, 3, -1), {DELAY_TIME: "200"}, publish=900))  # due now
+    finally:
+        retry.close(redeliver_pending=False)
+        client.close()

@@ -296,9 +296,14 @@ class NackingConsumer:
                     if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
                         raise
                     continue
-                if not self._core.admit(message) or not retry.admit(message, in_memory=True):
+                if not self._core.admit(message):
                     continue
-            wrapped = retry.message_type(message)()
+                kind = retry.classify(message, in_memory=True)
+                if kind is None:  # a retry copy before its time: held
+                    continue
+            else:
+                kind = retry.message_type(message)
+            wrapped = kind()
             wrapped._message = message
             wrapped._schema = self._schema
             return wrapped
