@@ -293,9 +293,8 @@ async def test_bad_input_changes_nothing(aclient, apache_broker):
         await pulsar_nack.asyncio.subscribe(aclient, 42, "sub")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         await pulsar_nack.asyncio.subscribe(aclient, topic, "")
-    with pytest.raises(TypeError):  # not supported yet (see the module's docs)
-        policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=3)
-        await pulsar_nack.asyncio.subscribe(aclient, topic, "sub", dead_letter_policy=policy)
+    with pytest.raises(TypeError, match="dead_letter_policy"):
+        await pulsar_nack.asyncio.subscribe(aclient, topic, "sub", dead_letter_policy="3 times")
     assert admin.topic_stats(topic)["subscriptions"] == {}  # no bad call subscribed
 
     consumer = await subscribe(aclient, topic)
