@@ -1,0 +1,346 @@
+"""Dead letters exactly as the plain client sends them (issue 22), on Apache Pulsar standalone.
+
+Every scenario runs on the plain ``client.subscribe`` (the control), on
+``pulsar_nack.subscribe`` and on ``pulsar_nack.asyncio.subscribe``, and expects the same
+dead letters from all three: each message once, after the same number of deliveries to
+the application, with its payload, partition key, ordering key, properties and event
+time as the plain client's dead letter has them (the C++ client inside pulsar-client
+3.13 does not carry the event time: 0 for all three), ``REAL_TOPIC`` the topic it was
+received from and ``ORIGIN_MESSAGE_ID`` its id as the client prints it; the original is
+acknowledged (backlog 0) and the consumer goes quiet.
+
+The triggers, as in pulsar-client-cpp's ``DeadLetterQueueTest.cc``:
+
+* ``nack``: every delivery is nacked; ``max_redeliver_count=2``: 3 deliveries each;
+* ``redeliver``: nothing is settled; ``redeliver_unacknowledged_messages()`` once every
+  message out was received; 3 deliveries each;
+* ``ack_timeout``: the first delivery is nacked, the second is left to the client's ack
+  timeout (10 s, its minimum); ``max_redeliver_count=1``: 2 deliveries each;
+* ``reconnect``: the first delivery is left unsettled and the consumer is closed and
+  subscribed again. Apache Pulsar 4.0.8 forgets the redelivery counts of a consumer
+  that leaves, so the count starts again at 0 after it (for either client); the next
+  two deliveries are nacked and the second of them sends it; ``max_redeliver_count=1``:
+  3 deliveries each.
+
+Each trigger runs batched or not, on a topic or a topic of 2 partitions (created through
+the admin API; messages produced to each partition), Shared and Key_Shared. All runs of
+one trigger go at once, in threads (the ack timeout alone takes 10 s), the first time a
+test asks for them; each test then checks its own run against the expectation and
+against the control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pulsar
+import pulsar.asyncio
+import pytest
+
+import pulsar_nack
+import pulsar_nack.asyncio
+from helpers import wait_for
+from pulsar_nack.testing import quiet_client
+from pulsar_nack.testing.admin import PulsarAdmin
+
+pytestmark = pytest.mark.broker
+
+N = 4
+TRIGGERS = ("nack", "redeliver", "ack_timeout", "reconnect")
+MAX_REDELIVER = {"nack": 2, "redeliver": 2, "ack_timeout": 1, "reconnect": 1}
+DELIVERIES = {"nack": 3, "redeliver": 3, "ack_timeout": 2, "reconnect": 3}
+BUDGET_S = {"nack": 60, "redeliver": 60, "ack_timeout": 90, "reconnect": 60}
+ACK_TIMEOUT_MS = 10_000  # the client refuses less
+QUIET_S = 1.0  # a run ends once every dead letter arrived and nothing was delivered for this long
+CLIENTS = ("plain", "blocking", "asyncio")
+VARIANTS = [
+    (batched, partitioned, consumer_type)
+    for batched in (False, True)
+    for partitioned in (False, True)
+    for consumer_type in ("Shared", "KeyShared")
+]
+EVENT_TIME = 1_700_000_000_000
+
+
+def variant_id(variant: tuple[bool, bool, str]) -> str:
+    batched, partitioned, consumer_type = variant
+    return f"{'batched' if batched else 'single'}-{'partitioned' if partitioned else 'topic'}-{consumer_type}"
+
+
+@dataclasses.dataclass
+class Run:
+    """What one scenario saw."""
+
+    deliveries: collections.Counter[bytes] = dataclasses.field(default_factory=collections.Counter)
+    received_as: dict[bytes, tuple[str, str]] = dataclasses.field(default_factory=dict)  # last (topic, id)
+    dead: dict[bytes, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    backlog: int | None = None
+    error: str | None = None
+
+
+def dead_letter_record(message: Any) -> dict[str, Any]:
+    return {
+        "partition_key": message.partition_key(),
+        "ordering_key": message.ordering_key(),
+        "properties": dict(message.properties()),
+        "event_timestamp": message.event_timestamp(),
+    }
+
+
+# ---------------------------------------------------------------- the three clients, one interface
+
+
+class AsyncLoop:
+    """An event loop on its own thread, with the module's ``pulsar.asyncio.Client``."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="dlq-test-loop", daemon=True)
+        self.thread.start()
+        self.client = pulsar.asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Any, timeout_s: float = 60) -> Any:
+        return self.submit(coro).result(timeout_s)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        async def on_loop() -> Any:
+            return fn()
+
+        return self.run(on_loop())
+
+    def close(self) -> None:
+        self.run(self.client.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Driver:
+    """One consumer (plain, blocking or asyncio) behind blocking calls; receive returns None on timeout."""
+
+    def __init__(self, kind: str, lab: Lab, topic: str, **subscribe: Any) -> None:
+        self.kind, self.lab, self.topic, self.options = kind, lab, topic, subscribe
+        self._pending: concurrent.futures.Future[Any] | None = None
+        self.consumer: Any = None
+        self.subscribe()
+
+    def subscribe(self) -> None:
+        options = dict(self.options, negative_ack_redelivery_delay_ms=100)
+        if self.kind == "plain":
+            self.consumer = self.lab.client.subscribe(self.topic, "sub", **options)
+        elif self.kind == "blocking":
+            self.consumer = pulsar_nack.subscribe(self.lab.client, self.topic, "sub", **options)
+        else:
+            self.consumer = self.lab.aio.run(pulsar_nack.asyncio.subscribe(self.lab.aio.client, self.topic, "sub", **options))
+
+    def receive(self, timeout_ms: int) -> Any | None:
+        if self.kind != "asyncio":
+            try:
+                return self.consumer.receive(timeout_ms)
+            except pulsar.Timeout:
+                return None
+        if self._pending is None:  # one receive at a time, never cancelled (that would lose a message)
+            self._pending = self.lab.aio.submit(self.consumer.receive())
+        try:
+            message = self._pending.result(timeout_ms / 1000)
+        except concurrent.futures.TimeoutError:
+            return None
+        self._pending = None
+        return message
+
+    def nack(self, message: Any) -> None:
+        if self.kind == "asyncio":
+            self.lab.aio.run(self.consumer.negative_acknowledge(message))
+        else:
+            self.consumer.negative_acknowledge(message)
+
+    def redeliver(self) -> None:
+        if self.kind == "asyncio":
+            self.lab.aio.call(self.consumer.redeliver_unacknowledged_messages)
+        else:
+            self.consumer.redeliver_unacknowledged_messages()
+
+    def close(self) -> None:
+        if self.kind != "asyncio":
+            self.consumer.close()
+            return
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        self.lab.aio.run(self.consumer.close())
+
+    def reconnect(self) -> None:
+        self.close()
+        self.subscribe()
+
+
+class Lab:
+    """The module's clients, and the runs of each trigger (made on first use)."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.admin = PulsarAdmin(broker.admin_url)
+        self.client = quiet_client(broker.url)
+        self.aio = AsyncLoop(broker.url)
+        self.results: dict[str, dict[tuple[tuple[bool, bool, str], str], Run]] = {}
+        self.lock = threading.Lock()
+
+    def runs(self, trigger: str) -> dict[tuple[tuple[bool, bool, str], str], Run]:
+        with self.lock:
+            if trigger not in self.results:
+                jobs = [(variant, kind) for variant in VARIANTS for kind in CLIENTS]
+                with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+                    futures = {job: pool.submit(run_scenario, self, trigger, *job) for job in jobs}
+                    self.results[trigger] = {job: future.result() for job, future in futures.items()}
+            return self.results[trigger]
+
+    def close(self) -> None:
+        self.aio.close()
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def lab(apache_broker: Any) -> Iterator[Lab]:
+    lab = Lab(apache_broker)
+    yield lab
+    lab.close()
+
+
+def new_topic(prefix: str) -> str:
+    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def produce(lab: Lab, topic: str, partitioned: bool, batched: bool, count: int = N) -> None:
+    """*count* messages m0, m1, ...: to each partition in turn; in one batch per partition if *batched*."""
+    targets = [f"{topic}-partition-{p}" for p in range(2)] if partitioned else [topic]
+    producers = [
+        lab.client.create_producer(t, batching_enabled=batched, batching_max_messages=count, batching_max_publish_delay_ms=500)
+        for t in targets
+    ]
+    for i in range(count):
+        producers[i % len(producers)].send_async(
+            f"m{i}".encode(),
+            None,
+            properties={"pk-1": "pv-1", "i": str(i)},
+            partition_key="p-key",
+            ordering_key="o-key",
+            event_timestamp=EVENT_TIME + i,
+        )
+    for producer in producers:
+        producer.flush()
+        producer.close()
+
+
+def drain_dead(checker: Any, run: Run) -> None:
+    while True:
+        try:
+            message = checker.receive(10)
+        except pulsar.Timeout:
+            return
+        run.dead.setdefault(message.data(), []).append(dead_letter_record(message))
+        checker.acknowledge(message)
+
+
+def run_scenario(lab: Lab, trigger: str, variant: tuple[bool, bool, str], kind: str) -> Run:
+    batched, partitioned, consumer_type = variant
+    run = Run()
+    topic = new_topic(f"dl-{trigger}-{kind}")
+    try:
+        if partitioned:
+            lab.admin.create_partitioned_topic(topic, 2)
+        dlq = f"{topic}-dead"
+        checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
+        options: dict[str, Any] = {
+            "consumer_type": getattr(pulsar.ConsumerType, consumer_type),
+            "dead_letter_policy": pulsar.ConsumerDeadLetterPolicy(
+                max_redeliver_count=MAX_REDELIVER[trigger], dead_letter_topic=dlq
+            ),
+        }
+        if trigger == "ack_timeout":
+            options["unacked_messages_timeout_ms"] = ACK_TIMEOUT_MS
+        driver = Driver(kind, lab, topic, **options)
+        try:
+            produce(lab, topic, partitioned, batched)
+            _consume(driver, checker, trigger, run)
+        finally:
+            driver.close()
+        wait_for(lambda: lab.admin.backlog(topic, "sub") == 0, 10, 0.1)
+        run.backlog = lab.admin.backlog(topic, "sub")
+        drain_dead(checker, run)  # one more look: nothing may come twice
+        checker.close()
+    except Exception as exc:  # reported by the test that reads this run
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run
+
+
+def _consume(driver: Driver, checker: Any, trigger: str, run: Run) -> None:
+    """Receive and settle per *trigger* until every dead letter arrived and the consumer is quiet."""
+    end = time.monotonic() + BUDGET_S[trigger]
+    idle_since = time.monotonic()
+    outstanding = 0
+    while time.monotonic() < end:
+        message = driver.receive(100)
+        now = time.monotonic()
+        if message is None:
+            drain_dead(checker, run)
+            if len(run.dead) >= N and now - idle_since > QUIET_S:
+                return
+            if outstanding and now - idle_since > 0.3 and trigger in ("redeliver", "reconnect"):
+                driver.redeliver() if trigger == "redeliver" else driver.reconnect()
+                outstanding, idle_since = 0, time.monotonic()
+            continue
+        idle_since = now
+        payload = message.data()
+        run.deliveries[payload] += 1
+        run.received_as[payload] = (message.topic_name(), str(message.message_id()))
+        seen = run.deliveries[payload]
+        if trigger == "nack" or (trigger == "ack_timeout" and seen == 1) or (trigger == "reconnect" and seen > 1):
+            driver.nack(message)
+        else:
+            outstanding += 1
+
+
+def comparable(run: Run) -> dict[bytes, dict[str, Any]]:
+    """Each message's dead letter without what differs between runs (ids, topic names)."""
+    out = {}
+    for payload, (letter, *_) in run.dead.items():
+        properties = {k: v for k, v in letter["properties"].items() if k not in ("REAL_TOPIC", "ORIGIN_MESSAGE_ID")}
+        out[payload] = dict(letter, properties=properties)
+    return out
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_dead_letters_as_the_plain_client_sends_them(lab: Lab, trigger: str, variant: Any, kind: str) -> None:
+    runs = lab.runs(trigger)
+    run, control = runs[(variant, kind)], runs[(variant, "plain")]
+    assert run.error is None, run.error
+    payloads = {f"m{i}".encode() for i in range(N)}
+    assert set(run.dead) == payloads, f"dead letters {sorted(run.dead)}; deliveries {dict(run.deliveries)}"
+    if kind != "plain" or not variant[0]:
+        assert all(len(letters) == 1 for letters in run.dead.values()), f"a message was dead-lettered twice: {run.dead}"
+    # else the control may send a batch's dead letters twice: the C++ client keys its
+    # dead-letter candidates by entry, and a second redelivery request for the entry
+    # before the first dead letter is stored sends the batch again (seen in about one
+    # run in ten of the reconnect scenario).
+    assert dict(run.deliveries) == dict.fromkeys(payloads, DELIVERIES[trigger]), "deliveries to the application"
+    for payload, (letter, *_) in run.dead.items():
+        i = int(payload[1:])
+        topic, message_id = run.received_as[payload]
+        assert letter["partition_key"] == "p-key"
+        assert letter["ordering_key"] == "o-key"
+        assert letter["properties"] == {"pk-1": "pv-1", "i": str(i), "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": message_id}
+        assert letter["event_timestamp"] == 0  # the C++ client does not carry it
+    assert run.backlog == 0, "an original stayed unacknowledged"
+    assert comparable(run) == comparable(control)
