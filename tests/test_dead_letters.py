@@ -224,7 +224,9 @@ def produce(lab: Lab, topic: str, partitioned: bool, batched: bool, count: int =
     """*count* messages m0, m1, ...: to each partition in turn; in one batch per partition if *batched*."""
     targets = [f"{topic}-partition-{p}" for p in range(2)] if partitioned else [topic]
     producers = [
-        lab.client.create_producer(t, batching_enabled=batched, batching_max_messages=count, batching_max_publish_delay_ms=500)
+        lab.client.create_producer(
+            t, batching_enabled=batched, batching_max_messages=max(count, 2), batching_max_publish_delay_ms=500
+        )
         for t in targets
     ]
     for i in range(count):
@@ -344,3 +346,145 @@ def test_dead_letters_as_the_plain_client_sends_them(lab: Lab, trigger: str, var
         assert letter["event_timestamp"] == 0  # the C++ client does not carry it
     assert run.backlog == 0, "an original stayed unacknowledged"
     assert comparable(run) == comparable(control)
+
+
+# ---------------------------------------------------------------- one scenario at a time
+
+
+def nack_until_quiet(driver: Driver, want: int, quiet_s: float, budget_s: float = 30) -> collections.Counter[bytes]:
+    """Nack every delivery until *want* deliveries were seen and nothing came for *quiet_s*."""
+    deliveries: collections.Counter[bytes] = collections.Counter()
+    end = time.monotonic() + budget_s
+    idle_since = time.monotonic()
+    while time.monotonic() < end:
+        message = driver.receive(100)
+        if message is None:
+            if sum(deliveries.values()) >= want and time.monotonic() - idle_since > quiet_s:
+                break
+            continue
+        idle_since = time.monotonic()
+        deliveries[message.data()] += 1
+        driver.nack(message)
+    return deliveries
+
+
+def read_all(lab: Lab, topic: str, subscription: str = "check", wait_ms: int = 1_000) -> list[Any]:
+    """Every message of *topic* from the start (a new subscription, or an existing one)."""
+    reader = lab.client.subscribe(topic, subscription, initial_position=pulsar.InitialPosition.Earliest)
+    got = []
+    try:
+        while True:
+            message = reader.receive(wait_ms)
+            got.append(message)
+            reader.acknowledge(message)
+    except pulsar.Timeout:
+        pass
+    reader.close()
+    return got
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_dead_letter_the_broker_refuses_leaves_the_original_unacknowledged(lab: Lab, kind: str) -> None:
+    """The dead-letter topic is in a namespace that does not exist yet: its producer is refused.
+
+    Both originals stay unacknowledged and are not delivered again. Once the namespace
+    exists, ours store each dead letter once and acknowledge the originals (they keep
+    trying, every ``DEAD_LETTER_RETRY_MS``); the plain client does not try again by
+    itself (its dead-letter producer's callbacks are dropped when the creation fails).
+    """
+    namespace = f"public/dl-{uuid.uuid4().hex[:8]}"
+    dlq = f"persistent://{namespace}/dead"
+    topic = new_topic(f"refused-{kind}")
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq)
+    driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
+    try:
+        produce(lab, topic, partitioned=False, batched=False, count=2)
+        deliveries = nack_until_quiet(driver, want=4, quiet_s=3)
+        assert dict(deliveries) == {b"m0": 2, b"m1": 2}, "a message whose dead letter was refused came back"
+        assert lab.admin.backlog(topic, "sub") == 2, "an original was acknowledged without its dead letter"
+        if kind == "plain":
+            return
+        lab.admin.request("PUT", f"namespaces/{namespace}")
+        end = time.monotonic() + 30
+        while lab.admin.backlog(topic, "sub") and time.monotonic() < end:
+            # The application keeps receiving: the retries are routed as they arrive.
+            assert driver.receive(200) is None, "a message came back after its dead letter was refused"
+        assert lab.admin.backlog(topic, "sub") == 0, "not acknowledged once stored"
+    finally:
+        driver.close()
+    assert sorted(m.data() for m in read_all(lab, dlq)) == [b"m0", b"m1"]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_dead_letter_whose_send_fails_leaves_the_original_unacknowledged(lab: Lab, kind: str) -> None:
+    """The dead-letter producer exists (m0 went through), then its topic is terminated: m1's send fails."""
+    topic = new_topic(f"terminated-{kind}")
+    dlq = f"{topic}-dead"
+    checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq)
+    driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
+    try:
+        produce(lab, topic, partitioned=False, batched=False, count=1)
+        assert nack_until_quiet(driver, want=2, quiet_s=0.5) == {b"m0": 2}
+        assert checker.receive(10_000).data() == b"m0"
+        assert wait_for(lambda: lab.admin.backlog(topic, "sub") == 0, 10, 0.1)
+        checker.close()
+        lab.admin.request("POST", f"persistent/{dlq.split('://', 1)[1]}/terminate")
+        producer = lab.client.create_producer(topic)
+        producer.send(b"m1")
+        producer.close()
+        assert nack_until_quiet(driver, want=2, quiet_s=3) == {b"m1": 2}, "m1 came back after its dead letter failed"
+        assert lab.admin.backlog(topic, "sub") == 1, "m1 was acknowledged without its dead letter"
+    finally:
+        driver.close()
+    assert [m.data() for m in read_all(lab, dlq, "again")] == [b"m0"]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_default_dead_letter_topics_and_initial_subscription(lab: Lab, kind: str) -> None:
+    """No ``dead_letter_topic``: one per partition, ``<topic>-partition-N-<subscription>-DLQ``,
+    as the C++ client names them; ``initial_subscription_name`` exists on each from its
+    first message (created before the producer, from the earliest position)."""
+    topic = new_topic(f"default-{kind}")
+    lab.admin.create_partitioned_topic(topic, 2)
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, initial_subscription_name="init")
+    driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
+    try:
+        produce(lab, topic, partitioned=True, batched=False, count=4)
+        assert nack_until_quiet(driver, want=8, quiet_s=1) == dict.fromkeys([b"m0", b"m1", b"m2", b"m3"], 2)
+    finally:
+        driver.close()
+    for partition, payloads in ((0, [b"m0", b"m2"]), (1, [b"m1", b"m3"])):
+        letters = read_all(lab, f"{topic}-partition-{partition}-sub-DLQ", "init")
+        assert sorted(m.data() for m in letters) == payloads
+        assert {m.properties()["REAL_TOPIC"] for m in letters} == {f"{topic}-partition-{partition}"}
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("consumer_type", ["Failover", "Exclusive"])
+def test_failover_and_exclusive_dead_letters(lab: Lab, kind: str, consumer_type: str) -> None:
+    """Apache Pulsar counts no redeliveries on Failover and Exclusive subscriptions (every
+    ``redelivery_count()`` is 0), so the plain client never dead-letters there. Ours count
+    the application's nacks, so a message nacked ``max_redeliver_count + 1`` times goes to
+    the dead-letter topic there too. The one documented difference from the plain client."""
+    topic = new_topic(f"{consumer_type.lower()}-{kind}")
+    dlq = f"{topic}-dead"
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq)
+    driver = Driver(kind, lab, topic, consumer_type=getattr(pulsar.ConsumerType, consumer_type), dead_letter_policy=policy)
+    try:
+        produce(lab, topic, partitioned=False, batched=False, count=1)
+        deliveries: collections.Counter[bytes] = collections.Counter()
+        end = time.monotonic() + 20
+        while time.monotonic() < end and deliveries[b"m0"] < 4:
+            message = driver.receive(2_000)
+            if message is None:
+                break
+            deliveries[message.data()] += 1
+            driver.nack(message)
+    finally:
+        driver.close()
+    letters = read_all(lab, dlq)
+    if kind == "plain":
+        assert deliveries[b"m0"] == 4 and letters == []
+    else:
+        assert deliveries[b"m0"] == 2 and [m.data() for m in letters] == [b"m0"]
