@@ -59,8 +59,7 @@ class ConsumerSettings:
         Round deadlines up instead of down.
     dead_letter_policy : pulsar.ConsumerDeadLetterPolicy, optional
         Dead letters as the plain client sends them (see
-        :mod:`~pulsar_nack.consumer.dead_letter`). A policy whose
-        ``max_redeliver_count`` is not positive is off, as in the client.
+        :mod:`~pulsar_nack.consumer.dead_letter`).
     handoff_delay_ms : int
         The wrapped consumer's own ``negative_ack_redelivery_delay_ms``: handoffs are
         made that much early. Leave the default unless you subscribed it yourself.
@@ -107,9 +106,7 @@ class ConsumerSettings:
     def max_redeliver_count(self) -> int | None:
         """The dead-letter policy's ``max_redeliver_count``, or None when dead letters are off."""
         policy = self.dead_letter_policy
-        if policy is None or policy.max_redeliver_count <= 0:
-            return None
-        return int(policy.max_redeliver_count)
+        return None if policy is None else int(policy.max_redeliver_count)
 
     def replace(self, **changes: Any) -> ConsumerSettings:
         """A validated copy with *changes* (:func:`dataclasses.replace`)."""
