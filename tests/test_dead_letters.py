@@ -158,11 +158,12 @@ class Driver:
         self._pending = None
         return message
 
-    def nack(self, message: Any) -> None:
+    def nack(self, message: Any, delay_ms: int | None = None) -> None:
+        more = {} if delay_ms is None else {"delay_ms": delay_ms}  # per-call delays: ours only
         if self.kind == "asyncio":
-            self.lab.aio.run(self.consumer.negative_acknowledge(message))
+            self.lab.aio.run(self.consumer.negative_acknowledge(message, **more))
         else:
-            self.consumer.negative_acknowledge(message)
+            self.consumer.negative_acknowledge(message, **more)
 
     def redeliver(self) -> None:
         if self.kind == "asyncio":
@@ -488,3 +489,42 @@ def test_failover_and_exclusive_dead_letters(lab: Lab, kind: str, consumer_type:
         assert deliveries[b"m0"] == 4 and letters == []
     else:
         assert deliveries[b"m0"] == 2 and [m.data() for m in letters] == [b"m0"]
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_swallowed_batch_copies_do_not_count(lab: Lab, kind: str) -> None:
+    """Batch [a, b], ``max_redeliver_count=1``. b is nacked for 3 s, a for the fixed 100 ms:
+    a's redelivery brings a copy of b, swallowed (b's nack is pending), and the broker counts
+    it. When b's own handoff brings the entry back (count 2), the application has seen b
+    once: it gets it a second time (its last), and its nack sends it. a, left unsettled after
+    its second delivery, comes with that same entry and goes to the dead-letter topic."""
+    topic = new_topic(f"copies-{kind}")
+    dlq = f"{topic}-dead"
+    checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq)
+    driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
+    run = Run()
+    try:
+        produce(lab, topic, partitioned=False, batched=True, count=2)
+        first = {}
+        while len(first) < 2:
+            message = driver.receive(10_000)
+            assert message is not None
+            first[message.data()] = message
+            run.deliveries[message.data()] += 1
+        driver.nack(first[b"m1"], delay_ms=3_000)
+        driver.nack(first[b"m0"])
+        end = time.monotonic() + 30
+        while len(run.dead) < 2 and time.monotonic() < end:
+            message = driver.receive(100)
+            if message is None:
+                drain_dead(checker, run)
+                continue
+            run.deliveries[message.data()] += 1
+            if message.data() == b"m1":
+                driver.nack(message)  # its last delivery: sends it
+    finally:
+        driver.close()
+    assert dict(run.deliveries) == {b"m0": 2, b"m1": 2}, "the swallowed copy of m1 was counted as a delivery"
+    assert {p: len(letters) for p, letters in run.dead.items()} == {b"m0": 1, b"m1": 1}
+    checker.close()
