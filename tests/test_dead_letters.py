@@ -260,7 +260,7 @@ def run_scenario(lab: Lab, trigger: str, variant: tuple[bool, bool, str], kind: 
     topic = new_topic(f"dl-{trigger}-{kind}")
     try:
         if partitioned:
-            lab.admin.create_partitioned_topic(topic, 2)
+            lab.broker.create_partitioned_topic(topic, 2)
         dlq = f"{topic}-dead"
         checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
         options: dict[str, Any] = {
@@ -447,7 +447,7 @@ def test_default_dead_letter_topics_and_initial_subscription(lab: Lab, kind: str
     as the C++ client names them; ``initial_subscription_name`` exists on each from its
     first message (created before the producer, from the earliest position)."""
     topic = new_topic(f"default-{kind}")
-    lab.admin.create_partitioned_topic(topic, 2)
+    lab.broker.create_partitioned_topic(topic, 2)
     policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, initial_subscription_name="init")
     driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
     try:

@@ -692,7 +692,10 @@ class NackingCore:
         with self._lock:
             self.pending.clear()
             self._bare.clear()
+            self._copies.clear()
+            self._nacks.clear()
             self._last.clear()
+            self._stored.clear()
 
     # ------------------------------------------------------------------ counters
 
