@@ -291,7 +291,7 @@ async def test_bad_input_changes_nothing(aclient, apache_broker):
         await pulsar_nack.asyncio.subscribe(aclient, topic, "sub", negative_ack_redelivery_delay_ms=-1)
     with pytest.raises(TypeError):
         await pulsar_nack.asyncio.subscribe(aclient, 42, "sub")  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):
         await pulsar_nack.asyncio.subscribe(aclient, topic, "")
     with pytest.raises(TypeError, match="dead_letter_policy"):
         await pulsar_nack.asyncio.subscribe(aclient, topic, "sub", dead_letter_policy="3 times")

@@ -50,7 +50,7 @@ from typing import Any
 
 import pulsar
 
-from .._validate import check_bool, check_int, check_topics
+from .._validate import check_bool, check_int, check_name, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
@@ -365,8 +365,7 @@ def _check_subscribe_args(
     """
     if not isinstance(client, pulsar.Client):
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
-    if not isinstance(subscription_name, str) or not subscription_name:
-        raise TypeError("subscription_name must be a non-empty str")
+    check_name("subscription_name", subscription_name)
     names: str | list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
     topics = TopicMatcher(names)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)

@@ -24,7 +24,7 @@ before ``seek`` or ``redeliver_unacknowledged_messages``, and :meth:`NackingCore
 
 Without a dead-letter policy, state is kept only while a nack is pending. Acknowledgements of batch messages rely on
 batch-index acknowledgement (``batch_index_ack_enabled=True`` with a broker that has
-``acknowledgmentAtBatchIndexLevelEnabled``, the default since Apache Pulsar 4.0): the
+``acknowledgmentAtBatchIndexLevelEnabled=true``, off by default in Pulsar 3.0 and 4.0): the
 broker's ack set tells the client which siblings of a redelivered entry were acked, and
 the client skips them. No per-entry object exists for batches in flight.
 """
