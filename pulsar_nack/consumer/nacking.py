@@ -327,8 +327,8 @@ class NackingCore:
         true count). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
         routed to the dead-letter topic when the application nacks it, and a message
         that arrives after that (brought back by an ack timeout, by
-        ``redeliver_unacknowledged_messages``, by a reconnect, or by the broker in any
-        other way) is routed there instead of being delivered. The route is the
+        ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
+        broker in any other way) is routed there instead of being delivered. The route is the
         callable given to :meth:`route_dead_letters`, called outside the lock; it
         reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
     """
