@@ -70,7 +70,10 @@ import pulsar
 from .._validate import MAX_DELAY_MS, check_bool, check_ms
 from ..core.backoff import RedeliveryBackoff
 from ..core.keys import PARTITION_SUFFIX
+from ..errors import DeadLetterError
+from .dead_letter import DeadLetter
 from .nacking import HandOff, NackingCore, full_topic_name
+from .settings import ConsumerSettings
 
 __all__ = [
     "DELAY_TIME",
@@ -236,34 +239,26 @@ def raw_client(client: Any) -> Any:
 
 
 def retry_topics_for(
-    client: Any,
-    topics: object,
-    subscription: str,
-    policy: pulsar.ConsumerDeadLetterPolicy | None,
-    retry_enable: object,
-    retry_letter_topic: object,
-    subscribe_kwargs: Mapping[str, Any],
+    client: Any, topics: object, subscription: str, settings: ConsumerSettings, subscribe_kwargs: Mapping[str, Any]
 ) -> RetryTopics | None:
-    """What ``subscribe(..., retry_enable=..., retry_letter_topic=...)`` asks for: None, or the topics.
+    """The retry letter topics a ``subscribe`` call asks for (``settings.retry_enable``), or None.
 
-    Validates the keywords (see :func:`check_retry_args`), then resolves the names
-    (:func:`resolve_retry_topics`: at most two lookups, nothing created).
+    Validates what the settings cannot (see :func:`check_retry_args`), then resolves the
+    names (:func:`resolve_retry_topics`: at most two lookups, nothing created).
     """
-    if not check_bool("retry_enable", retry_enable):
-        if retry_letter_topic is not None:
-            raise ValueError("retry_letter_topic needs retry_enable=True")
+    if not settings.retry_enable:
         return None
-    check_retry_args(topics, retry_letter_topic, subscribe_kwargs)
-    assert isinstance(topics, list) and (retry_letter_topic is None or isinstance(retry_letter_topic, str))
-    return resolve_retry_topics(raw_client(client), topics, subscription, policy, retry_letter_topic)
+    check_retry_args(topics, settings.retry_letter_topic, subscribe_kwargs)
+    assert isinstance(topics, list)
+    return resolve_retry_topics(
+        raw_client(client), topics, subscription, settings.dead_letter_policy, settings.retry_letter_topic
+    )
 
 
-def check_retry_args(
-    topics: object, retry_letter_topic: object, subscribe_kwargs: Mapping[str, Any]
-) -> None:
-    """Validate the retry keywords of a ``subscribe`` call; changes nothing.
+def check_retry_args(topics: object, retry_letter_topic: object, subscribe_kwargs: Mapping[str, Any]) -> None:
+    """Validate what retries need of a ``subscribe`` call; changes nothing.
 
-    Retries need topic names (the names derive from the first one), and a Shared or
+    Topic names (the retry topic is named after the first one), and a Shared or
     Key_Shared subscription: the broker's delayed delivery works on no other type.
     """
     if not isinstance(topics, list):
@@ -394,7 +389,7 @@ def _error_for(result: Any) -> Exception:
 
 
 def _producer_conf() -> _pulsar.ProducerConfiguration:
-    """Java's retry and DLQ producers: no batching, chunking on, never block on a full queue."""
+    """Java's retry producer: no batching, chunking on, never block on a full queue."""
     conf = _pulsar.ProducerConfiguration()
     conf.batching_enabled(False)
     conf.chunking_enabled(True)
@@ -422,13 +417,17 @@ class RetryLetter:
         The fixed delay when the call gives none and there is no backoff.
     backoff : RedeliveryBackoff, optional
         Delay by ``RECONSUMETIMES`` (0 for a first reconsume).
+    dead_letter : DeadLetter, optional
+        The consumer's one dead-letter sender: it sends the reconsume path's dead letters
+        too (built here, in the Java client's form), to ``topics.dead_letter_topic``.
+        Without it a reconsume past ``max_redeliver_count`` raises ``DeadLetterError``.
     clock_ms : callable
         Wall-clock epoch milliseconds (publish times are wall-clock).
     """
 
     topics: RetryTopics
     _hold: NackingCore
-    _producers: dict[str, concurrent.futures.Future[Any]]
+    _producer_future: concurrent.futures.Future[Any] | None
     _counts: dict[str, int]
 
     def __init__(
@@ -440,6 +439,7 @@ class RetryLetter:
         *,
         delay_ms: int = 60_000,
         backoff: RedeliveryBackoff | None = None,
+        dead_letter: DeadLetter | None = None,
         clock_ms: Callable[[], int] | None = None,
     ) -> None:
         self.topics = topics
@@ -451,10 +451,10 @@ class RetryLetter:
         self._hold = NackingCore(
             hand_off,
             [topics.retry_letter_topic],
-            negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS,
-            never_early=True,
+            ConsumerSettings(negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS, never_early=True),
         )
-        self._producers = {}
+        self._dead_letter = dead_letter
+        self._producer_future = None
         self._in_memory: list[tuple[int, int, _pulsar.Message]] = []  # (due epoch ms, sequence, copy)
         self._sequence = itertools.count()
         self._lock = threading.Lock()
@@ -501,15 +501,21 @@ class RetryLetter:
         if delay > 0 and not dead:
             builder.deliver_after(timedelta(milliseconds=delay))
         built = builder.build()
-        kind = "dead_letter" if dead else "retry"
-        target = self.topics.dead_letter_topic if dead else self.topics.retry_letter_topic
         outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
+        if dead:
+            self._send_dead_letter(built, outcome)
+        else:
+            self._send_retry(built, outcome)
+        return outcome
+
+    def _send_retry(self, built: _pulsar.Message, outcome: concurrent.futures.Future[str]) -> None:
+        """Send a retry copy with this consumer's retry producer; settle *outcome* on the client's thread."""
 
         def sent(result: Any, _message_id: Any) -> None:
             if result == _pulsar.Result.Ok:
                 with self._lock:
-                    self._counts["reconsumed" if kind == "retry" else "retry_dead_lettered"] += 1
-                outcome.set_result(kind)
+                    self._counts["reconsumed"] += 1
+                outcome.set_result("retry")
             else:
                 outcome.set_exception(_error_for(result))
 
@@ -523,23 +529,36 @@ class RetryLetter:
             except Exception as exc:  # e.g. the producer was closed meanwhile
                 outcome.set_exception(exc)
 
-        self._producer(target, dead).add_done_callback(with_producer)
-        return outcome
+        self._producer().add_done_callback(with_producer)
+
+    def _send_dead_letter(self, built: _pulsar.Message, outcome: concurrent.futures.Future[str]) -> None:
+        """Send a copy past ``max_redeliver_count`` through the consumer's dead-letter sender."""
+        if self._dead_letter is None:
+            raise DeadLetterError("a reconsume past max_redeliver_count needs a dead-letter sender")
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                outcome.set_exception(error)
+                return
+            with self._lock:
+                self._counts["retry_dead_lettered"] += 1
+            outcome.set_result("dead_letter")
+
+        self._dead_letter.send_message_async(built, self.topics.dead_letter_topic, done)
 
     def start(self) -> concurrent.futures.Future[Any]:
         """Begin creating the retry producer now (the first reconsume need not wait for it)."""
-        return self._producer(self.topics.retry_letter_topic, False)
+        return self._producer()
 
-    def _producer(self, topic: str, dead: bool) -> concurrent.futures.Future[Any]:
-        """The producer of *topic*, created once on first use (asynchronously); a failed one is retried."""
+    def _producer(self) -> concurrent.futures.Future[Any]:
+        """The retry producer, created once on first use (asynchronously); a failed one is retried."""
         with self._lock:
             if self._closed:
                 raise pulsar.exceptions.AlreadyClosed("Pulsar error: AlreadyClosed (the consumer is closed)")
-            future = self._producers.get(topic)
+            future = self._producer_future
             if future is not None and not (future.done() and future.exception() is not None):
                 return future
-            future = self._producers[topic] = concurrent.futures.Future()
-        initial = self.topics.initial_subscription_name if dead else None
+            future = self._producer_future = concurrent.futures.Future()
 
         def created(value: Any) -> None:
             if isinstance(value, _pulsar.Error):
@@ -547,20 +566,10 @@ class RetryLetter:
             else:
                 future.set_result(value)
 
-        def create() -> None:
-            try:
-                if initial:  # as Java's DLQ producer: the subscription keeps dead letters from vanishing
-                    conf = _pulsar.ConsumerConfiguration()
-                    conf.consumer_type(_pulsar.ConsumerType.Shared)  # joins a DLQ reader that is connected
-                    self._raw_client.subscribe(topic, initial, conf).close()
-                self._raw_client.create_producer_async_v2(topic, _producer_conf(), created)
-            except Exception as exc:
-                future.set_exception(exc)
-
-        if initial:
-            threading.Thread(target=create, name="pulsar-nack-dlq-producer", daemon=True).start()
-        else:
-            create()
+        try:
+            self._raw_client.create_producer_async_v2(self.topics.retry_letter_topic, _producer_conf(), created)
+        except Exception as exc:
+            future.set_exception(exc)
         return future
 
     # -------------------------------------------------------------- receiving
@@ -657,12 +666,12 @@ class RetryLetter:
             if self._closed:
                 return
             self._closed = True
-            producers, self._producers = list(self._producers.values()), {}
+            producer, self._producer_future = self._producer_future, None
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
         self._hold.close(redeliver_pending)
-        for future in producers:
+        if producer is not None:
             try:
-                future.result(timeout=30).close()
+                producer.result(timeout=30).close()
             except Exception:  # a producer that never came up: nothing to close
                 pass
 
