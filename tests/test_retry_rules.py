@@ -183,15 +183,14 @@ def test_a_copy_due_within_150_ms_is_kept_in_memory_until_due_and_a_later_one_is
     from pulsar_nack.consumer.retry import MEMORY_HOLD_MS, RetryLetter, RetryTopics
 
     now = [1_000]
-    handed: list = []
     client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker
     names = RetryTopics("persistent://public/default/t-s-RETRY", "persistent://public/default/t-s-DLQ", 16)
-    retry = RetryLetter(client, "s", names, handed.extend, clock_ms=lambda: now[0])
+    retry = RetryLetter(client, "s", names, clock_ms=lambda: now[0])  # not subscribed: holds are not handed off
     try:
         soon = StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 5, 1, -1), {DELAY_TIME: "200"}, publish=900)
         later = StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 5, 2, -1), {DELAY_TIME: "900"}, publish=900)
         plain = StandIn("persistent://public/default/t", _pulsar.MessageId(-1, 6, 1, -1), {DELAY_TIME: "900"}, publish=900)
-        assert retry.admit(plain, in_memory=True)  # not from the retry topic: never held
+        assert retry.owns(plain) is False and retry.owns(soon) is True
         assert MEMORY_HOLD_MS == 150
         assert not retry.admit(soon, in_memory=True)  # due at 1,101 (+1: publish times are whole ms)
         assert not retry.admit(later, in_memory=True)  # due at 1,801: nacked into the hold tracker

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pulsar
@@ -37,10 +38,12 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from .common import ConsumerBase
 from .nacking import TopicMatcher
-from .retry import RetryTopics, retry_topics_for
+from .retry import RetryLetter, retry_topics_for
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
+
+_log = logging.getLogger(__name__)
 
 
 class AsyncNackingConsumer(ConsumerBase):
@@ -60,8 +63,9 @@ class AsyncNackingConsumer(ConsumerBase):
         The same settings object :class:`~pulsar_nack.consumer.NackingConsumer` takes.
     client : pulsar.asyncio.Client, optional
         Needed with a dead-letter policy (it creates the dead-letter producers).
-    retry : RetryTopics, optional
-        Retry letter topics (:func:`subscribe` with ``retry_enable=True``): :meth:`reconsume_later`.
+    retry : RetryLetter, optional
+        The retry letter topic and its own consumer (:func:`subscribe` with
+        ``retry_enable=True``): :meth:`reconsume_later`, and the copies that come back.
     """
 
     _consumer: pulsar_asyncio.Consumer
@@ -73,11 +77,13 @@ class AsyncNackingConsumer(ConsumerBase):
         settings: ConsumerSettings | None = None,
         *,
         client: pulsar_asyncio.Client | None = None,
-        retry: RetryTopics | None = None,
+        retry: RetryLetter | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         super().__init__(consumer, topics, settings, client, retry)
+        self._main_receive: asyncio.Future[Any] | None = None  # kept across calls when a retry copy won
+        self._copy_ready: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ receiving
 
@@ -92,14 +98,62 @@ class AsyncNackingConsumer(ConsumerBase):
         Runtime complexity: O(1) per received message.
         """
         self._check_open()
-        admit, retry = self._core.admit, self._retry
+        if self._retry is not None:
+            return await self._receive_retrying(self._retry)
+        admit = self._core.admit
         while True:
             message = await self._consumer.receive()
-            if retry is None:
+            if admit(message._message):
+                return message
+
+    async def _receive_retrying(self, retry: RetryLetter) -> pulsar.Message:
+        """receive() with a retry letter topic: the first of a due retry copy and a message of its own topics.
+
+        A receive on its own topics that loses the race is kept for the next call, so no
+        message waits in a cancelled receive.
+        """
+        ready = self._copy_ready
+        assert ready is not None  # set when the retry consumer was subscribed
+        admit = self._core.admit
+        while True:
+            ready.clear()
+            copy = retry.pop_due()
+            if copy is not None:
+                return retry.message(copy, getattr(self._consumer, "_schema", None))
+            if self._main_receive is None:
+                self._main_receive = asyncio.ensure_future(self._consumer.receive())
+            waiter = asyncio.ensure_future(ready.wait())
+            wait = retry.ms_to_next_due()
+            try:
+                done, _ = await asyncio.wait(
+                    {self._main_receive, waiter}, timeout=None if wait is None else wait / 1000,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                waiter.cancel()
+            if self._main_receive in done:
+                main, self._main_receive = self._main_receive, None
+                message = main.result()
                 if admit(message._message):
                     return message
-            elif retry.admit(message._message) and admit(message._message):  # else held until due, or swallowed
-                return retry.wrap(message)
+
+    def _drop_main_receive(self) -> None:
+        """Cancel a receive kept from a call a retry copy won (its message, if any, stays unacked)."""
+        main, self._main_receive = self._main_receive, None
+        if main is not None and not main.cancel() and not main.cancelled() and main.exception() is None:
+            _log.debug("a received message is left unacked by close(); the broker redelivers it")
+
+    def _copy_waker(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        """A callable for the retry topic's consumer (on the client's thread): a copy is queued, wake :meth:`receive`."""
+        ready = self._copy_ready = asyncio.Event()
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:  # the loop is closed: nobody waits
+                pass
+
+        return wake
 
     # ------------------------------------------------------------------ settling
 
@@ -110,13 +164,18 @@ class AsyncNackingConsumer(ConsumerBase):
         message or id, ValueError for a message of another topic.
         """
         self._check_open()
-        raw = self._core.before_ack(message)
-        await self._consumer.acknowledge(raw)
+        if self._retry is not None and self._retry.owns(message):  # a retry copy: its own consumer (no wait)
+            self._retry.acknowledge(message)
+        else:
+            raw = self._core.before_ack(message)
+            await self._consumer.acknowledge(raw)
         next(self._core.acked)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
         """Acknowledge everything up to *message* (not on Shared subscriptions)."""
         self._check_open()
+        if self._retry is not None and self._retry.owns(message):
+            raise ValueError("a retry copy cannot be acknowledged cumulatively (its subscription is Shared)")
         raw = self._core.before_ack(message)
         await self._consumer.acknowledge_cumulative(raw)
 
@@ -139,6 +198,9 @@ class AsyncNackingConsumer(ConsumerBase):
             After :meth:`close`.
         """
         self._check_open()
+        if self._retry is not None and self._retry.owns(message):  # never early, on the retry topic's consumer
+            self._retry.nack(message, delay_ms)
+            return
         self._core.nack(message, delay_ms)
 
     async def reconsume_later(
@@ -154,10 +216,8 @@ class AsyncNackingConsumer(ConsumerBase):
         retry letter's never-early tracker).
         """
         self._check_open()
-        if self._retry is None:
-            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
-        self._core.key_of(message)  # validates: nothing is sent for bad input
-        await asyncio.wrap_future(self._retry.submit(message, delay_ms, properties))
+        retry = self._reconsume_target(message)  # validates: nothing is sent for bad input
+        await asyncio.wrap_future(retry.submit(message, delay_ms, properties))
         await self.acknowledge(message)
 
     # ------------------------------------------------------------------ the rest of the API
@@ -183,6 +243,8 @@ class AsyncNackingConsumer(ConsumerBase):
     def _redeliver_now(self) -> None:
         if not self._closed:
             self._consumer.redeliver_unacknowledged_messages()
+            if self._retry is not None:
+                self._retry.redeliver_unacknowledged_messages()
 
     async def seek(self, messageid: Any) -> None:
         """Reset the subscription to a message id or a publish timestamp (ms); pending nacks are dropped.
@@ -208,7 +270,10 @@ class AsyncNackingConsumer(ConsumerBase):
         self._check_open()
         self._closed = True
         loop = asyncio.get_running_loop()
+        self._drop_main_receive()
         try:
+            if self._retry is not None:
+                await loop.run_in_executor(None, self._retry.unsubscribe)
             await loop.run_in_executor(None, self._close_core, False)
             await loop.run_in_executor(None, self._drain_dead_letters)
             await self._consumer.unsubscribe()
@@ -232,6 +297,7 @@ class AsyncNackingConsumer(ConsumerBase):
             return
         self._closed = True
         loop = asyncio.get_running_loop()
+        self._drop_main_receive()
         try:
             await loop.run_in_executor(None, self._close_core, redeliver_pending)
         finally:
@@ -321,19 +387,32 @@ async def subscribe(
         retry_letter_topic=retry_letter_topic,
     )
     names = topics.pattern if topics.pattern is not None else [topic] if isinstance(topic, str) else list(topic)
-    retry = await asyncio.get_running_loop().run_in_executor(  # validates, then at most two lookups
+    loop = asyncio.get_running_loop()
+    retry_topics = await loop.run_in_executor(  # validates, then at most two lookups
         None, retry_topics_for, client, names, subscription_name, settings, subscribe_kwargs
     )
-    if retry is not None:  # as Java: the retry topic is read too, and the nack path dead-letters into its DLQ
-        assert isinstance(names, list)  # retries need topic names (checked)
-        topic = [*names, retry.retry_letter_topic]
-        topics = TopicMatcher(topic)
-        settings = settings.replace(dead_letter_policy=retry.dead_letter_policy())
+    if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
+        settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     consumer = await client.subscribe(
         topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
     )
+    retry = None
     try:
-        return AsyncNackingConsumer(consumer, topics, settings, client=client, retry=retry)
+        if retry_topics is not None:
+            retry = RetryLetter(
+                client, subscription_name, retry_topics,
+                delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
+            )
+        wrapper = AsyncNackingConsumer(consumer, topics, settings, client=client, retry=retry)
     except BaseException:
+        if retry is not None:
+            await loop.run_in_executor(None, retry.close, False)
         await consumer.close()
         raise
+    if retry is not None:  # the retry topic's own consumer (a blocking subscribe: in the executor)
+        try:
+            await loop.run_in_executor(None, retry.subscribe, subscribe_kwargs, None, wrapper._copy_waker(loop))
+        except BaseException:
+            await wrapper.close(redeliver_pending=False)
+            raise
+    return wrapper

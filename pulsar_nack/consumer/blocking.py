@@ -58,7 +58,7 @@ from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from .common import ConsumerBase, ConsumerStats
 from .nacking import TopicMatcher, client_handoff_latency_ms
-from .retry import RetryLetter, RetryTopics, retry_topics_for
+from .retry import RetryLetter, retry_topics_for
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
@@ -72,6 +72,8 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
+RETRY_POLL_MS = 10
+"""With a retry letter topic, ``receive`` looks for due retry copies at least this often."""
 
 
 class NackingConsumer(ConsumerBase):
@@ -94,9 +96,11 @@ class NackingConsumer(ConsumerBase):
     client : pulsar.Client, optional
         With a dead-letter policy: the client that creates the dead-letter producers
         (default: the consumer's own).
-    retry : RetryTopics, optional
-        Retry letter topics (:func:`subscribe` with ``retry_enable=True`` resolves them
-        and subscribes to the retry topic too): :meth:`reconsume_later`.
+    retry : RetryLetter, optional
+        The retry letter topic and its own consumer (:func:`subscribe` with
+        ``retry_enable=True`` makes it): :meth:`reconsume_later`, and the copies that
+        come back, handed over by :meth:`receive` as
+        :class:`~pulsar_nack.consumer.retry.RetryMessage` objects.
     """
 
     def __init__(
@@ -106,7 +110,7 @@ class NackingConsumer(ConsumerBase):
         settings: ConsumerSettings | None = None,
         *,
         client: pulsar.Client | None = None,
-        retry: RetryTopics | None = None,
+        retry: RetryLetter | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
@@ -197,40 +201,35 @@ class NackingConsumer(ConsumerBase):
             return wrapped
 
     def _receive_retrying(self, raw: Any, retry: RetryLetter, timeout_millis: int | None) -> pulsar.Message:
-        """receive() with a retry letter topic: a copy that came early is held until due.
+        """receive() of a consumer with a retry letter topic: due retry copies first, then its own topics.
 
-        Copies due within :data:`~pulsar_nack.consumer.retry.MEMORY_HOLD_MS` are kept
-        here (unacked) and returned when due; the receive waits no longer than that.
-        Copies due later are nacked into the retry letter's hold tracker. A held copy
-        reaches the core (its counts) only when it is handed over.
+        The retry topic's consumer queues copies as they come due (on the client's
+        listener thread), so the wait on the consumer's own topics is cut into slices
+        of at most :data:`RETRY_POLL_MS` to look at that queue again.
         """
         if timeout_millis is not None:
             check_int("timeout_millis", timeout_millis, 0)
         deadline = None if timeout_millis is None else monotonic_ms() + timeout_millis
+        core = self._core
         while True:
-            message = retry.pop_due()
-            if message is None:
-                wait = retry.ms_to_next_due()
-                if deadline is not None:
-                    left = deadline - monotonic_ms()
-                    wait = left if wait is None else min(wait, left)
-                try:
-                    message = raw.receive() if wait is None else raw.receive(max(wait, 1))
-                except pulsar.Timeout:
-                    if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
-                        raise
-                    continue
-                kind = retry.classify(message, in_memory=True)
-                if kind is None:  # a retry copy before its time: held
-                    continue
-            else:
-                kind = retry.message_type(message)
-            if not self._core.admit(message):  # swallowed or dead-lettered
+            copy = retry.pop_due()
+            if copy is not None:
+                return retry.message(copy, self._schema)
+            wait = retry.ms_to_next_due()
+            wait = RETRY_POLL_MS if wait is None else min(wait, RETRY_POLL_MS)
+            if deadline is not None:
+                wait = min(wait, deadline - monotonic_ms())
+            try:
+                message = raw.receive(max(wait, 1))
+            except pulsar.Timeout:
+                if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
+                    raise
                 continue
-            wrapped = kind()
-            wrapped._message = message
-            wrapped._schema = self._schema
-            return wrapped
+            if core.admit(message):
+                wrapped = _Message()
+                wrapped._message = message
+                wrapped._schema = self._schema
+                return wrapped
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
@@ -240,23 +239,22 @@ class NackingConsumer(ConsumerBase):
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
-            if self._admit(message):
-                return message if self._retry is None else self._retry.wrap(message)
+            if self._core.admit(getattr(message, "_message", message)):
+                return message
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Receive a batch (per the consumer's batch receive policy), early copies and dead letters removed."""
         self._check_open()
-        messages = [m for m in self._consumer.batch_receive() if self._admit(m)]
-        return messages if self._retry is None else [self._retry.wrap(m) for m in messages]
-
-    def _retry_message(self, message: pulsar.Message) -> pulsar.Message:
-        """*message* as the application sees it (a RetryMessage for a retry copy)."""
-        return message if self._retry is None else self._retry.wrap(message)
+        messages = [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
+        retry = self._retry
+        if retry is not None:  # and the retry copies that are due
+            while (copy := retry.pop_due()) is not None:
+                messages.append(retry.message(copy, self._schema))
+        return messages
 
     def _admit(self, message: Any) -> bool:
-        """Record a received message (wrapped or raw); False if the application must not see it (or a retry copy is held)."""
-        raw = getattr(message, "_message", message)
-        return (self._retry is None or self._retry.admit(raw)) and self._core.admit(raw)
+        """Record a received message (wrapped or raw); False if the application must not see it."""
+        return self._core.admit(getattr(message, "_message", message))
 
     # ------------------------------------------------------------------ settling
 
@@ -271,6 +269,8 @@ class NackingConsumer(ConsumerBase):
         core = self._core
         if type(message) is _Message and not core.pending.count and not core.counting and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
+        elif self._retry is not None and self._retry.owns(message):  # a retry copy: its own consumer
+            self._retry.acknowledge(message)
         else:
             raw = core.before_ack(message)
             if self._raw is not None:
@@ -286,6 +286,8 @@ class NackingConsumer(ConsumerBase):
         carries its topic inside the client). Validated before anything is sent.
         """
         self._check_open()
+        if self._retry is not None and self._retry.owns(message):
+            raise ValueError("a retry copy cannot be acknowledged cumulatively (its subscription is Shared)")
         raw = self._core.before_ack(message)
         self._consumer.acknowledge_cumulative(raw)
 
@@ -307,6 +309,9 @@ class NackingConsumer(ConsumerBase):
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
+        if self._retry is not None and self._retry.owns(message):  # never early, on the retry topic's consumer
+            self._retry.nack(message, delay_ms)
+            return
         self._core.nack(message, delay_ms)
 
     def reconsume_later(
@@ -337,10 +342,8 @@ class NackingConsumer(ConsumerBase):
             The client's error when the copy could not be stored.
         """
         self._check_open()
-        if self._retry is None:
-            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
-        self._core.key_of(message)  # validates: nothing is sent for bad input
-        self._retry.submit(message, delay_ms, properties).result()
+        retry = self._reconsume_target(message)  # validates: nothing is sent for bad input
+        retry.submit(message, delay_ms, properties).result()
         self.acknowledge(message)
 
     def reconsume_later_async(
@@ -354,10 +357,7 @@ class NackingConsumer(ConsumerBase):
         that must not wait a round trip per retry (the Spark tasks).
         """
         self._check_open()
-        if self._retry is None:
-            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
-        self._core.key_of(message)
-        stored = self._retry.submit(message, delay_ms, properties)
+        stored = self._reconsume_target(message).submit(message, delay_ms, properties)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def ack(future: concurrent.futures.Future[str]) -> None:
@@ -391,6 +391,8 @@ class NackingConsumer(ConsumerBase):
         self._core.reset(forget_counts=False)
         time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
         self._consumer.redeliver_unacknowledged_messages()
+        if self._retry is not None:
+            self._retry.redeliver_unacknowledged_messages()
 
     def seek(self, message_id: Any) -> None:
         """Reset the subscription to a message id or a publish timestamp (ms), as the client.
@@ -414,16 +416,22 @@ class NackingConsumer(ConsumerBase):
     def pause_message_listener(self) -> None:
         self._check_open()
         self._consumer.pause_message_listener()
+        if self._retry is not None:
+            self._retry.pause_message_listener()
 
     def resume_message_listener(self) -> None:
         self._check_open()
         self._consumer.resume_message_listener()
+        if self._retry is not None:
+            self._retry.resume_message_listener()
 
     def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
         self._closed = True
         try:
+            if self._retry is not None:
+                self._retry.unsubscribe()
             self._close_core(redeliver_pending=False)
             self._drain_dead_letters()
             self._consumer.unsubscribe()
@@ -494,6 +502,28 @@ def _check_subscribe_args(
     return names, topics
 
 
+def _retry_letter(client: pulsar.Client, subscription: str, topics: Any, settings: ConsumerSettings) -> RetryLetter:
+    return RetryLetter(
+        client, subscription, topics,
+        delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
+    )
+
+
+def _copy_listener(holder: list[NackingConsumer], message_listener: Callable[..., None]) -> Callable[[Any], None]:
+    """The retry topic's listener for a ``message_listener``: due copies go to it as RetryMessage objects."""
+
+    def deliver(raw: Any) -> None:
+        wrapper = holder[0]
+        if wrapper.closed or wrapper._retry is None:
+            return
+        try:
+            message_listener(wrapper, wrapper._retry.message(raw, wrapper._schema))
+        except Exception:
+            _log.exception("message listener failed")
+
+    return deliver
+
+
 def _topic_list(names: str | list[str] | re.Pattern[str]) -> Any:
     """The topic names of a subscribe call as a list (a pattern stays a pattern)."""
     return [names] if isinstance(names, str) else names
@@ -548,12 +578,9 @@ def subscribe(
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
     )
-    retry = retry_topics_for(client, _topic_list(names), subscription_name, settings, subscribe_kwargs)
-    if retry is not None:  # as Java: the retry topic is read too, and the nack path dead-letters into its DLQ
-        assert isinstance(names, (str, list))  # retries need topic names (checked)
-        names = [*_topic_list(names), retry.retry_letter_topic]
-        topics = TopicMatcher(names)
-        settings = settings.replace(dead_letter_policy=retry.dead_letter_policy())
+    retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, subscribe_kwargs)
+    if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
+        settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     holder: list[NackingConsumer] = []
     ready = threading.Event()
     listener = None
@@ -566,8 +593,6 @@ def subscribe(
             wrapper = holder[0]
             if wrapper.closed or not wrapper._admit(message):
                 return
-            if retry is not None:
-                message = wrapper._retry_message(message)
             try:
                 message_listener(wrapper, message)
             except Exception:
@@ -580,11 +605,21 @@ def subscribe(
         message_listener=listener,
         **subscribe_kwargs,
     )
+    retry = None
     try:
+        retry = None if retry_topics is None else _retry_letter(client, subscription_name, retry_topics, settings)
         holder.append(NackingConsumer(consumer, topics, settings, client=client, retry=retry))
     except BaseException:
+        if retry is not None:
+            retry.close(redeliver_pending=False)
         consumer.close()
         raise
     finally:
         ready.set()
+    if retry is not None:  # the retry topic's own consumer, once the wrapper exists for its copies
+        try:
+            retry.subscribe(subscribe_kwargs, None if message_listener is None else _copy_listener(holder, message_listener))
+        except BaseException:
+            holder[0].close(redeliver_pending=False)
+            raise
     return holder[0]

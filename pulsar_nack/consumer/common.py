@@ -20,7 +20,7 @@ from ..core.tracker import NegativeAcksTracker, TrackerStats
 from ..errors import ConsumerClosedError
 from .dead_letter import DeadLetter, DeadLetterRoute
 from .nacking import NackingCore, TopicMatcher
-from .retry import RetryLetter, RetryTopics
+from .retry import RetryLetter
 from .settings import ConsumerSettings
 
 __all__ = ["DEAD_LETTER_DRAIN_S", "ConsumerBase", "ConsumerStats"]
@@ -72,12 +72,10 @@ class ConsumerBase:
         Default ``ConsumerSettings()``.
     client : pulsar.Client or pulsar.asyncio.Client, optional
         Needed with a dead-letter policy (it creates the dead-letter producers).
-    retry : RetryTopics, optional
-        The consumer's retry letter topics (``subscribe(..., retry_enable=True)`` resolves
-        them): ``reconsume_later`` and the hold of early copies
-        (:class:`~pulsar_nack.consumer.retry.RetryLetter`). Needs the client, and
-        ``settings.dead_letter_policy`` naming the same DLQ (its sender sends the
-        reconsume path's dead letters too).
+    retry : RetryLetter, optional
+        The consumer's retry letter topic (``subscribe(..., retry_enable=True)`` makes
+        it): ``reconsume_later``, and the copies its own consumer reads. With a
+        dead-letter policy, the policy's sender sends its dead letters too.
     """
 
     tracker: NegativeAcksTracker
@@ -98,7 +96,7 @@ class ConsumerBase:
         topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
         settings: ConsumerSettings | None,
         client: Any,
-        retry: RetryTopics | None = None,
+        retry: RetryLetter | None = None,
     ) -> None:
         if settings is None:
             settings = ConsumerSettings()
@@ -115,13 +113,9 @@ class ConsumerBase:
             except BaseException:
                 core.close(redeliver_pending=False)
                 raise
-        self._retry = None
-        if retry is not None:
-            try:
-                self._retry = _retry_letter(consumer, settings, client, retry, self._hand_off, self._route)
-            except BaseException:
-                core.close(redeliver_pending=False)
-                raise
+        self._retry = retry
+        if retry is not None and self._route is not None:
+            retry.use_dead_letter(self._route.sender)  # one sender for the consumer's dead letters
         self._core = core
         self.settings = settings
         self.tracker = core.tracker
@@ -146,6 +140,17 @@ class ConsumerBase:
         else:
             self._consumer.acknowledge(message_id)
         next(self._core.acked)
+
+    def _reconsume_target(self, message: Any) -> RetryLetter:
+        """The retry letter, once *message* is checked as ``key_of`` checks it (nothing sent for bad input)."""
+        retry = self._retry
+        if retry is None:
+            raise RuntimeError("reconsume_later needs a consumer subscribed with retry_enable=True")
+        if retry.owns(message):
+            retry.check(message)
+        else:
+            self._core.key_of(message)
+        return retry
 
     # ------------------------------------------------------------------ the plain parts of the API
 
@@ -221,22 +226,6 @@ def _dead_letter_route(
     route = DeadLetterRoute(sender, core, acknowledge)
     core.route_dead_letters(route)
     return route
-
-
-def _retry_letter(
-    consumer: Any, settings: ConsumerSettings, client: Any, topics: RetryTopics, hand_off: Any, route: DeadLetterRoute | None
-) -> RetryLetter:
-    """The retry letter of a consumer with retry letter topics; its dead letters go through the route's sender."""
-    if client is None:
-        client = getattr(consumer, "_client", None)
-    if client is None or route is None:
-        raise ValueError("retry letter topics need the client (client=) and a dead_letter_policy naming their DLQ")
-    letter = RetryLetter(
-        client, consumer.subscription_name(), topics, hand_off,
-        delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff, dead_letter=route.sender,
-    )
-    letter.start()  # the retry producer, created in the background: the first reconsume need not wait
-    return letter
 
 
 def _ignore_result(_result: Any) -> None:

@@ -57,6 +57,7 @@ from __future__ import annotations
 import concurrent.futures
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,8 +73,8 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
 from .dead_letter import DeadLetter
-from .nacking import HandOff, NackingCore, full_topic_name
-from .settings import ConsumerSettings
+from .nacking import NackingCore, full_topic_name
+from .settings import HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
     "DELAY_TIME",
@@ -124,6 +125,7 @@ a tick late; nacked holds keep its dispatcher busy, and the tail was about 10x s
 every copy held in memory (bench/retry_durable.py: p99 104 ms against 1,097 ms)."""
 
 _CONSUMER_TYPES = ("Shared", "KeyShared")
+_log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- pure rules
@@ -398,35 +400,38 @@ def _producer_conf() -> _pulsar.ProducerConfiguration:
 
 
 class RetryLetter:
-    """The retry letter topic of one consumer: sends reconsumed messages, holds early copies.
+    """The retry letter topic of one consumer: its own consumer of the topic, the sends, the holds.
 
-    Built by ``subscribe(..., retry_enable=True)``; both the blocking and the asyncio
-    consumer call it. Nothing here blocks except :meth:`close`: :meth:`submit` returns a
-    ``concurrent.futures.Future`` that the caller waits on (``result()``) or awaits
-    (``asyncio.wrap_future``).
+    Built by ``subscribe(..., retry_enable=True)``; the blocking and the asyncio consumer
+    both use it. As in the Java client, the retry topic is read by a Shared subscription
+    of the consumer's subscription name, here a consumer of its own (a single-topic
+    consumer costs the C++ client a third of the CPU per message of a multi-topic one,
+    ``bench/results/retry_consumer.json``). Its copies arrive on the client's listener
+    thread (:meth:`_on_copy`): one due now is queued for the application, one due
+    within :data:`MEMORY_HOLD_MS` is kept here until due, one due later is nacked into a
+    never-early tracker of its own. :meth:`submit` never blocks: it returns a
+    ``concurrent.futures.Future`` that the caller waits on or awaits.
 
     Parameters
     ----------
     client : pulsar.Client or pulsar.asyncio.Client
     subscription : str
     topics : RetryTopics
-    hand_off : callable
-        The consumer's handoff: ``negative_acknowledge`` each id on the client (for held
-        copies).
     delay_ms : int
         The fixed delay when the call gives none and there is no backoff.
     backoff : RedeliveryBackoff, optional
         Delay by ``RECONSUMETIMES`` (0 for a first reconsume).
     dead_letter : DeadLetter, optional
-        The consumer's one dead-letter sender: it sends the reconsume path's dead letters
-        too (built here, in the Java client's form), to ``topics.dead_letter_topic``.
-        Without it a reconsume past ``max_redeliver_count`` raises ``DeadLetterError``.
+        The sender of the consumer's dead letters, when it has a dead-letter policy; else
+        one of this letter's own (the same class, to ``topics.dead_letter_topic``). It
+        sends the reconsume path's dead letters, built here in the Java client's form.
     clock_ms : callable
         Wall-clock epoch milliseconds (publish times are wall-clock).
     """
 
     topics: RetryTopics
     _hold: NackingCore
+    _consumer: Any  # the _pulsar.Consumer of the retry topic, once subscribed
     _producer_future: concurrent.futures.Future[Any] | None
     _counts: dict[str, int]
 
@@ -435,7 +440,6 @@ class RetryLetter:
         client: Any,
         subscription: str,
         topics: RetryTopics,
-        hand_off: HandOff,
         *,
         delay_ms: int = 60_000,
         backoff: RedeliveryBackoff | None = None,
@@ -449,17 +453,131 @@ class RetryLetter:
         self._raw_client = raw_client(client)
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._hold = NackingCore(
-            hand_off,
+            self._hand_off,
             [topics.retry_letter_topic],
             ConsumerSettings(negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS, never_early=True),
         )
-        self._dead_letter = dead_letter
+        self._own_dead_letter = dead_letter is None
+        self._dead_letter = dead_letter or DeadLetter(
+            client, subscription, topic=topics.dead_letter_topic, initial_subscription=topics.initial_subscription_name
+        )
+        self._consumer = None
+        self._deliver: Callable[[_pulsar.Message], None] | None = None
+        self._wake: Callable[[], None] | None = None
         self._producer_future = None
         self._in_memory: list[tuple[int, int, _pulsar.Message]] = []  # (due epoch ms, sequence, copy)
         self._sequence = itertools.count()
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held"), 0)
+        self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held", "retry_delivered"), 0)
         self._closed = False
+
+    # -------------------------------------------------------------- the retry topic's consumer
+
+    def subscribe(
+        self,
+        subscribe_kwargs: Mapping[str, Any],
+        deliver: Callable[[_pulsar.Message], None] | None = None,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        """Subscribe to the retry topic (blocks for the round trip), Shared, as the Java client does.
+
+        Takes the receive-side keywords of the consumer's own subscribe call
+        (``receiver_queue_size``, ``consumer_name``, ``initial_position``,
+        ``batch_index_ack_enabled``). With *deliver* (a message listener), due copies are
+        handed to it on the listener thread and early ones are all nacked until due;
+        else they are queued for :meth:`pop_due`, and *wake* (if any) is called when one
+        is queued.
+        """
+        conf = _pulsar.ConsumerConfiguration()
+        conf.consumer_type(_pulsar.ConsumerType.Shared)
+        conf.negative_ack_redelivery_delay_ms(HANDOFF_DELAY_MS)
+        conf.message_listener(self._on_copy)
+        if subscribe_kwargs.get("receiver_queue_size") is not None:
+            conf.receiver_queue_size(subscribe_kwargs["receiver_queue_size"])
+        if subscribe_kwargs.get("consumer_name"):
+            conf.consumer_name(subscribe_kwargs["consumer_name"])
+        if subscribe_kwargs.get("initial_position") is not None:
+            conf.subscription_initial_position(subscribe_kwargs["initial_position"])
+        conf.batch_index_ack_enabled(bool(subscribe_kwargs.get("batch_index_ack_enabled", True)))
+        self._deliver, self._wake = deliver, wake
+        self._consumer = self._raw_client.subscribe(self.topics.retry_letter_topic, self.subscription, conf)
+
+    def _on_copy(self, _consumer: Any, raw: _pulsar.Message) -> None:
+        """Listener of the retry topic's consumer (a client thread): hold, queue or hand over a copy."""
+        try:
+            if self._closed or not self._admit_copy(raw, in_memory=self._deliver is None, queue_due=True):
+                return
+            deliver = self._deliver
+            if deliver is not None:
+                with self._lock:
+                    self._counts["retry_delivered"] += 1
+                deliver(raw)
+        except Exception:  # a failing listener must not stop the client's thread
+            _log.exception("handling a retry copy failed; it stays unacknowledged")
+
+    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+        """The hold tracker's handoff: the retry topic's consumer redelivers each due copy."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        for message_id in ids:
+            consumer.negative_acknowledge(message_id)
+
+    def use_dead_letter(self, sender: DeadLetter) -> None:
+        """Send this letter's dead letters with *sender* (the consumer's), instead of its own."""
+        if self._own_dead_letter:
+            self._dead_letter.close()
+        self._dead_letter, self._own_dead_letter = sender, False
+
+    def owns(self, message: Any) -> bool:
+        """True if *message* (a message or id) was read from the retry topic. O(1)."""
+        if isinstance(message, RetryMessage):
+            return True
+        inner = getattr(message, "_message", message)
+        topic = getattr(inner, "topic_name", None)
+        if callable(topic):
+            return self.is_retry_copy(inner)
+        if isinstance(inner, _pulsar.MessageId):
+            return False  # a bare id: the main consumer's (acknowledge a retry copy by the message)
+        return False
+
+    def check(self, message: Any) -> None:
+        """Validate a retry copy as ``key_of`` does (TypeError, ValueError); changes nothing."""
+        self._hold.key_of(message)
+
+    def acknowledge(self, message: Any) -> None:
+        """Acknowledge a retry copy on the retry topic's consumer (and forget its hold state)."""
+        raw_id = self._hold.before_ack(message)
+        if self._consumer is not None:
+            self._consumer.acknowledge(raw_id)
+
+    def nack(self, message: Any, delay_ms: int | None) -> None:
+        """Negative acknowledgement of a retry copy: tracked never-early; the delay as :meth:`delay_for`."""
+        self._hold.nack(message, self.delay_for(getattr(message, "_message", message), delay_ms))
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Forget the holds and ask the broker to redeliver every unacked copy now."""
+        self._hold.reset()
+        with self._lock:
+            self._in_memory.clear()
+        if self._consumer is not None:
+            self._consumer.redeliver_unacknowledged_messages()
+
+    def pause_message_listener(self) -> None:
+        if self._consumer is not None:
+            self._consumer.pause_message_listener()
+
+    def resume_message_listener(self) -> None:
+        if self._consumer is not None:
+            self._consumer.resume_message_listener()
+
+    def unsubscribe(self) -> None:
+        """Unsubscribe the retry topic's consumer (pending holds are dropped) and close this letter."""
+        self._hold.close(redeliver_pending=False)
+        if self._consumer is not None:
+            self._consumer.unsubscribe()
+            self._consumer = None
+        self.close(redeliver_pending=False)
 
     # -------------------------------------------------------------- sending
 
@@ -580,55 +698,52 @@ class RetryLetter:
         retry = self.topics.retry_letter_topic
         return topic == retry or (topic.startswith(retry) and PARTITION_SUFFIX.sub("", topic) == retry)
 
-    def classify(self, raw: _pulsar.Message, in_memory: bool = False) -> type[pulsar.Message] | None:
-        """:meth:`admit` and :meth:`message_type` in one: None if held, else the class to wrap *raw* in. O(1)."""
-        if not self.is_retry_copy(raw):
-            return pulsar.Message
-        return RetryMessage if self._admit_copy(raw, in_memory) else None
-
     def admit(self, raw: _pulsar.Message, in_memory: bool = False) -> bool:
-        """False if *raw* is a retry copy delivered before its due time: then it is held.
+        """True if the retry copy *raw* may go to the application now; else it is held.
 
-        A held copy stays unacked (durable). With *in_memory* (the blocking
-        ``receive``), one due within :data:`MEMORY_HOLD_MS` is kept here, for
-        :meth:`pop_due` to return when due. Otherwise it is nacked into this
-        consumer's own never-early tracker with the time left, and comes back when due
-        (at most about a handoff, 100-150 ms, late). A copy of a message whose hold is
-        pending (a batch sibling's redelivery) is swallowed the same way. O(1) for
-        other topics; O(log n) for a copy kept in memory.
+        A held copy stays unacked (durable). With *in_memory*, one due within
+        :data:`MEMORY_HOLD_MS` is kept here, for :meth:`pop_due` to return when due;
+        otherwise it is nacked into this letter's never-early tracker with the time
+        left, and comes back when due (at most about a handoff, 100-150 ms, late). A
+        copy of a message whose hold is pending (a batch sibling's redelivery) is
+        swallowed the same way. O(1); O(log n) for a copy kept in memory.
         """
-        return not self.is_retry_copy(raw) or self._admit_copy(raw, in_memory)
+        return self._admit_copy(raw, in_memory, queue_due=False)
 
-    def _admit_copy(self, raw: _pulsar.Message, in_memory: bool) -> bool:
-        """:meth:`admit` for a copy read from the retry topic."""
+    def _admit_copy(self, raw: _pulsar.Message, in_memory: bool, queue_due: bool) -> bool:
+        """:meth:`admit`; with *queue_due* a copy due now is queued for :meth:`pop_due` (and False returned)."""
         if not self._hold.admit(raw):
             return False
         due = due_time_ms(raw)
-        if due is None:
+        left = 0 if due is None else due + 1 - self._clock_ms()  # +1: publish times are whole ms, rounded down
+        if left > 0:
+            with self._lock:
+                self._counts["held"] += 1
+        if left <= 0 and not (queue_due and in_memory):
             return True
-        due += 1  # the publish time is whole ms, rounded down: the copy was sent up to 1 ms after it
-        left = due - self._clock_ms()
-        if left <= 0:
-            return True
-        with self._lock:
-            self._counts["held"] += 1
-            if in_memory and left <= MEMORY_HOLD_MS and not self._closed:
-                heapq.heappush(self._in_memory, (due, next(self._sequence), raw))
-                return False
+        if in_memory and left <= MEMORY_HOLD_MS:
+            with self._lock:
+                if not self._closed:
+                    heapq.heappush(self._in_memory, (self._clock_ms() + max(left, 0), next(self._sequence), raw))
+            wake = self._wake
+            if wake is not None:
+                wake()
+            return False
         self._hold.nack(raw, min(left, MAX_DELAY_MS))
         return False
 
     def pop_due(self) -> _pulsar.Message | None:
-        """The earliest copy kept in memory if it is due now, else None. O(log n)."""
+        """The earliest copy queued here if it is due now, else None; counted as delivered. O(log n)."""
         if not self._in_memory:
             return None
         with self._lock:
             if self._in_memory and self._in_memory[0][0] <= self._clock_ms():
+                self._counts["retry_delivered"] += 1
                 return heapq.heappop(self._in_memory)[2]
         return None
 
     def ms_to_next_due(self) -> int | None:
-        """Milliseconds until the earliest copy kept in memory is due (0: now), or None. O(1)."""
+        """Milliseconds until the earliest copy queued here is due (0: now), or None. O(1)."""
         if not self._in_memory:
             return None
         with self._lock:
@@ -636,31 +751,30 @@ class RetryLetter:
                 return None
             return max(self._in_memory[0][0] - self._clock_ms(), 0)
 
-    def message_type(self, raw: _pulsar.Message) -> type[pulsar.Message]:
-        """The class of the ``pulsar.Message`` the application gets: :class:`RetryMessage` for a retry copy."""
-        return RetryMessage if self.is_retry_copy(raw) else pulsar.Message
-
-    def wrap(self, message: pulsar.Message) -> pulsar.Message:
-        """*message* (a ``pulsar.Message``) as the application gets it: a :class:`RetryMessage` for a retry copy."""
-        raw = message._message
-        if not self.is_retry_copy(raw):
-            return message
+    def message(self, raw: _pulsar.Message, schema: Any) -> RetryMessage:
+        """The :class:`RetryMessage` the application gets for the copy *raw*."""
         wrapped = RetryMessage()
         wrapped._message = raw
-        wrapped._schema = message._schema
+        wrapped._schema = schema if schema is not None else pulsar.schema.BytesSchema()
         return wrapped
 
     def held(self) -> int:
-        """Copies held now (delivered early, waiting in memory or in the hold tracker). O(1)."""
+        """Copies held now (delivered early, waiting here or in the hold tracker). O(1)."""
         return len(self._in_memory) + len(self._hold.tracker)
 
     def counts(self) -> dict[str, int]:
-        """``reconsumed`` (retry copies stored), ``retry_dead_lettered`` (DLQ copies), ``held`` (early copies held)."""
+        """``reconsumed`` (retry copies stored), ``retry_dead_lettered`` (DLQ copies), ``held`` (early
+        copies held), ``retry_delivered`` (copies handed to the application)."""
         with self._lock:
             return dict(self._counts)
 
     def close(self, redeliver_pending: bool = True) -> None:
-        """Close the producers and the hold tracker. Held copies are handed back (or left unacked). Idempotent."""
+        """Close the hold tracker, the retry topic's consumer and the producers. Idempotent.
+
+        Held copies are handed to the client first (*redeliver_pending*) or left unacked;
+        either way the broker redelivers them, and copies queued here, when the consumer
+        is gone.
+        """
         check_bool("redeliver_pending", redeliver_pending)
         with self._lock:
             if self._closed:
@@ -669,9 +783,16 @@ class RetryLetter:
             producer, self._producer_future = self._producer_future, None
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
         self._hold.close(redeliver_pending)
-        if producer is not None:
+        consumer, self._consumer = self._consumer, None
+        for closer in (
+            None if consumer is None else consumer.close,
+            None if producer is None else (lambda: producer.result(timeout=30).close()),
+            self._dead_letter.close if self._own_dead_letter else None,
+        ):
+            if closer is None:
+                continue
             try:
-                producer.result(timeout=30).close()
-            except Exception:  # a producer that never came up: nothing to close
-                pass
+                closer()
+            except Exception:  # a broken connection, a producer that never came up: nothing to close
+                _log.debug("closing part of a retry letter failed", exc_info=True)
 
