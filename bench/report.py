@@ -22,7 +22,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
     "docs/design.md": ["space"],
     "docs/spark.md": ["demo", "replay", "demo-retries"],
-    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost"],
+    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
@@ -736,6 +736,20 @@ def retry_cost_table() -> str:
     return "\n".join(lines)
 
 
+def retry_receive_table() -> str:
+    """receive + acknowledge per message: retry_enable beside a plain and a multi-topic consumer (bench/retry.py)."""
+    data = _load("retry")["receive"]
+    lines = ["| consumer | CPU per message (median) | wall time per message (median) |", "|---|---:|---:|"]
+    for mode, row in data["modes"].items():
+        lines.append(f"| {mode} | {row['cpu_us_median']:.1f} µs | {row['wall_us_median']:.1f} µs |")
+    lines += [
+        "",
+        f"{data['messages']:,} batched messages received and acknowledged one by one, {data['repetitions']} runs of each, "
+        "alternating; process CPU (all its threads) over the loop; `python -m bench.retry` (`bench/results/retry.json`).",
+    ]
+    return "\n".join(lines)
+
+
 def demo_retries_table() -> str:
     """``pulsar-nack demo`` per retry mode, side by side (``python -m bench.demo --retries``)."""
     runs = _load("demo-retries")["runs"]
@@ -808,6 +822,7 @@ BLOCKS = {
     "retry-lateness": retry_lateness_table,
     "retry-durable": retry_durable_table,
     "retry-cost": retry_cost_table,
+    "retry-receive": retry_receive_table,
     "demo-retries": demo_retries_table,
 }
 

@@ -19,7 +19,13 @@ Two parts, each on its own Apache Pulsar standalone:
     process RSS growth), and for reconsume the broker's side: the retry topic's storage
     and the subscription's delayed-delivery index per pending retry (admin stats).
 
-Run: ``python -m bench.retry [--quick] [--parts lateness,cost]``; writes
+``receive``
+    The per-message cost of receive + acknowledge (process CPU and wall time, µs) of a
+    consumer with ``retry_enable=True`` beside a plain one and beside one multi-topic
+    consumer of the topic and a second topic: why the retry topic has a consumer of its
+    own, as in the Java client, instead of joining the consumer's topics.
+
+Run: ``python -m bench.retry [--quick] [--parts lateness,cost,receive]``; writes
 ``bench/results/retry.json`` (``retry-quick.json`` with ``--quick``).
 """
 
@@ -249,13 +255,71 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     return result
 
 
+# ---------------------------------------------------------------------- receive
+
+
+RECEIVE_MODES = ("plain", "retry_enable", "two-topic multi-topic")
+
+
+def _receive_cost(broker: Any, mode: str, n: int) -> dict[str, float]:
+    """Receive and ack *n* batched messages; CPU and wall µs per message (after a first one)."""
+    import resource
+
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.testing import quiet_client
+
+    client = quiet_client(broker.url)
+    topic = f"persistent://public/default/retry-receive-{uuid.uuid4().hex[:8]}"
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10, block_if_queue_full=True)
+    for i in range(n):
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    producer.close()
+    kwargs: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared, "initial_position": pulsar.InitialPosition.Earliest}
+    topics: Any = [topic, f"{topic}-other"] if mode == "two-topic multi-topic" else topic
+    consumer = pulsar_nack.subscribe(client, topics, "sub", retry_enable=mode == "retry_enable", **kwargs)
+    consumer.acknowledge(consumer.receive(30_000))
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(n - 1):
+        consumer.acknowledge(consumer.receive(30_000))
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    consumer.close()
+    client.close()
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"cpu_us": cpu / (n - 1) * 1e6, "wall_us": wall / (n - 1) * 1e6}
+
+
+def receive_part(broker: Any, n: int, repetitions: int) -> dict[str, Any]:
+    """Each mode *repetitions* times, the modes alternating; the medians and every sample."""
+    samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in RECEIVE_MODES}
+    for repetition in range(repetitions):
+        order = RECEIVE_MODES if repetition % 2 == 0 else RECEIVE_MODES[::-1]
+        for mode in order:
+            samples[mode].append(_receive_cost(broker, mode, n))
+    return {
+        "messages": n,
+        "repetitions": repetitions,
+        "modes": {
+            mode: {
+                "cpu_us_median": percentile(sorted(x["cpu_us"] for x in runs), 50),
+                "wall_us_median": percentile(sorted(x["wall_us"] for x in runs), 50),
+                "samples": runs,
+            }
+            for mode, runs in samples.items()
+        },
+    }
+
+
 # ---------------------------------------------------------------------- the command
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.retry", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--parts", default="lateness,cost")
+    parser.add_argument("--parts", default="lateness,cost,receive")
     parser.add_argument("--per-delay", type=int, default=100, help="messages per delay (lateness)")
     parser.add_argument("--pending", type=int, default=5000, help="pending retries (cost)")
     parser.add_argument("--brokers", default=",".join(BROKERS))
@@ -265,12 +329,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pulsar_nack.testing import PulsarStandalone
 
     start = start_context()
-    payload: dict[str, Any] = {"delays_ms": list(DELAYS_MS), "lateness": {}, "cost": []}
+    payload: dict[str, Any] = {"delays_ms": list(DELAYS_MS), "lateness": {}, "cost": [], "receive": {}}
     parts = args.parts.split(",")
     previous = results_dir("retry") / "retry.json"
-    if not args.quick and set(parts) != {"lateness", "cost"} and previous.exists():
-        kept = json.loads(previous.read_text())  # the part not run now keeps its committed results
-        payload.update({part: kept[part] for part in ("lateness", "cost") if part not in parts and part in kept})
+    if not args.quick and set(parts) != {"lateness", "cost", "receive"} and previous.exists():
+        kept = json.loads(previous.read_text())  # the parts not run now keep their committed results
+        payload.update({p: kept[p] for p in ("lateness", "cost", "receive") if p not in parts and p in kept})
     if "lateness" in parts:
         for name in args.brokers.split(","):
             with PulsarStandalone(config=BROKERS[name]) as broker:
@@ -296,6 +360,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "-" if c["tracker_bytes_per_pending"] is None else f"{c['tracker_bytes_per_pending']:.1f}",
               f"{c['rss_delta_bytes_per_pending']:.0f}"] for c in payload["cost"]],
             title="cost per pending retry",
+        )
+    if "receive" in parts:
+        with PulsarStandalone() as broker:
+            payload["receive"] = receive_part(broker, 5_000 if args.quick else 40_000, 2 if args.quick else 3)
+        print_table(
+            ["consumer", "CPU µs / message (median)", "wall µs / message (median)"],
+            [[m, f"{r['cpu_us_median']:.1f}", f"{r['wall_us_median']:.1f}"] for m, r in payload["receive"]["modes"].items()],
+            title="receive + acknowledge",
         )
     path = write_result("retry-quick" if args.quick else "retry", payload, start)
     print(f"wrote {path}")

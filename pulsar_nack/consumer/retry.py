@@ -3,7 +3,8 @@
 A retry that must survive the consumer is republished, not remembered:
 ``reconsume_later(message, delay_ms)`` produces a copy of the message to the
 subscription's **retry letter topic** with a delivery time, and acks the original only
-once the copy is stored. The consumer also reads the retry topic, so the copy comes
+once the copy is stored. The consumer also reads the retry topic (a Shared
+subscription of the same name, by a consumer of its own, as Java's), so the copy comes
 back to it (or to any consumer of the subscription) when the broker delivers it. After
 ``max_redeliver_count`` reconsumes the copy goes to the **dead letter topic** instead.
 Nothing about a pending retry lives in the consumer's memory: a crash, a restart or a
@@ -37,9 +38,10 @@ Never early
     The broker's delayed delivery is tick based: a stock broker
     (``delayedDeliveryTickTimeMillis=1000``, not strict) delivers at once a message due
     within one tick, so a 1 s retry comes back after a few ms. A copy that arrives
-    before its due time (publish time + ``DELAY_TIME``) is held here: nacked, unacked
-    and so still durable, into a never-early tracker of its own, and handed to the
-    application only when due (:meth:`RetryLetter.admit`).
+    before its due time (publish time + ``DELAY_TIME``) is held, unacked and so still
+    durable, and handed to the application only when due: kept in memory when due
+    within :data:`MEMORY_HOLD_MS`, else nacked into a never-early tracker of its own
+    (:meth:`RetryLetter.admit`).
 The original topic
     The application sees a retried message as a :class:`RetryMessage`: a
     ``pulsar.Message`` whose ``topic_name()`` is the original topic (``REAL_TOPIC``),
@@ -405,11 +407,11 @@ class RetryLetter:
     Built by ``subscribe(..., retry_enable=True)``; the blocking and the asyncio consumer
     both use it. As in the Java client, the retry topic is read by a Shared subscription
     of the consumer's subscription name, here a consumer of its own (a single-topic
-    consumer costs the C++ client a third of the CPU per message of a multi-topic one,
-    ``bench/results/retry_consumer.json``). Its copies arrive on the client's listener
-    thread (:meth:`_on_copy`): one due now is queued for the application, one due
-    within :data:`MEMORY_HOLD_MS` is kept here until due, one due later is nacked into a
-    never-early tracker of its own. :meth:`submit` never blocks: it returns a
+    consumer costs the C++ client a third to a half of the CPU per message of a
+    multi-topic one: the ``receive`` part of ``bench/results/retry.json``). Its copies
+    arrive on the client's listener thread (:meth:`_on_copy`): one due now is queued
+    for the application, one due within :data:`MEMORY_HOLD_MS` is kept here until due,
+    one due later is nacked into a never-early tracker of its own. :meth:`submit` never blocks: it returns a
     ``concurrent.futures.Future`` that the caller waits on or awaits.
 
     Parameters
