@@ -66,3 +66,20 @@ def test_a_page_tail_is_a_page_keyed_by_its_first_record():
     assert [r[0] for r in _pages.records(records[2][0], tail)] == [d for d, _ in bodies[2:]]
     grown = _pages.append(tail, records[2][0], 2000, bodies[0][1])
     assert [r[0] for r in _pages.records(records[2][0], grown)][-1] == 2000
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=400))
+def test_pack_makes_the_pages_sealing_one_bucket_at_a_time_makes(sizes):
+    """The tail log's buckets (packed at once) and sealed buckets (appended one by one) share one writer."""
+    bodies = [(1000 + 3 * i, _pages.encode_body([(1, list(range(0, 2 * n, 2)))])) for i, n in enumerate(sizes)]
+    one_at_a_time: list[tuple[int, bytes]] = []
+    for deadline, body in bodies:
+        joined = _pages.append(one_at_a_time[-1][1], one_at_a_time[-1][0], deadline, body) if one_at_a_time else None
+        if joined is None:
+            one_at_a_time.append((deadline, _pages.build(deadline, [(deadline, body)])))
+        else:
+            one_at_a_time[-1] = (one_at_a_time[-1][0], joined)
+    packed = _pages.pack(bodies)
+    assert packed == one_at_a_time
+    assert all(len(page) <= _pages.PAGE_BYTES or len(_pages.records(key, page)) == 1 for key, page in packed)
+    assert [r[0] for key, page in packed for r in _pages.records(key, page)] == [d for d, _ in bodies]

@@ -1,59 +1,57 @@
 /*
  * pulsar_nack.core._speedups: the optional C hot path of NegativeAcksTracker.add.
  *
- * Nothing here is needed for correctness: pulsar_nack/_accel.py has a pure-Python
- * HotSlot, and NegativeAcksTracker.add is pure Python without FastAdd. Set
- * PULSAR_NACK_PURE_PYTHON=1 to use the pure-Python versions.
+ * Nothing here is needed for correctness: pulsar_nack/core/accel.py holds the pure-Python
+ * HotSlot, and NegativeAcksTracker.add is pure Python without FastAdd
+ * (PULSAR_NACK_PURE_PYTHON=1 forces that). This file owns no rule of the structure:
+ * TimeBuckets (buckets.py) trims deadlines into buckets and gives each hot slot the range
+ * of deadlines its bucket holds; pages.py is the only writer of sealed pages; the tracker
+ * (tracker.py) hands FastAdd its delays, the backoff's table and the delay limit.
  *
- * HotSlot: up to 16 open bitmaps that recent adds went to, each by (bucket deadline,
- *   topic, ledger, kind), kept by TimeBuckets: plain ids below 2**32, and batched ids
- *   whose packed value (entry << 10 | index) is below 2**32. So interleaved topics,
- *   batches and the few buckets a backoff writes to at once all stay hot. Adds through
- *   a slot are not counted one by one: TimeBuckets counts them as the bitmap's growth
- *   since set() (and, for batches, the new entries the slot saw) when a slot goes.
+ * HotSlot: up to MAX_SLOTS open bitmaps that recent adds went to, each by (range of
+ *   deadlines [first, last], topic, ledger, kind): plain ids below 2**32, and batched ids
+ *   whose packed value (entry << BATCH_BITS | index) is below 2**32. Adds through a slot
+ *   are not counted one by one: TimeBuckets counts them as the bitmap's growth since set()
+ *   (and, for batches, the new entries the slot saw) when the slot goes.
  *
- * The tail log (part of HotSlot): adds of ONE stream (topic, ledger, kind, with its
- *   sid) that land strictly after every bucket of the structure, e.g. one nack per ms at
- *   precision 0, where every add opens a new bucket. TimeBuckets sets the stream and the
- *   floor (no bucket is later than it) after a slow add, with set_log(). A hot-slot miss
- *   is appended as a (bucket deadline, value) record when its stream is the log's, its
- *   deadline is above the floor and (deadline, value) is above the last record's (at
- *   most LOG_GROUP records per deadline, LOG_CAPACITY in all); anything else misses to
- *   Python as before. Records strictly increase, so there is no duplicate and growth()
- *   stays exact. While the log holds records the Python structure is untouched: every
- *   Python operation on it first calls take_log(), which encodes every deadline group
- *   but the last into sealed pages (the exact format of pulsar_nack/_pages.py, one GAPS
- *   stream per bucket) for TimeBuckets to put after its last bucket, and hands back the
- *   last group for it to open as a normal bucket (a dense bucket then gets a hot bitmap).
+ * The tail log (part of HotSlot): adds of ONE stream (topic, ledger, kind, with its sid)
+ *   whose deadline is after every bucket, at precision 0 only (a bucket per millisecond:
+ *   a deadline is its own bucket, so the log needs no trimming). TimeBuckets sets the
+ *   stream and the floor with set_log(). A hot-slot miss is appended as a (deadline, value)
+ *   record when its stream is the log's, its deadline is above the floor and (deadline,
+ *   value) is above the last record's (at most LOG_GROUP records per deadline,
+ *   LOG_CAPACITY in all); anything else misses to Python. Records strictly increase, so
+ *   there is no duplicate and growth() stays exact. Every Python operation on the
+ *   structure first calls take_log(), which hands the records back grouped by deadline
+ *   for TimeBuckets to seal (through pages.py) and open.
  *
- * FastAdd: NegativeAcksTracker.add for the common calls, add(key), add(key, None, None)
- *   and, with a MultiplierRedeliveryBackoff, add(key, None, redelivery_count) (its
- *   delays precomputed by count), with the default clock (or any clock for tests). It
- *   computes the deadline and, holding the tracker's lock, adds the key to its slot's
- *   bitmap when a slot takes it, or appends it to the tail log. Anything else goes to
- *   the tracker's Python code: track(key, deadline) for other keys, general(*args) for
- *   other calls. It never arms the timer: the slot's bucket exists, or the log's
- *   deadline is after the structure's last bucket (the log has a stream only while the
- *   structure holds one), so the timer is already armed for an earlier time.
+ * FastAdd: NegativeAcksTracker.add for every documented call form, add(key),
+ *   add(key, delay_ms) and add(key, delay_ms=...), add(key, None, redelivery_count) and
+ *   add(key, redelivery_count=...), with the fixed delay or a multiplier backoff's table.
+ *   It computes the deadline (now + delay) and, holding the tracker's lock, adds the key to
+ *   the slot whose range holds it, or to the tail log. Anything else goes to the tracker's
+ *   Python code: track(key, deadline) for other keys, general(*args, **kwargs) for other
+ *   calls and arguments the Python code must judge. It never arms the timer: a slot's
+ *   bucket exists, and a log record is after the structure's last bucket.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <stdint.h>
 #include <time.h>
 
 #define U32_LIMIT (1LL << 32)
 #define DEADLINE_LIMIT (1LL << 62) /* deadlines at or above it take the Python path */
-
-/* ------------------------------------------------------------------ HotSlot */
-
 #define MAX_SLOTS 16
 #define KIND_PLAIN 0
 #define KIND_BATCHED 1
 #define BATCH_BITS 10
+#define LOG_CAPACITY 2048 /* records in the tail log; a full log misses to Python, which takes it */
+#define LOG_GROUP 8       /* records per deadline: a denser bucket is handed to Python to get a hot bitmap */
+
+/* ------------------------------------------------------------------ HotSlot */
 
 typedef struct {
-    long long deadline; /* trimmed bucket deadline */
+    long long first, last; /* the deadlines its bucket holds */
     PyObject *topic;    /* exact str */
     long long ledger;
     int kind;           /* KIND_PLAIN or KIND_BATCHED */
@@ -65,22 +63,17 @@ typedef struct {
     long long last_entry; /* the entry of the previous batched add, -1 when none */
 } Slot;
 
-#define LOG_CAPACITY 2048 /* records in the tail log; a full log misses to Python, which takes it */
-#define LOG_GROUP 8       /* records per deadline: a denser bucket is handed to Python to get a hot bitmap */
-#define GAPS_CODEC 2      /* pulsar_nack.core.pages.GAPS */
-
 typedef struct {
-    long long deadline; /* trimmed bucket deadline */
-    long long value;    /* bitmap value (PLAIN: entry; BATCHED: entry << 10 | index) */
+    long long deadline;
+    long long value;    /* bitmap value (PLAIN: entry; BATCHED: entry << BATCH_BITS | index) */
 } LogRecord;
 
 typedef struct {
     PyObject_HEAD
     int count;          /* slots in use: slots[0] is the oldest */
-    int last;           /* the slot of the previous hit */
+    int hit;            /* the slot of the previous hit */
     Slot slots[MAX_SLOTS];
-    /* The tail log: its stream (log_topic NULL: none), the floor, the records. */
-    PyObject *log_topic;  /* exact str */
+    PyObject *log_topic;  /* the log's stream (exact str), NULL when none */
     long long log_ledger;
     int log_kind;
     long long log_sid;
@@ -107,7 +100,7 @@ HotSlot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "HotSlot() takes no arguments");
         return NULL;
     }
-    return type->tp_alloc(type, 0); /* zeroed: no slots */
+    return type->tp_alloc(type, 0); /* zeroed: no slots, no log */
 }
 
 static void
@@ -120,7 +113,7 @@ HotSlot_dealloc(HotSlot *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Add slot i's growth since set() to *messages and *entries; -1 on error. */
+/* Add a slot's growth since set() to *messages and *entries; -1 on error. */
 static int
 slot_growth(Slot *slot, Py_ssize_t *messages, Py_ssize_t *entries)
 {
@@ -140,7 +133,7 @@ slot_remove(HotSlot *self, int i, Py_ssize_t *messages, Py_ssize_t *entries)
     slot_release(&self->slots[i]);
     memmove(&self->slots[i], &self->slots[i + 1], sizeof(Slot) * (size_t)(self->count - i - 1));
     self->count--;
-    self->last = 0;
+    self->hit = 0;
     return failed;
 }
 
@@ -163,49 +156,54 @@ read_kind(PyObject *kind_obj)
     return kind;
 }
 
+/* Read n ints of args into out; 1 if all fit 64 bits, 0 if one does not (no error). */
+static int
+read_longs(PyObject *const *args, int n, long long *out)
+{
+    int overflow = 0;
+    for (int i = 0; i < n && !overflow; i++)
+        out[i] = PyLong_AsLongLongAndOverflow(args[i], &overflow);
+    return !overflow;
+}
+
 static PyObject *
 HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long deadline, ledger, kind;
-    int overflow = 0;
+    long long range[2], ledger, kind;
     Py_ssize_t messages = 0, entries = 0;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "set(deadline, topic, ledger, kind, bitmap) takes 5 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "set(first, last, topic, ledger, kind, bitmap) takes 6 arguments");
         return NULL;
     }
-    if (!PyLong_Check(args[0]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) || !PyUnicode_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "set() takes an int deadline, a str topic, an int ledger and an int kind");
+    if (!PyLong_Check(args[0]) || !PyLong_Check(args[1]) || !PyUnicode_Check(args[2]) || !PyLong_Check(args[3])
+        || !PyLong_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "set() takes int first and last deadlines, a str topic, an int ledger and kind");
         return NULL;
     }
-    if ((kind = read_kind(args[3])) < 0)
+    if ((kind = read_kind(args[4])) < 0)
         return NULL;
-    deadline = PyLong_AsLongLongAndOverflow(args[0], &overflow);
-    if (!overflow)
-        ledger = PyLong_AsLongLongAndOverflow(args[2], &overflow);
-    if (overflow || !PyUnicode_CheckExact(args[1]))
+    if (!read_longs(args, 2, range) || !read_longs(args + 3, 1, &ledger) || !PyUnicode_CheckExact(args[2]))
         /* Beyond 64 bits (fake clocks only) or a str subclass: no slot; the Python path
          * handles such keys. The caller has stored the key already: never fail here. */
         return growth_pair(0, 0, 0);
-    Py_ssize_t base = PyObject_Length(args[4]);
+    Py_ssize_t base = PyObject_Length(args[5]);
     if (base < 0)
         return NULL;
-    PyObject *add = PyObject_GetAttrString(args[4], "add");
+    PyObject *add = PyObject_GetAttrString(args[5], "add"), *range_cardinality = NULL;
     if (add == NULL)
         return NULL;
-    PyObject *range_cardinality = NULL;
-    if (kind == KIND_BATCHED && (range_cardinality = PyObject_GetAttrString(args[4], "range_cardinality")) == NULL) {
+    if (kind == KIND_BATCHED && (range_cardinality = PyObject_GetAttrString(args[5], "range_cardinality")) == NULL) {
         Py_DECREF(add);
         return NULL;
     }
-    int failed = 0;
-    if (self->count == MAX_SLOTS)
-        failed = slot_remove(self, 0, &messages, &entries); /* the oldest makes room */
+    int failed = self->count == MAX_SLOTS && slot_remove(self, 0, &messages, &entries) < 0; /* the oldest makes room */
     Slot *slot = &self->slots[self->count++];
-    slot->deadline = deadline;
-    slot->topic = Py_NewRef(args[1]);
+    slot->first = range[0];
+    slot->last = range[1];
+    slot->topic = Py_NewRef(args[2]);
     slot->ledger = ledger;
     slot->kind = (int)kind;
-    slot->bitmap = Py_NewRef(args[4]);
+    slot->bitmap = Py_NewRef(args[5]);
     slot->add = add;
     slot->range_cardinality = range_cardinality;
     slot->base = base;
@@ -214,70 +212,53 @@ HotSlot_set(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
     return growth_pair(failed, messages, entries);
 }
 
-/* Remove every slot for which match(slot, arg) holds; return their growth. */
+/* Remove every slot holding deadline *value* (all slots when arg is Py_True, the slot of
+ * bitmap *arg* otherwise when arg is not NULL); return their growth. */
 static PyObject *
-remove_where(HotSlot *self, int (*match)(Slot *, PyObject *, long long), PyObject *arg, long long value)
+remove_where(HotSlot *self, PyObject *bitmap, int all, long long deadline)
 {
     Py_ssize_t messages = 0, entries = 0;
     int failed = 0;
-    for (int i = self->count - 1; i >= 0; i--)
-        if (match(&self->slots[i], arg, value))
+    for (int i = self->count - 1; i >= 0; i--) {
+        Slot *s = &self->slots[i];
+        if (all || (bitmap != NULL ? s->bitmap == bitmap : s->first <= deadline && deadline <= s->last))
             failed |= slot_remove(self, i, &messages, &entries);
+    }
     return growth_pair(failed, messages, entries);
-}
-
-static int
-match_all(Slot *slot, PyObject *arg, long long value)
-{
-    return 1;
-}
-
-static int
-match_deadline(Slot *slot, PyObject *arg, long long value)
-{
-    return slot->deadline == value;
-}
-
-static int
-match_bitmap(Slot *slot, PyObject *arg, long long value)
-{
-    return slot->bitmap == arg;
 }
 
 static PyObject *
 HotSlot_clear(HotSlot *self, PyObject *unused)
 {
-    return remove_where(self, match_all, NULL, 0);
+    return remove_where(self, NULL, 1, 0);
 }
 
 static PyObject *
 HotSlot_forget(HotSlot *self, PyObject *deadline)
 {
-    int overflow;
+    int overflow = 0;
     long long value = PyLong_Check(deadline) ? PyLong_AsLongLongAndOverflow(deadline, &overflow) : -1;
     if (value == -1 && PyErr_Occurred())
         return NULL;
     if (!PyLong_Check(deadline) || overflow)
-        return growth_pair(0, 0, 0); /* no slot has such a deadline */
-    return remove_where(self, match_deadline, NULL, value);
+        return growth_pair(0, 0, 0); /* no slot holds such a deadline */
+    return remove_where(self, NULL, 0, value);
 }
 
 static PyObject *
 HotSlot_forget_bitmap(HotSlot *self, PyObject *bitmap)
 {
-    return remove_where(self, match_bitmap, bitmap, 0);
+    return remove_where(self, bitmap, 0, 0);
 }
 
-/* The messages (entries == 0) or the entries (entries == 1) added through every slot. */
+/* The messages (entries == 0) or the entries (entries == 1) added through every slot and the log. */
 static PyObject *
 total_growth(HotSlot *self, int entries)
 {
-    Py_ssize_t counts[2] = {0, 0};
+    Py_ssize_t counts[2] = {self->log_len, self->log_entries}; /* the log's records: distinct, none stored */
     int failed = 0;
     for (int i = 0; i < self->count; i++)
         failed |= slot_growth(&self->slots[i], &counts[0], &counts[1]);
-    counts[0] += self->log_len; /* the log's records: distinct, none in the structure */
-    counts[1] += self->log_entries;
     return failed ? NULL : PyLong_FromSsize_t(counts[entries]);
 }
 
@@ -299,7 +280,7 @@ HotSlot_slots(HotSlot *self, PyObject *unused)
     PyObject *list = PyList_New(self->count);
     for (int i = 0; list != NULL && i < self->count; i++) {
         Slot *s = &self->slots[i];
-        PyObject *item = Py_BuildValue("(LOLiOn)", s->deadline, s->topic, s->ledger, s->kind, s->bitmap, s->base);
+        PyObject *item = Py_BuildValue("(LLOLiOn)", s->first, s->last, s->topic, s->ledger, s->kind, s->bitmap, s->base);
         if (item == NULL)
             Py_CLEAR(list);
         else
@@ -309,14 +290,14 @@ HotSlot_slots(HotSlot *self, PyObject *unused)
 }
 
 /* The fields of a key the slots can take: exact str topic and exact ints, a plain id
- * below 2**32 or a batched one whose packed value is below 2**32. 1 if so, else 0;
- * runs no Python code and never fails. */
+ * below 2**32 or a batched one whose packed value is below 2**32. */
 typedef struct {
     PyObject *topic, *entry_obj;
     long long ledger, entry, value;
     int kind;
 } SlotKey;
 
+/* 1 if the slots can take *key* (filling *k*), else 0; runs no Python code, never fails. */
 static int
 slot_key(PyObject *key, SlotKey *k)
 {
@@ -335,43 +316,40 @@ slot_key(PyObject *key, SlotKey *k)
     if (overflow || k->ledger < 0)
         return 0;
     k->entry = PyLong_AsLongLongAndOverflow(entry, &overflow);
-    if (overflow || k->entry < 0)
+    if (overflow || k->entry < 0 || k->entry >= (index < 0 ? U32_LIMIT : U32_LIMIT >> BATCH_BITS))
         return 0;
-    if (index == -1) {
-        k->kind = KIND_PLAIN;
-        k->value = k->entry;
-    } else {
-        k->kind = KIND_BATCHED;
-        if (k->entry >= (U32_LIMIT >> BATCH_BITS))
-            return 0;
-        k->value = k->entry << BATCH_BITS | index;
-    }
-    if (k->value >= U32_LIMIT)
-        return 0;
+    k->kind = index < 0 ? KIND_PLAIN : KIND_BATCHED;
+    k->value = index < 0 ? k->entry : k->entry << BATCH_BITS | index;
     k->topic = topic;
     k->entry_obj = entry;
     return 1;
 }
 
-/* The slot for a key in bucket *deadline*, or -1. Runs no Python code. */
+/* Whether two exact strs are equal (pointer first: keys usually share one topic object). */
+static int
+same_topic(PyObject *a, PyObject *b)
+{
+    return a == b || (PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_Compare(a, b) == 0);
+}
+
+/* The slot for a key due at *deadline*, or -1. Runs no Python code. */
 static int
 find_slot(HotSlot *self, SlotKey *k, long long deadline)
 {
     for (int n = 0; n < self->count; n++) {
-        int i = (self->last + n) % self->count; /* the previous hit first */
+        int i = (self->hit + n) % self->count; /* the previous hit first */
         Slot *s = &self->slots[i];
-        if (s->deadline != deadline || s->ledger != k->ledger || s->kind != k->kind)
+        if (deadline < s->first || deadline > s->last || s->ledger != k->ledger || s->kind != k->kind)
             continue;
-        if (s->topic == k->topic || (PyUnicode_GET_LENGTH(s->topic) == PyUnicode_GET_LENGTH(k->topic)
-                                     && PyUnicode_Compare(s->topic, k->topic) == 0)) {
-            self->last = i;
+        if (same_topic(s->topic, k->topic)) {
+            self->hit = i;
             return i;
         }
     }
     return -1;
 }
 
-/* Add the key to slot i's bitmap (the caller holds the tracker's lock). 0, or -1 on error. */
+/* Add the key to a slot's bitmap (the caller holds the tracker's lock). 0, or -1 on error. */
 static int
 slot_add(Slot *s, SlotKey *k)
 {
@@ -407,8 +385,7 @@ slot_add(Slot *s, SlotKey *k)
 
 /* ------------------------------------------------------------------ tail log */
 
-/* Whether the tail log takes the key in bucket *deadline* (see the top of this file).
- * Runs no Python code. */
+/* Whether the tail log takes the key due at *deadline* (see the top of this file). */
 static int
 log_takes(HotSlot *self, SlotKey *k, long long deadline)
 {
@@ -421,8 +398,7 @@ log_takes(HotSlot *self, SlotKey *k, long long deadline)
             || (deadline == last->deadline && (k->value <= last->value || self->log_group >= LOG_GROUP)))
             return 0;
     }
-    return k->topic == self->log_topic || (PyUnicode_GET_LENGTH(self->log_topic) == PyUnicode_GET_LENGTH(k->topic)
-                                           && PyUnicode_Compare(self->log_topic, k->topic) == 0);
+    return same_topic(self->log_topic, k->topic);
 }
 
 /* Append the key the log takes (log_takes() said so; the caller holds the tracker's lock). */
@@ -437,16 +413,13 @@ log_append(HotSlot *self, SlotKey *k, long long deadline)
         self->log_group++;
         self->log_entries += k->kind == KIND_PLAIN || (k->value >> BATCH_BITS) != (last->value >> BATCH_BITS);
     }
-    LogRecord *record = &self->log[self->log_len++];
-    record->deadline = deadline;
-    record->value = k->value;
+    self->log[self->log_len++] = (LogRecord){deadline, k->value};
 }
 
 static PyObject *
 HotSlot_set_log(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long ledger = 0, kind, sid = 0, floor = 0;
-    int overflow = 0;
+    long long numbers[4], kind; /* ledger, kind, sid, floor */
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "set_log(topic, ledger, kind, sid, floor) takes 5 arguments");
         return NULL;
@@ -462,21 +435,17 @@ HotSlot_set_log(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if ((kind = read_kind(args[2])) < 0)
         return NULL;
-    ledger = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (!overflow)
-        sid = PyLong_AsLongLongAndOverflow(args[3], &overflow);
-    if (!overflow)
-        floor = PyLong_AsLongLongAndOverflow(args[4], &overflow);
     Py_CLEAR(self->log_topic);
-    if (overflow || !PyUnicode_CheckExact(args[0]) || ledger < 0 || sid < 0 || floor < 0 || floor >= DEADLINE_LIMIT)
+    if (!read_longs(args + 1, 4, numbers) || !PyUnicode_CheckExact(args[0]) || numbers[0] < 0 || numbers[2] < 0
+        || numbers[3] < 0 || numbers[3] >= DEADLINE_LIMIT)
         Py_RETURN_NONE; /* beyond 64 bits (fake clocks only) or a str subclass: no log */
     if (self->log == NULL && (self->log = PyMem_Malloc(sizeof(LogRecord) * LOG_CAPACITY)) == NULL)
         Py_RETURN_NONE; /* no memory for it: no log (the key is stored already: never fail here) */
     self->log_topic = Py_NewRef(args[0]);
-    self->log_ledger = ledger;
+    self->log_ledger = numbers[0];
     self->log_kind = (int)kind;
-    self->log_sid = sid;
-    self->log_floor = floor;
+    self->log_sid = numbers[2];
+    self->log_floor = numbers[3];
     Py_RETURN_NONE;
 }
 
@@ -491,122 +460,33 @@ HotSlot_unset_log(HotSlot *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* Write uvarint(value) (LEB128, as _pages.uvarint) at out; return its length. */
-static Py_ssize_t
-put_uvarint(unsigned char *out, unsigned long long value)
-{
-    Py_ssize_t size = 0;
-    while (value >= 0x80) {
-        out[size++] = (unsigned char)(value & 0x7F) | 0x80;
-        value >>= 7;
-    }
-    out[size++] = (unsigned char)value;
-    return size;
-}
-
-#define UVARINT_MAX 10
-#define LOG_RECORD_MAX (2 * UVARINT_MAX + 3 * UVARINT_MAX + LOG_GROUP * UVARINT_MAX)
-
-/* Append the page page[:size] keyed by *key* to the list as (key, bytes); -1 on error. */
-static int
-emit_page(PyObject *pages, long long key, const unsigned char *page, Py_ssize_t size)
-{
-    PyObject *item = Py_BuildValue("(Ly#)", key, (const char *)page, size);
-    int failed = item == NULL || PyList_Append(pages, item) < 0;
-    Py_XDECREF(item);
-    return failed ? -1 : 0;
-}
-
-/* take_log(page_bytes): None when the log is empty, else
- * (sid, pages, messages, entries, buckets, last_page_deadline, deadline, values):
- * every deadline group but the last encoded as sealed buckets into pages of up to
- * page_bytes ([(key, bytes)], the _pages format, one GAPS stream per bucket) with the
- * messages, distinct entries and buckets they hold and the deadline of their last bucket
- * (-1 when none), and the last group (its deadline and its values, ascending). The log is
- * then empty and its floor is that last deadline. On error the log is left as it was. */
+/* take_log(): None when the log is empty, else (sid, [(deadline, [value, ...]), ...]): the
+ * records grouped by deadline, in order. The log is then empty and its floor is the last
+ * deadline. On error the log is left as it was. */
 static PyObject *
-HotSlot_take_log(HotSlot *self, PyObject *arg)
+HotSlot_take_log(HotSlot *self, PyObject *unused)
 {
-    Py_ssize_t page_bytes = PyLong_AsSsize_t(arg);
-    if (page_bytes == -1 && PyErr_Occurred())
-        return NULL;
-    if (page_bytes < 1 || page_bytes > (1 << 24)) {
-        PyErr_SetString(PyExc_ValueError, "page_bytes must be in [1, 2**24]");
-        return NULL;
-    }
     if (self->log_len == 0)
         Py_RETURN_NONE;
-    LogRecord *log = self->log;
-    Py_ssize_t n = self->log_len, last_start = n - 1;
-    long long last_deadline = log[n - 1].deadline, key = 0, page_last = -1;
-    while (last_start > 0 && log[last_start - 1].deadline == last_deadline)
-        last_start--;
-    unsigned char *page = PyMem_Malloc((size_t)page_bytes + 2 * LOG_RECORD_MAX);
-    PyObject *pages = PyList_New(0), *values = PyList_New(n - last_start), *result = NULL;
-    if (page == NULL || pages == NULL || values == NULL)
-        goto done;
-    Py_ssize_t size = 0, messages = 0, entries = 0, buckets = 0;
-    unsigned long long tag = (unsigned long long)self->log_sid << 2 | GAPS_CODEC;
-    for (Py_ssize_t i = 0, j; i < last_start; i = j) {
-        /* body := uvarint(1) uvarint(sid << 2 | GAPS) uvarint(len(payload)) payload */
-        unsigned char payload[LOG_GROUP * UVARINT_MAX], body[LOG_RECORD_MAX], head[2 * UVARINT_MAX];
-        Py_ssize_t payload_size = 0, body_size, head_size;
-        long long deadline = log[i].deadline, previous = 0;
-        for (j = i; j < last_start && log[j].deadline == deadline; j++) {
-            payload_size += put_uvarint(payload + payload_size, (unsigned long long)(log[j].value - previous));
-            entries += j == i || self->log_kind == KIND_PLAIN || (log[j].value >> BATCH_BITS) != (previous >> BATCH_BITS);
-            previous = log[j].value;
+    PyObject *groups = PyList_New(0), *values = NULL, *result = NULL;
+    for (Py_ssize_t i = 0; groups != NULL && i < self->log_len; i++) {
+        long long deadline = self->log[i].deadline;
+        PyObject *value = PyLong_FromLongLong(self->log[i].value);
+        if (values == NULL || (i && deadline != self->log[i - 1].deadline)) {
+            values = PyList_New(0);
+            PyObject *group = values == NULL ? NULL : Py_BuildValue("(LN)", deadline, values);
+            if (group == NULL || PyList_Append(groups, group) < 0)
+                Py_CLEAR(groups);
+            Py_XDECREF(group);
         }
-        body_size = put_uvarint(body, 1);
-        body_size += put_uvarint(body + body_size, tag);
-        body_size += put_uvarint(body + body_size, (unsigned long long)payload_size);
-        memcpy(body + body_size, payload, (size_t)payload_size);
-        body_size += payload_size;
-        /* record := uvarint(deadline - base) uvarint(len(body)) body; base = the page's key */
-        if (size) {
-            head_size = put_uvarint(head, (unsigned long long)(deadline - key));
-            head_size += put_uvarint(head + head_size, (unsigned long long)body_size);
-            if (size + head_size + body_size > page_bytes) { /* full: a new page */
-                if (emit_page(pages, key, page, size) < 0)
-                    goto done;
-                size = 0;
-            }
-        }
-        if (size == 0) { /* page := uvarint(key - base) record+, base = key */
-            key = deadline;
-            size = put_uvarint(page, 0);
-            head_size = put_uvarint(head, 0);
-            head_size += put_uvarint(head + head_size, (unsigned long long)body_size);
-        }
-        memcpy(page + size, head, (size_t)head_size);
-        memcpy(page + size + head_size, body, (size_t)body_size);
-        size += head_size + body_size;
-        page_last = deadline;
-        messages += j - i;
-        buckets++;
+        if (value == NULL || groups == NULL || PyList_Append(values, value) < 0)
+            Py_CLEAR(groups);
+        Py_XDECREF(value);
     }
-    if (size && emit_page(pages, key, page, size) < 0)
-        goto done;
-    for (Py_ssize_t i = last_start; i < n; i++) {
-        PyObject *value = PyLong_FromLongLong(log[i].value);
-        if (value == NULL)
-            goto done;
-        PyList_SET_ITEM(values, i - last_start, value);
+    if (groups != NULL && (result = Py_BuildValue("(LN)", self->log_sid, groups)) != NULL) {
+        self->log_floor = self->log[self->log_len - 1].deadline;
+        self->log_len = self->log_entries = self->log_group = 0;
     }
-    result = Py_BuildValue("(LOnnnLLO)", self->log_sid, pages, messages, entries, buckets, page_last, last_deadline,
-                           values);
-    if (result != NULL) {
-        self->log_len = 0;
-        self->log_entries = 0;
-        self->log_group = 0;
-        self->log_floor = last_deadline;
-    }
-done:
-    PyMem_Free(page);
-    Py_XDECREF(pages);
-    Py_XDECREF(values);
-    if (result == NULL && !PyErr_Occurred())
-        PyErr_NoMemory();
     return result;
 }
 
@@ -635,7 +515,7 @@ HotSlot_add(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
     SlotKey k;
     int overflow = 0;
     if (nargs != 2 || !PyLong_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "add(key, bucket_deadline) takes a key and an int");
+        PyErr_SetString(PyExc_TypeError, "add(key, deadline) takes a key and an int");
         return NULL;
     }
     long long deadline = PyLong_AsLongLongAndOverflow(args[1], &overflow);
@@ -655,26 +535,25 @@ HotSlot_add(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef HotSlot_methods[] = {
     {"set", (PyCFunction)(void (*)(void))HotSlot_set, METH_FASTCALL,
-     "set(deadline, topic, ledger, kind, bitmap): make *bitmap* hot (it must not be already); "
-     "return the (messages, entries) growth of the slot evicted to make room, if any."},
+     "set(first, last, topic, ledger, kind, bitmap): make *bitmap* hot for the deadlines first..last "
+     "(it must not be already); return the (messages, entries) growth of the slot evicted to make room, if any."},
     {"add", (PyCFunction)(void (*)(void))HotSlot_add, METH_FASTCALL,
-     "add(key, bucket_deadline): add the key to its hot bitmap or to the tail log and return True, "
+     "add(key, deadline): add the key to its hot bitmap or to the tail log and return True, "
      "or False when neither takes it."},
-    {"forget", (PyCFunction)HotSlot_forget, METH_O, "Remove the slots of one bucket; return their (messages, entries) growth."},
+    {"forget", (PyCFunction)HotSlot_forget, METH_O, "Remove the slots holding a deadline; return their (messages, entries) growth."},
     {"forget_bitmap", (PyCFunction)HotSlot_forget_bitmap, METH_O,
      "Remove the slot of one bitmap; return its (messages, entries) growth."},
     {"clear", (PyCFunction)HotSlot_clear, METH_NOARGS, "Remove every slot; return their (messages, entries) growth."},
     {"growth", (PyCFunction)HotSlot_growth, METH_NOARGS, "Messages added through the slots since set(), and in the log. O(slots)."},
     {"entry_growth", (PyCFunction)HotSlot_entry_growth, METH_NOARGS, "New entries added through the slots, and in the log. O(slots)."},
     {"slots", (PyCFunction)HotSlot_slots, METH_NOARGS,
-     "[(deadline, topic, ledger, kind, bitmap, base)] of every slot, oldest first (for checks)."},
+     "[(first, last, topic, ledger, kind, bitmap, base)] of every slot, oldest first (for checks)."},
     {"set_log", (PyCFunction)(void (*)(void))HotSlot_set_log, METH_FASTCALL,
      "set_log(topic, ledger, kind, sid, floor): the tail log's stream, and the floor no bucket is later than "
      "(the log must be empty)."},
     {"unset_log", (PyCFunction)HotSlot_unset_log, METH_NOARGS, "No tail log stream (the log must be empty)."},
-    {"take_log", (PyCFunction)HotSlot_take_log, METH_O,
-     "take_log(page_bytes): None, or (sid, pages, messages, entries, buckets, last_page_deadline, deadline, values): "
-     "the log's records, every deadline but the last as sealed pages, then the log is empty."},
+    {"take_log", (PyCFunction)HotSlot_take_log, METH_NOARGS,
+     "None, or (sid, [(deadline, [value, ...]), ...]): the log's records by deadline; then the log is empty."},
     {"log", (PyCFunction)HotSlot_log, METH_NOARGS,
      "None, or (topic, ledger, kind, sid, floor, [(deadline, value)]) of the tail log (for checks)."},
     {NULL},
@@ -683,7 +562,7 @@ static PyMethodDef HotSlot_methods[] = {
 static PyTypeObject HotSlotType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pulsar_nack.core._speedups.HotSlot",
-    .tp_doc = PyDoc_STR("Up to 16 open bitmaps recent adds went to, by bucket, topic, ledger and kind (C version)."),
+    .tp_doc = PyDoc_STR("Up to 16 open bitmaps recent adds went to, by deadline range, topic, ledger and kind (C version)."),
     .tp_basicsize = sizeof(HotSlot),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = HotSlot_new,
@@ -695,16 +574,16 @@ static PyTypeObject HotSlotType = {
 
 #define MAX_DELAYS 64
 
+static PyObject *str_delay_ms, *str_redelivery_count; /* interned keyword names */
+
 typedef struct {
     PyObject_HEAD
     HotSlot *slot;
     PyObject *acquire;  /* lock.acquire */
     PyObject *release;  /* lock.release */
     PyObject *clock;    /* callable returning ms, or NULL for CLOCK_MONOTONIC */
-    PyObject *delay;    /* delay_ms as an int object */
-    long long delay_ms;
-    long long low_mask;
-    int round_up;
+    long long delay_ms; /* the fixed delay */
+    long long max_delay_ms; /* the largest delay a call may give */
     int n_delays;       /* backoff table length (0: fixed delay) */
     long long delays[MAX_DELAYS]; /* backoff delay by redelivery count; the last one for larger counts */
     PyObject *general;  /* the tracker's Python add(key_or_message, delay_ms, redelivery_count) */
@@ -718,7 +597,6 @@ FastAdd_traverse(FastAdd *self, visitproc visit, void *arg)
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
     Py_VISIT(self->clock);
-    Py_VISIT(self->delay);
     Py_VISIT(self->general);
     Py_VISIT(self->track);
     return 0;
@@ -731,7 +609,6 @@ FastAdd_clear(FastAdd *self)
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->clock);
-    Py_CLEAR(self->delay);
     Py_CLEAR(self->general);
     Py_CLEAR(self->track);
     return 0;
@@ -745,7 +622,21 @@ FastAdd_dealloc(FastAdd *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Read the backoff table (a tuple of ints in [0, 2**61), 1 to MAX_DELAYS long) into self. */
+/* A delay in [0, 2**61), or -1 with an error. */
+static long long
+read_delay(PyObject *value, const char *name)
+{
+    long long delay = PyLong_AsLongLong(value);
+    if (delay == -1 && PyErr_Occurred())
+        return -1;
+    if (delay < 0 || delay >= DEADLINE_LIMIT / 2) {
+        PyErr_Format(PyExc_ValueError, "%s must be in [0, 2**61)", name);
+        return -1;
+    }
+    return delay;
+}
+
+/* Read the backoff table (a tuple of 1 to MAX_DELAYS delays) into self; -1 on error. */
 static int
 read_delays(FastAdd *self, PyObject *delays)
 {
@@ -755,16 +646,9 @@ read_delays(FastAdd *self, PyObject *delays)
         PyErr_SetString(PyExc_TypeError, "delays must be None or a tuple of 1 to 64 ints");
         return -1;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(delays); i++) {
-        long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(delays, i));
-        if (value == -1 && PyErr_Occurred())
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(delays); i++)
+        if ((self->delays[i] = read_delay(PyTuple_GET_ITEM(delays, i), "delays")) < 0)
             return -1;
-        if (value < 0 || value >= DEADLINE_LIMIT / 2) {
-            PyErr_SetString(PyExc_ValueError, "delays must be in [0, 2**61)");
-            return -1;
-        }
-        self->delays[i] = value;
-    }
     self->n_delays = (int)PyTuple_GET_SIZE(delays);
     return 0;
 }
@@ -772,20 +656,11 @@ read_delays(FastAdd *self, PyObject *delays)
 static PyObject *
 FastAdd_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"slot", "lock", "clock", "delay_ms", "low_mask", "round_up", "general", "track", "delays", NULL};
-    PyObject *slot, *lock, *clock, *delay, *general, *track, *delays = Py_None;
-    long long low_mask;
-    int round_up;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!LpOO|O:FastAdd", names, &HotSlotType, &slot, &lock, &clock,
-                                     &PyLong_Type, &delay, &low_mask, &round_up, &general, &track, &delays))
+    static char *names[] = {"slot", "lock", "clock", "delay_ms", "max_delay_ms", "general", "track", "delays", NULL};
+    PyObject *slot, *lock, *clock, *delay, *max_delay, *general, *track, *delays = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!O!OO|O:FastAdd", names, &HotSlotType, &slot, &lock, &clock,
+                                     &PyLong_Type, &delay, &PyLong_Type, &max_delay, &general, &track, &delays))
         return NULL;
-    long long delay_ms = PyLong_AsLongLong(delay);
-    if (delay_ms == -1 && PyErr_Occurred())
-        return NULL;
-    if (delay_ms < 0 || delay_ms >= DEADLINE_LIMIT / 2 || low_mask < 0 || low_mask >= DEADLINE_LIMIT / 2) {
-        PyErr_SetString(PyExc_ValueError, "delay_ms and low_mask must be in [0, 2**61)");
-        return NULL;
-    }
     if ((clock != Py_None && !PyCallable_Check(clock)) || !PyCallable_Check(general) || !PyCallable_Check(track)) {
         PyErr_SetString(PyExc_TypeError, "clock (or None), general and track must be callable");
         return NULL;
@@ -793,138 +668,177 @@ FastAdd_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     FastAdd *self = (FastAdd *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if (read_delays(self, delays) < 0 || (self->acquire = PyObject_GetAttrString(lock, "acquire")) == NULL
+    if ((self->delay_ms = read_delay(delay, "delay_ms")) < 0 || (self->max_delay_ms = read_delay(max_delay, "max_delay_ms")) < 0
+        || read_delays(self, delays) < 0 || (self->acquire = PyObject_GetAttrString(lock, "acquire")) == NULL
         || (self->release = PyObject_GetAttrString(lock, "release")) == NULL) {
         Py_DECREF(self);
         return NULL;
     }
     self->slot = (HotSlot *)Py_NewRef(slot);
     self->clock = clock == Py_None ? NULL : Py_NewRef(clock);
-    self->delay = Py_NewRef(delay);
-    self->delay_ms = delay_ms;
-    self->low_mask = low_mask;
-    self->round_up = round_up;
     self->general = Py_NewRef(general);
     self->track = Py_NewRef(track);
     return (PyObject *)self;
 }
 
+/* Call a lock method; keep an error already set (the add's) over its own result. */
+static int
+call_lock(PyObject *method, PyObject *argument)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *error = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+#endif
+    PyObject *result = argument == NULL ? PyObject_CallNoArgs(method) : PyObject_CallOneArg(method, argument);
+    int answer = result == NULL ? -1 : result == Py_True;
+    Py_XDECREF(result);
+#if PY_VERSION_HEX >= 0x030C0000
+    if (error != NULL)
+        PyErr_SetRaisedException(error);
+#else
+    if (type != NULL)
+        PyErr_Restore(type, value, traceback);
+#endif
+    return answer;
+}
+
 /* Add the key to its hot slot or to the tail log, holding the lock.
  * 1: added; 0: neither takes it, or the lock is taken (nothing changed); -1: error. */
 static int
-add_to_slot(FastAdd *self, PyObject *key, long long bucket)
+add_to_slot(FastAdd *self, PyObject *key, long long deadline)
 {
     SlotKey k;
-    if (!slot_key(key, &k) || (find_slot(self->slot, &k, bucket) < 0 && !log_takes(self->slot, &k, bucket)))
+    if (!slot_key(key, &k) || (find_slot(self->slot, &k, deadline) < 0 && !log_takes(self->slot, &k, deadline)))
         return 0; /* a miss costs no lock round trip */
-    PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
-    if (got == NULL)
-        return -1;
-    int locked = got == Py_True;
-    Py_DECREF(got);
-    if (!locked)
-        return 0; /* contended: the Python path waits for the lock */
+    int locked = call_lock(self->acquire, Py_False);
+    if (locked <= 0)
+        return locked; /* contended (0): the Python path waits for the lock */
     /* Looked up again under the lock (cheap): only lock holders change the slots and the log. */
-    int i = find_slot(self->slot, &k, bucket);
-    if (i < 0 && log_takes(self->slot, &k, bucket)) {
-        log_append(self->slot, &k, bucket);
-        i = MAX_SLOTS; /* added */
+    int i = find_slot(self->slot, &k, deadline), added = i >= 0;
+    if (!added && log_takes(self->slot, &k, deadline)) {
+        log_append(self->slot, &k, deadline);
+        added = 1;
+    } else if (added && slot_add(&self->slot->slots[i], &k) < 0) {
+        added = -1;
     }
-    int failed = i >= 0 && i < MAX_SLOTS && slot_add(&self->slot->slots[i], &k) < 0;
-    if (failed) { /* release the lock, keeping the add's error */
-#if PY_VERSION_HEX >= 0x030C0000
-        PyObject *error = PyErr_GetRaisedException();
-        Py_XDECREF(PyObject_CallNoArgs(self->release));
-        PyErr_SetRaisedException(error);
-#else
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        Py_XDECREF(PyObject_CallNoArgs(self->release));
-        PyErr_Restore(type, value, traceback);
-#endif
-        return -1;
-    }
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    if (released == NULL)
-        return -1;
-    Py_DECREF(released);
-    return i >= 0;
+    return call_lock(self->release, NULL) < 0 ? -1 : added;
 }
 
-/* self.track(key, deadline): the Python path, once the deadline is known. */
-static PyObject *
-call_track(FastAdd *self, PyObject *key, PyObject *deadline)
-{
-    PyObject *args[2] = {key, deadline};
-    return PyObject_Vectorcall(self->track, args, 2, NULL);
-}
-
-/* The delay of a call: the fixed one, or the backoff table's by redelivery count
- * (None: count 0, as a key tuple has no redelivery_count()). -1: the Python path decides. */
+/* The delay of a call, as BaseTracker.add resolves it: an explicit delay_ms, else the
+ * backoff's by redelivery count (None: 0, as a key tuple has no redelivery_count()), else
+ * the fixed one. -1 when the Python path must judge an argument (it raises or converts). */
 static long long
-call_delay(FastAdd *self, PyObject *redelivery_count)
+call_delay(FastAdd *self, PyObject *delay_ms, PyObject *redelivery_count)
 {
-    if (self->n_delays == 0)
-        return redelivery_count == Py_None ? self->delay_ms : -1;
-    if (redelivery_count == Py_None)
-        return self->delays[0];
     int overflow;
-    long long count = PyLong_CheckExact(redelivery_count) ? PyLong_AsLongLongAndOverflow(redelivery_count, &overflow) : -1;
-    if (count < 0 || overflow)
-        return -1;
+    if (delay_ms != Py_None) {
+        long long delay = PyLong_CheckExact(delay_ms) ? PyLong_AsLongLongAndOverflow(delay_ms, &overflow) : -1;
+        return !PyLong_CheckExact(delay_ms) || overflow || delay > self->max_delay_ms ? -1 : delay;
+    }
+    long long count = 0;
+    if (redelivery_count != Py_None) {
+        count = PyLong_CheckExact(redelivery_count) ? PyLong_AsLongLongAndOverflow(redelivery_count, &overflow) : -1;
+        if (!PyLong_CheckExact(redelivery_count) || overflow || count < 0)
+            return -1;
+    }
+    if (self->n_delays == 0)
+        return self->delay_ms;
     return self->delays[count < self->n_delays ? count : self->n_delays - 1];
+}
+
+/* Whether *name* is the keyword *known* (interned: usually the same object). */
+static int
+is_keyword(PyObject *name, PyObject *known)
+{
+    return name == known || PyUnicode_Compare(name, known) == 0;
+}
+
+/* The delay_ms and redelivery_count of a call add(key, ...): 1, or 0 for a call the
+ * Python path must take (other keywords, too many arguments, a keyword given twice). */
+static int
+read_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **delay_ms, PyObject **redelivery_count)
+{
+    *delay_ms = nargs > 1 ? args[1] : Py_None;
+    *redelivery_count = nargs > 2 ? args[2] : Py_None;
+    if (nargs < 1 || nargs > 3)
+        return 0;
+    Py_ssize_t n = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        if (nargs < 2 && is_keyword(name, str_delay_ms))
+            *delay_ms = value;
+        else if (nargs < 3 && is_keyword(name, str_redelivery_count))
+            *redelivery_count = value;
+        else
+            return 0;
+    }
+    return 1;
+}
+
+/* now in ms: CLOCK_MONOTONIC, or the injected clock. 0 with *now set; 1 for a clock value
+ * the Python path must judge (*value holds it, a new reference); -1 on error. */
+static int
+read_clock(FastAdd *self, long long *now, PyObject **value)
+{
+    if (self->clock == NULL) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        *now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        return 0;
+    }
+    if ((*value = PyObject_CallNoArgs(self->clock)) == NULL)
+        return -1;
+    int overflow = 1;
+    *now = PyLong_CheckExact(*value) ? PyLong_AsLongLongAndOverflow(*value, &overflow) : 0;
+    if (overflow || *now < 0 || *now >= DEADLINE_LIMIT / 2)
+        return 1;
+    Py_CLEAR(*value);
+    return 0;
+}
+
+/* self.track(key, now + delay): the Python path, once the deadline is known. */
+static PyObject *
+call_track(FastAdd *self, PyObject *key, PyObject *now, long long delay)
+{
+    PyObject *delay_obj = PyLong_FromLongLong(delay);
+    PyObject *deadline = delay_obj == NULL ? NULL : PyNumber_Add(now, delay_obj);
+    PyObject *args[2] = {key, deadline};
+    PyObject *result = deadline == NULL ? NULL : PyObject_Vectorcall(self->track, args, 2, NULL);
+    Py_XDECREF(delay_obj);
+    Py_XDECREF(deadline);
+    return result;
 }
 
 static PyObject *
 FastAdd_add(FastAdd *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    PyObject *delay_ms, *redelivery_count, *now_obj = NULL;
+    long long delay = -1, now;
     if (self->general == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "FastAdd was cleared by the garbage collector");
         return NULL;
     }
-    /* add(key), add(key, None, None) as NackingConsumer calls it, or add(key, None, count) with a backoff */
-    long long delay = -1;
-    if (nargs >= 1 && nargs <= 3 && kwnames == NULL && (nargs < 2 || args[1] == Py_None)
-        && PyTuple_CheckExact(args[0]) && PyTuple_GET_SIZE(args[0]) == 4)
-        delay = call_delay(self, nargs > 2 ? args[2] : Py_None);
+    if (read_call(args, nargs, kwnames, &delay_ms, &redelivery_count) && PyTuple_CheckExact(args[0])
+        && PyTuple_GET_SIZE(args[0]) == 4)
+        delay = call_delay(self, delay_ms, redelivery_count);
     if (delay < 0)
         return PyObject_Vectorcall(self->general, args, (size_t)nargs, kwnames);
-    PyObject *key = args[0];
-    long long now;
-    if (self->clock == NULL) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    } else {
-        PyObject *now_obj = PyObject_CallNoArgs(self->clock);
-        if (now_obj == NULL)
-            return NULL;
-        int overflow = 1;
-        now = PyLong_CheckExact(now_obj) ? PyLong_AsLongLongAndOverflow(now_obj, &overflow) : 0;
-        if (overflow || now < 0 || now >= DEADLINE_LIMIT / 2) {
-            /* An unusual clock value: the Python path decides what it means. */
-            PyObject *delay_obj = PyLong_FromLongLong(delay);
-            PyObject *deadline = delay_obj == NULL ? NULL : PyNumber_Add(now_obj, delay_obj);
-            Py_DECREF(now_obj);
-            Py_XDECREF(delay_obj);
-            if (deadline == NULL)
-                return NULL;
-            PyObject *result = call_track(self, key, deadline);
-            Py_DECREF(deadline);
-            return result;
-        }
-        Py_DECREF(now_obj);
+    int unusual = read_clock(self, &now, &now_obj);
+    if (unusual) { /* an error, or an unusual clock value: the Python path decides what it means */
+        PyObject *result = unusual < 0 ? NULL : call_track(self, args[0], now_obj, delay);
+        Py_XDECREF(now_obj);
+        return result;
     }
-    long long deadline = now + delay;
-    long long bucket = (self->round_up ? deadline + self->low_mask : deadline) & ~self->low_mask;
-    int added = add_to_slot(self, key, bucket);
+    int added = add_to_slot(self, args[0], now + delay);
     if (added < 0)
         return NULL;
-    PyObject *deadline_obj = PyLong_FromLongLong(deadline);
-    if (added || deadline_obj == NULL)
-        return deadline_obj;
-    PyObject *result = call_track(self, key, deadline_obj);
-    Py_DECREF(deadline_obj);
+    if (added)
+        return PyLong_FromLongLong(now + delay);
+    PyObject *now_int = PyLong_FromLongLong(now);
+    PyObject *result = now_int == NULL ? NULL : call_track(self, args[0], now_int, delay);
+    Py_XDECREF(now_int);
     return result;
 }
 
@@ -937,7 +851,7 @@ static PyMethodDef FastAdd_methods[] = {
 static PyTypeObject FastAddType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pulsar_nack.core._speedups.FastAdd",
-    .tp_doc = PyDoc_STR("FastAdd(slot, lock, clock, delay_ms, low_mask, round_up, general, track, delays=None): "
+    .tp_doc = PyDoc_STR("FastAdd(slot, lock, clock, delay_ms, max_delay_ms, general, track, delays=None): "
                         "the C hot path of NegativeAcksTracker.add."),
     .tp_basicsize = sizeof(FastAdd),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -950,9 +864,9 @@ static PyTypeObject FastAddType = {
 
 /* ------------------------------------------------------------------ gap codec */
 
-/* encode_gaps(values): the GAPS payload of ascending distinct values given as a buffer
- * of unsigned 32- or 64-bit ints (BitMap.to_array()): uvarint(first), then
- * uvarint(value - previous) for each further value. Same bytes as _pages' Python code. */
+/* encode_gaps(values): the GAPS payload (pulsar_nack.core.pages) of ascending distinct values
+ * given as a buffer of unsigned 32- or 64-bit ints (BitMap.to_array()): uvarint(first),
+ * then uvarint(value - previous) for each further value. */
 static PyObject *
 encode_gaps(PyObject *module, PyObject *values)
 {
@@ -1049,11 +963,19 @@ PyInit__speedups(void)
 {
     if (PyType_Ready(&HotSlotType) < 0 || PyType_Ready(&FastAddType) < 0)
         return NULL;
+    if ((str_delay_ms = PyUnicode_InternFromString("delay_ms")) == NULL
+        || (str_redelivery_count = PyUnicode_InternFromString("redelivery_count")) == NULL)
+        return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
+    /* The sizes compiled in, for accel.py to check against its own (one definition each). */
     if (PyModule_AddObjectRef(module, "HotSlot", (PyObject *)&HotSlotType) < 0
-        || PyModule_AddObjectRef(module, "FastAdd", (PyObject *)&FastAddType) < 0) {
+        || PyModule_AddObjectRef(module, "FastAdd", (PyObject *)&FastAddType) < 0
+        || PyModule_AddIntConstant(module, "MAX_SLOTS", MAX_SLOTS) < 0
+        || PyModule_AddIntConstant(module, "BATCH_BITS", BATCH_BITS) < 0
+        || PyModule_AddIntConstant(module, "LOG_GROUP", LOG_GROUP) < 0
+        || PyModule_AddIntConstant(module, "LOG_CAPACITY", LOG_CAPACITY) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -21,6 +21,11 @@ re-encoding: a new header plus a slice. Each stream's values (the bitmap values 
 Many small buckets share one page (up to :data:`PAGE_BYTES`), so a bucket's fixed cost
 is a few bytes instead of a dict slot, an int key and an object header.
 
+This module is the only writer (and reader) of the format: sealing a bucket
+(:mod:`pulsar_nack.core.buckets`) and taking back the C tail log both call it. The C
+extension holds only the GAPS codec's loop (``encode_gaps``, ``decode_gaps``), with the
+pure-Python version here as its stand-in.
+
 Runtime complexity: encoding and decoding are O(values + bytes); every page operation
 is O(page bytes), and a page is at most :data:`PAGE_BYTES` unless one bucket alone is
 larger.
@@ -29,7 +34,7 @@ larger.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from operator import sub
 from typing import Any, Union
 
@@ -49,6 +54,7 @@ __all__ = [
     "encode_body",
     "encode_values",
     "iter_records",
+    "pack",
     "read_uvarint",
     "records",
     "tail",
@@ -121,6 +127,11 @@ def _encode_gaps_py(array: Any) -> bytes:
     return bytes(out)
 
 
+def _encode_gaps_list(values: list[int]) -> bytes:
+    """GAPS payload of a list of ascending values (at least two)."""
+    return uvarint(values[0]) + b"".join(uvarint(b - a) for a, b in pairwise(values))
+
+
 def _decode_gaps(payload: bytes) -> list[int]:
     """Values of a GAPS payload, ascending; in C when the extension is built."""
     if _accel.decode_gaps is not None:
@@ -144,11 +155,14 @@ def _decode_gaps_py(payload: bytes) -> list[int]:
     return values
 
 
-def encode_values(bitmap: _Bitmap) -> tuple[int, bytes]:
+def encode_values(bitmap: _Bitmap | list[int]) -> tuple[int, bytes]:
     """``(codec, payload)`` for one stream's bitmap (not empty): the smaller encoding.
 
-    Runs the bitmap's ``run_optimize()`` (it is being sealed). O(values).
+    Runs the bitmap's ``run_optimize()`` (it is being sealed). A list of ascending values
+    (at most a few, from the tail log) is GAPS, smaller than Roaring's headers. O(values).
     """
+    if isinstance(bitmap, list):
+        return GAPS, uvarint(bitmap[0]) if len(bitmap) == 1 else _encode_gaps_list(bitmap)
     if len(bitmap) == 1:
         return GAPS, uvarint(bitmap.min())
     bitmap.run_optimize()
@@ -168,8 +182,8 @@ def decode_values(codec: int, payload: bytes) -> _Bitmap | list[int]:
     return (BitMap64 if codec == ROARING64 else BitMap).deserialize(payload)
 
 
-def encode_body(streams: Iterable[tuple[int, _Bitmap]]) -> bytes:
-    """The body of one sealed bucket from its ``(sid, bitmap)`` pairs. O(values)."""
+def encode_body(streams: Iterable[tuple[int, _Bitmap | list[int]]]) -> bytes:
+    """The body of one sealed bucket from its ``(sid, bitmap or ascending values)`` pairs. O(values)."""
     parts: list[bytes] = [b""]
     for sid, bitmap in streams:
         codec, payload = encode_values(bitmap)
@@ -199,14 +213,43 @@ def build(key: int, bodies: list[tuple[int, bytes]]) -> bytes:
     return b"".join([uvarint(0)] + [_record(deadline - key, body) for deadline, body in bodies])
 
 
+def _fits(page_bytes: int, record: bytes) -> bool:
+    """Whether a page of *page_bytes* bytes takes *record*: pages stop growing at PAGE_BYTES. O(1)."""
+    return page_bytes + len(record) <= PAGE_BYTES
+
+
+def pack(bodies: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """``[(key, page)]``: consecutive ``(deadline, body)`` records (ascending) in pages of at
+    most :data:`PAGE_BYTES` (a larger record alone), as :func:`append` makes them. O(bytes).
+    """
+    pages = []
+    key = -1
+    records: list[bytes] = []
+    size = 0
+    for deadline, body in bodies:
+        record = b"" if key < 0 else _record(deadline - key, body)
+        if key < 0 or not _fits(size, record):
+            if key >= 0:
+                pages.append((key, b"".join(records)))
+            key, records, size = deadline, [_ONE_BYTE[0]], 1  # uvarint(key - base), base = key
+            record = _record(0, body)
+        records.append(record)
+        size += len(record)
+    if key >= 0:
+        pages.append((key, b"".join(records)))
+    return pages
+
+
 def base_of(key: int, page: bytes) -> int:
     """The time a page's record deltas count from. O(1)."""
     return key - read_uvarint(page, 0)[0]
 
 
-def append(page: bytes, key: int, deadline: int, body: bytes) -> bytes:
-    """*page* plus one record at *deadline* (later than every record in it). O(page)."""
-    return page + _record(deadline - base_of(key, page), body)
+def append(page: bytes, key: int, deadline: int, body: bytes) -> bytes | None:
+    """*page* plus one record at *deadline* (later than every record in it), or None
+    when that would make it larger than :data:`PAGE_BYTES`. O(page)."""
+    record = _record(deadline - base_of(key, page), body)
+    return page + record if _fits(len(page), record) else None
 
 
 def iter_records(key: int, page: bytes) -> Iterator[Record]:
