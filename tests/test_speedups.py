@@ -384,8 +384,12 @@ def test_c_hot_slot_refuses_bad_arguments():
 
 
 def test_c_tail_log_interface():
-    slot = _accel.HotSlot()
-    assert slot.log() is None and slot.take_log() is None
+    from pyroaring import BitMap
+
+    from pulsar_nack.core import pages as _pages
+
+    slot, tag = _accel.HotSlot(), _pages.tag(2, _pages.GAPS)
+    assert slot.log() is None and slot.take_log(tag, 4096) is None
     assert not slot.add(("t", 3, 1, -1), 5)  # no log stream
     slot.set_log("t", 3, 1, 2, 100)  # batched keys of ("t", 3), sid 2, no bucket after 100
     assert not slot.add(("t", 3, 1, 0), 100)  # not after the floor
@@ -401,7 +405,10 @@ def test_c_tail_log_interface():
         slot.set_log("t", 3, 1, 2, 200)
     with pytest.raises(RuntimeError):
         slot.unset_log()
-    assert slot.take_log() == (2, [(101, [1 << 10, 1 << 10 | 5, 2 << 10]), (102, [0]), (103, [9 << 10 | 9])])
+    sid, pages, messages, entries, buckets, last_sealed, deadline, values = slot.take_log(tag, 4096)
+    assert (sid, messages, entries, buckets, last_sealed, deadline, values) == (2, 4, 3, 2, 102, 103, [9 << 10 | 9])
+    bodies = [(101, _pages.encode_body([(2, BitMap([1 << 10, 1 << 10 | 5, 2 << 10]))])), (102, _pages.encode_body([(2, BitMap([0]))]))]
+    assert pages == _pages.pack(bodies)  # the bytes sealing gives the same buckets
     assert slot.log() == ("t", 3, 1, 2, 103, []) and (slot.growth(), slot.entry_growth()) == (0, 0)
     # At most LOG_GROUP records per deadline; a full log (LOG_CAPACITY) misses.
     slot.set_log("t", 3, 0, 1, 0)
@@ -409,15 +416,26 @@ def test_c_tail_log_interface():
     assert all(slot.add(("t", 3, e, -1), 1) for e in range(group)) and not slot.add(("t", 3, group, -1), 1)
     assert all(slot.add(("t", 3, group + d, -1), d) for d in range(2, capacity - group + 2))
     assert not slot.add(("t", 3, 5000, -1), 5000) and slot.growth() == capacity
-    sid, groups = slot.take_log()
-    assert sid == 1 and groups[0] == (1, list(range(group))) and len(groups) == capacity - group + 1
-    assert groups[1:] == [(d, [group + d]) for d in range(2, capacity - group + 2)]
+    # Pages split at page_bytes; their records hold every bucket but the last, in order.
+    sid, pages, messages, entries, buckets, last_sealed, deadline, values = slot.take_log(_pages.tag(1, _pages.GAPS), 64)
+    assert len(pages) > 1 and all(len(page) <= 64 for _, page in pages)
+    assert (messages, entries, buckets) == (capacity - 1, capacity - 1, capacity - group)
+    got = []
+    for key, page in pages:
+        for record_deadline, _, start, end in _pages.records(key, page):
+            for sid_, codec, payload in _pages.body_streams(page, start, end):
+                got += [(record_deadline, sid_, v) for v in _pages.decode_values(codec, payload)]
+    last = capacity - group + 1
+    assert got == [(1, 1, e) for e in range(group)] + [(d, 1, group + d) for d in range(2, last)]
+    assert (last_sealed, deadline, values) == (last - 1, last, [group + last])
     slot.unset_log()
     assert slot.log() is None and not slot.add(("t", 3, 9000, -1), 9000)
     with pytest.raises(TypeError):
         slot.set_log(b"t", 3, 0, 1, 0)
     with pytest.raises(ValueError):
         slot.set_log("t", 3, 2, 1, 0)
+    with pytest.raises(TypeError):
+        slot.take_log(tag)
     slot.set_log("t", 3, 0, 1, 2**64)  # beyond 64 bits (fake clocks only): no log
     assert slot.log() is None
 

@@ -22,8 +22,9 @@
  *   value) is above the last record's (at most LOG_GROUP records per deadline,
  *   LOG_CAPACITY in all); anything else misses to Python. Records strictly increase, so
  *   there is no duplicate and growth() stays exact. Every Python operation on the
- *   structure first calls take_log(), which hands the records back grouped by deadline
- *   for TimeBuckets to seal (through pages.py) and open.
+ *   structure first calls take_log(), which seals every deadline but the last into
+ *   pages (the framing below, as pages.py calls it) and hands back the last one for
+ *   TimeBuckets to open as a normal bucket (a dense bucket then gets a hot bitmap).
  *
  * FastAdd: NegativeAcksTracker.add for every documented call form, add(key),
  *   add(key, delay_ms) and add(key, delay_ms=...), add(key, None, redelivery_count) and
@@ -47,6 +48,302 @@
 #define BATCH_BITS 10
 #define LOG_CAPACITY 2048 /* records in the tail log; a full log misses to Python, which takes it */
 #define LOG_GROUP 8       /* records per deadline: a denser bucket is handed to Python to get a hot bitmap */
+
+/* ------------------------------------------------------------------ page framing
+ *
+ * pulsar_nack/core/pages.py defines the sealed-page format and calls these when the
+ * extension is built (its Python versions are the stand-ins, byte for byte the same):
+ *
+ *     page   := uvarint(key - base) record+
+ *     record := uvarint(deadline - base) uvarint(len(body)) body
+ *     body   := uvarint(streams) [uvarint(tag) uvarint(len(payload)) payload]...
+ *     GAPS   := uvarint(first) uvarint(value - previous)...
+ *
+ * pages.py also makes each stream's tag (sid and codec) and decides the page size; the
+ * tail log's pages (take_log) are written by the same functions.
+ */
+
+#define UVARINT_MAX 10
+
+typedef struct {
+    unsigned char *data;
+    Py_ssize_t size, capacity;
+} Buffer;
+
+/* Room for *more* bytes; -1 (MemoryError) when none. */
+static int
+buf_reserve(Buffer *b, Py_ssize_t more)
+{
+    if (b->size + more <= b->capacity)
+        return 0;
+    Py_ssize_t capacity = b->capacity ? b->capacity : 256;
+    while (capacity < b->size + more)
+        capacity *= 2;
+    unsigned char *data = PyMem_Realloc(b->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->capacity = capacity;
+    return 0;
+}
+
+static Py_ssize_t
+uvarint_at(unsigned char *out, unsigned long long value)
+{
+    Py_ssize_t size = 0;
+    while (value >= 0x80) {
+        out[size++] = (unsigned char)(value & 0x7F) | 0x80;
+        value >>= 7;
+    }
+    out[size++] = (unsigned char)value;
+    return size;
+}
+
+static int
+buf_uvarint(Buffer *b, unsigned long long value)
+{
+    if (buf_reserve(b, UVARINT_MAX) < 0)
+        return -1;
+    b->size += uvarint_at(b->data + b->size, value);
+    return 0;
+}
+
+static int
+buf_bytes(Buffer *b, const void *data, Py_ssize_t size)
+{
+    if (buf_reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->size, data, (size_t)size);
+    b->size += size;
+    return 0;
+}
+
+/* The page being packed: pages are appended to *pages* as (key, bytes) once full. */
+typedef struct {
+    PyObject *pages;
+    Buffer page, record;
+    long long key, base; /* of the page being filled (key < 0: none) */
+    Py_ssize_t limit;    /* pages grow up to this many bytes; a larger record stands alone */
+} Packer;
+
+static int
+packer_emit(Packer *p)
+{
+    if (p->key < 0)
+        return 0;
+    PyObject *item = Py_BuildValue("(Ly#)", p->key, (const char *)p->page.data, p->page.size);
+    int failed = item == NULL || PyList_Append(p->pages, item) < 0;
+    Py_XDECREF(item);
+    p->key = -1;
+    p->page.size = 0;
+    return failed ? -1 : 0;
+}
+
+/* Add the record of one sealed bucket: to the page being filled while it fits, else to a new page. */
+static int
+packer_add(Packer *p, long long deadline, const unsigned char *body, Py_ssize_t size)
+{
+    p->record.size = 0;
+    if (p->key >= 0 && (buf_uvarint(&p->record, (unsigned long long)(deadline - p->base)) < 0
+                        || buf_uvarint(&p->record, (unsigned long long)size) < 0))
+        return -1;
+    if (p->key < 0 || p->page.size + p->record.size + size > p->limit) {
+        if (packer_emit(p) < 0)
+            return -1;
+        p->key = p->base = deadline;
+        p->record.size = 0;
+        if (buf_uvarint(&p->page, 0) < 0 || buf_uvarint(&p->record, 0) < 0
+            || buf_uvarint(&p->record, (unsigned long long)size) < 0)
+            return -1;
+    }
+    return buf_bytes(&p->page, p->record.data, p->record.size) < 0 || buf_bytes(&p->page, body, size) < 0 ? -1 : 0;
+}
+
+static void
+packer_free(Packer *p)
+{
+    Py_CLEAR(p->pages);
+    PyMem_Free(p->page.data);
+    PyMem_Free(p->record.data);
+}
+
+/* Go on filling *page*, keyed by *key*: its base is key - uvarint(page[0:]). -1 on error. */
+static int
+packer_resume(Packer *p, PyObject *key, PyObject *page)
+{
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(page);
+    Py_ssize_t size = PyBytes_GET_SIZE(page), i = 0;
+    unsigned long long offset = 0;
+    for (int shift = 0; i < size && shift < 63; shift += 7) {
+        offset |= (unsigned long long)(data[i] & 0x7F) << shift;
+        if (!(data[i++] & 0x80))
+            break;
+    }
+    if ((p->key = PyLong_AsLongLong(key)) == -1 && PyErr_Occurred())
+        return -1;
+    if (p->key < 0 || i == 0 || data[i - 1] & 0x80) {
+        PyErr_SetString(PyExc_ValueError, "a page starts with uvarint(key - base) and has a key >= 0");
+        return -1;
+    }
+    p->base = p->key - (long long)offset;
+    return buf_bytes(&p->page, data, size);
+}
+
+/* pack(records, key, page, page_bytes): [(key, page)]: *page* (keyed by *key*; None: no
+ * page) followed by the records of the (deadline, body) pairs, ascending, in pages of up
+ * to page_bytes. The first item is the given page, grown, when the first record fits. */
+static PyObject *
+pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Packer p = {.key = -1};
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || (args[2] != Py_None && !PyBytes_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "pack(records: list, key: int, page: bytes | None, page_bytes: int)");
+        return NULL;
+    }
+    if ((p.limit = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((p.pages = PyList_New(0)) == NULL || (args[2] != Py_None && packer_resume(&p, args[1], args[2]) < 0))
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); i++) {
+        PyObject *item = PyList_GET_ITEM(args[0], i);
+        long long deadline;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+            PyErr_SetString(PyExc_TypeError, "records must be (deadline, body bytes) pairs");
+            goto fail;
+        }
+        PyObject *body = PyTuple_GET_ITEM(item, 1);
+        if (((deadline = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0))) == -1 && PyErr_Occurred())
+            || packer_add(&p, deadline, (const unsigned char *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body)) < 0)
+            goto fail;
+    }
+    if (packer_emit(&p) < 0)
+        goto fail;
+    PyObject *pages = p.pages;
+    p.pages = NULL;
+    packer_free(&p);
+    return pages;
+fail:
+    packer_free(&p);
+    return NULL;
+}
+
+/* The body of streams of (tag, payload); -1 on error. */
+static int
+frame_body_into(Buffer *out, PyObject *streams)
+{
+    Py_ssize_t n = PyList_GET_SIZE(streams);
+    if (buf_uvarint(out, (unsigned long long)n) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(streams, i);
+        unsigned long long tag;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+            PyErr_SetString(PyExc_TypeError, "streams must be (tag, payload bytes) pairs");
+            return -1;
+        }
+        PyObject *payload = PyTuple_GET_ITEM(item, 1);
+        if (((tag = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 0))) == (unsigned long long)-1 && PyErr_Occurred())
+            || buf_uvarint(out, tag) < 0 || buf_uvarint(out, (unsigned long long)PyBytes_GET_SIZE(payload)) < 0
+            || buf_bytes(out, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* frame_body(streams): the body of one sealed bucket from its [(tag, payload)]. */
+static PyObject *
+frame_body(PyObject *module, PyObject *streams)
+{
+    Buffer body = {0};
+    if (!PyList_Check(streams)) {
+        PyErr_SetString(PyExc_TypeError, "frame_body takes a list of (tag, payload) pairs");
+        return NULL;
+    }
+    PyObject *result = frame_body_into(&body, streams) < 0 ? NULL : PyBytes_FromStringAndSize((char *)body.data, body.size);
+    PyMem_Free(body.data);
+    return result;
+}
+
+
+/* encode_gaps(values): the GAPS payload (pulsar_nack.core.pages) of ascending distinct values
+ * given as a buffer of unsigned 32- or 64-bit ints (BitMap.to_array()): uvarint(first),
+ * then uvarint(value - previous) for each further value. */
+static PyObject *
+encode_gaps(PyObject *module, PyObject *values)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
+    if ((view.itemsize != 4 && view.itemsize != 8) || n < 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "encode_gaps takes 1 or more unsigned 32- or 64-bit values");
+        return NULL;
+    }
+    unsigned char *out = PyMem_Malloc((size_t)n * 10);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t size = 0;
+    unsigned long long previous = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long value = view.itemsize == 4 ? ((uint32_t *)view.buf)[i] : ((uint64_t *)view.buf)[i];
+        unsigned long long gap = value - previous;
+        if (i && value <= previous) {
+            PyMem_Free(out);
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "encode_gaps takes ascending distinct values");
+            return NULL;
+        }
+        previous = value;
+        while (gap >= 0x80) {
+            out[size++] = (unsigned char)(gap & 0x7F) | 0x80;
+            gap >>= 7;
+        }
+        out[size++] = (unsigned char)gap;
+    }
+    PyBuffer_Release(&view);
+    PyObject *result = PyBytes_FromStringAndSize((char *)out, size);
+    PyMem_Free(out);
+    return result;
+}
+
+/* decode_gaps(payload): the ascending values of a GAPS payload, as a list of ints. */
+static PyObject *
+decode_gaps(PyObject *module, PyObject *payload)
+{
+    if (!PyBytes_Check(payload)) {
+        PyErr_SetString(PyExc_TypeError, "decode_gaps takes bytes");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(payload);
+    Py_ssize_t size = PyBytes_GET_SIZE(payload), pos = 0;
+    PyObject *list = PyList_New(0);
+    unsigned long long value = 0;
+    while (list != NULL && pos < size) {
+        unsigned long long gap = 0;
+        int shift = 0;
+        while (pos < size && data[pos] & 0x80 && shift < 63) {
+            gap |= (unsigned long long)(data[pos++] & 0x7F) << shift;
+            shift += 7;
+        }
+        if (pos == size || data[pos] >> (shift > 57 ? 64 - shift : 7)) {
+            PyErr_SetString(PyExc_ValueError, "corrupt GAPS payload");
+            Py_CLEAR(list);
+            break;
+        }
+        gap |= (unsigned long long)data[pos++] << shift;
+        value += gap;
+        PyObject *item = PyLong_FromUnsignedLongLong(value);
+        if (item == NULL || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    return list;
+}
 
 /* ------------------------------------------------------------------ HotSlot */
 
@@ -460,33 +757,67 @@ HotSlot_unset_log(HotSlot *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* take_log(): None when the log is empty, else (sid, [(deadline, [value, ...]), ...]): the
- * records grouped by deadline, in order. The log is then empty and its floor is the last
- * deadline. On error the log is left as it was. */
+/* take_log(tag, page_bytes): None when the log is empty, else (sid, pages, messages,
+ * entries, buckets, last_sealed, deadline, values): every deadline but the last sealed
+ * into pages (by the packer above, with pages.py's tag for the log's GAPS stream) with
+ * the messages, distinct entries and buckets they hold and the deadline of the last of
+ * them (-1 when none), then the last deadline and its values. The log is then empty and
+ * its floor is that last deadline. On error the log is left as it was. */
 static PyObject *
-HotSlot_take_log(HotSlot *self, PyObject *unused)
+HotSlot_take_log(HotSlot *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    unsigned long long tag;
+    Packer p = {.key = -1};
+    if (nargs != 2 || ((tag = PyLong_AsUnsignedLongLong(args[0])) == (unsigned long long)-1 && PyErr_Occurred())
+        || (p.limit = PyLong_AsSsize_t(args[1])) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "take_log(tag, page_bytes) takes two non-negative ints");
+        return NULL;
+    }
     if (self->log_len == 0)
         Py_RETURN_NONE;
-    PyObject *groups = PyList_New(0), *values = NULL, *result = NULL;
-    for (Py_ssize_t i = 0; groups != NULL && i < self->log_len; i++) {
-        long long deadline = self->log[i].deadline;
-        PyObject *value = PyLong_FromLongLong(self->log[i].value);
-        if (values == NULL || (i && deadline != self->log[i - 1].deadline)) {
-            values = PyList_New(0);
-            PyObject *group = values == NULL ? NULL : Py_BuildValue("(LN)", deadline, values);
-            if (group == NULL || PyList_Append(groups, group) < 0)
-                Py_CLEAR(groups);
-            Py_XDECREF(group);
+    LogRecord *log = self->log;
+    Py_ssize_t n = self->log_len, last = n - 1, messages = 0, entries = 0, buckets = 0;
+    while (last > 0 && log[last - 1].deadline == log[n - 1].deadline)
+        last--;
+    PyObject *values = PyList_New(n - last), *result = NULL;
+    if (values == NULL || (p.pages = PyList_New(0)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0, j; i < last; i = j) {
+        unsigned char payload[LOG_GROUP * UVARINT_MAX], body[3 * UVARINT_MAX + sizeof(payload)];
+        Py_ssize_t payload_size = 0, body_size;
+        long long previous = 0;
+        for (j = i; j < last && log[j].deadline == log[i].deadline; j++) {
+            payload_size += uvarint_at(payload + payload_size, (unsigned long long)(log[j].value - previous));
+            entries += j == i || self->log_kind == KIND_PLAIN || (log[j].value >> BATCH_BITS) != (previous >> BATCH_BITS);
+            previous = log[j].value;
         }
-        if (value == NULL || groups == NULL || PyList_Append(values, value) < 0)
-            Py_CLEAR(groups);
-        Py_XDECREF(value);
+        body_size = uvarint_at(body, 1); /* one stream: the log's */
+        body_size += uvarint_at(body + body_size, tag);
+        body_size += uvarint_at(body + body_size, (unsigned long long)payload_size);
+        memcpy(body + body_size, payload, (size_t)payload_size);
+        if (packer_add(&p, log[i].deadline, body, body_size + payload_size) < 0)
+            goto done;
+        messages += j - i;
+        buckets++;
     }
-    if (groups != NULL && (result = Py_BuildValue("(LN)", self->log_sid, groups)) != NULL) {
-        self->log_floor = self->log[self->log_len - 1].deadline;
+    if (packer_emit(&p) < 0)
+        goto done;
+    for (Py_ssize_t i = last; i < n; i++) {
+        PyObject *value = PyLong_FromLongLong(log[i].value);
+        if (value == NULL)
+            goto done;
+        PyList_SET_ITEM(values, i - last, value);
+    }
+    result = Py_BuildValue("(LOnnnLLO)", self->log_sid, p.pages, messages, entries, buckets,
+                           last ? log[last - 1].deadline : -1LL, log[n - 1].deadline, values);
+    if (result != NULL) {
+        self->log_floor = log[n - 1].deadline;
         self->log_len = self->log_entries = self->log_group = 0;
     }
+done:
+    packer_free(&p);
+    Py_XDECREF(values);
     return result;
 }
 
@@ -552,8 +883,9 @@ static PyMethodDef HotSlot_methods[] = {
      "set_log(topic, ledger, kind, sid, floor): the tail log's stream, and the floor no bucket is later than "
      "(the log must be empty)."},
     {"unset_log", (PyCFunction)HotSlot_unset_log, METH_NOARGS, "No tail log stream (the log must be empty)."},
-    {"take_log", (PyCFunction)HotSlot_take_log, METH_NOARGS,
-     "None, or (sid, [(deadline, [value, ...]), ...]): the log's records by deadline; then the log is empty."},
+    {"take_log", (PyCFunction)(void (*)(void))HotSlot_take_log, METH_FASTCALL,
+     "take_log(tag, page_bytes): None, or (sid, pages, messages, entries, buckets, last_sealed, deadline, values): "
+     "the log's records, every deadline but the last sealed into pages; then the log is empty."},
     {"log", (PyCFunction)HotSlot_log, METH_NOARGS,
      "None, or (topic, ledger, kind, sid, floor, [(deadline, value)]) of the tail log (for checks)."},
     {NULL},
@@ -862,87 +1194,10 @@ static PyTypeObject FastAddType = {
     .tp_methods = FastAdd_methods,
 };
 
-/* ------------------------------------------------------------------ gap codec */
-
-/* encode_gaps(values): the GAPS payload (pulsar_nack.core.pages) of ascending distinct values
- * given as a buffer of unsigned 32- or 64-bit ints (BitMap.to_array()): uvarint(first),
- * then uvarint(value - previous) for each further value. */
-static PyObject *
-encode_gaps(PyObject *module, PyObject *values)
-{
-    Py_buffer view;
-    if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
-    if ((view.itemsize != 4 && view.itemsize != 8) || n < 1) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "encode_gaps takes 1 or more unsigned 32- or 64-bit values");
-        return NULL;
-    }
-    unsigned char *out = PyMem_Malloc((size_t)n * 10);
-    if (out == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    Py_ssize_t size = 0;
-    unsigned long long previous = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long value = view.itemsize == 4 ? ((uint32_t *)view.buf)[i] : ((uint64_t *)view.buf)[i];
-        unsigned long long gap = value - previous;
-        if (i && value <= previous) {
-            PyMem_Free(out);
-            PyBuffer_Release(&view);
-            PyErr_SetString(PyExc_ValueError, "encode_gaps takes ascending distinct values");
-            return NULL;
-        }
-        previous = value;
-        while (gap >= 0x80) {
-            out[size++] = (unsigned char)(gap & 0x7F) | 0x80;
-            gap >>= 7;
-        }
-        out[size++] = (unsigned char)gap;
-    }
-    PyBuffer_Release(&view);
-    PyObject *result = PyBytes_FromStringAndSize((char *)out, size);
-    PyMem_Free(out);
-    return result;
-}
-
-/* decode_gaps(payload): the ascending values of a GAPS payload, as a list of ints. */
-static PyObject *
-decode_gaps(PyObject *module, PyObject *payload)
-{
-    if (!PyBytes_Check(payload)) {
-        PyErr_SetString(PyExc_TypeError, "decode_gaps takes bytes");
-        return NULL;
-    }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(payload);
-    Py_ssize_t size = PyBytes_GET_SIZE(payload), pos = 0;
-    PyObject *list = PyList_New(0);
-    unsigned long long value = 0;
-    while (list != NULL && pos < size) {
-        unsigned long long gap = 0;
-        int shift = 0;
-        while (pos < size && data[pos] & 0x80 && shift < 63) {
-            gap |= (unsigned long long)(data[pos++] & 0x7F) << shift;
-            shift += 7;
-        }
-        if (pos == size || data[pos] >> (shift > 57 ? 64 - shift : 7)) {
-            PyErr_SetString(PyExc_ValueError, "corrupt GAPS payload");
-            Py_CLEAR(list);
-            break;
-        }
-        gap |= (unsigned long long)data[pos++] << shift;
-        value += gap;
-        PyObject *item = PyLong_FromUnsignedLongLong(value);
-        if (item == NULL || PyList_Append(list, item) < 0)
-            Py_CLEAR(list);
-        Py_XDECREF(item);
-    }
-    return list;
-}
-
 static PyMethodDef module_methods[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
+     "pack(records, key, page, page_bytes): [(key, page)], the records appended to a page, in pages of up to page_bytes."},
+    {"frame_body", frame_body, METH_O, "frame_body(streams): the body of a sealed bucket from its [(tag, payload)]."},
     {"encode_gaps", encode_gaps, METH_O, "encode_gaps(values): GAPS payload of ascending unsigned ints (a buffer)."},
     {"decode_gaps", decode_gaps, METH_O, "decode_gaps(payload): the values of a GAPS payload, as a list."},
     {NULL},

@@ -43,7 +43,9 @@ __all__ = [
     "PyHotSlot",
     "decode_gaps",
     "encode_gaps",
+    "frame_body",
     "load_optional",
+    "pack",
 ]
 
 MAX_SLOTS = 16
@@ -55,8 +57,9 @@ LOG_CAPACITY = 2048
 _U32 = 1 << 32
 Growth = tuple[int, int]
 """``(messages, entries)`` added through slots that were removed."""
-LogTaken = tuple[int, list[tuple[int, list[int]]]]
-"""``(sid, [(deadline, [value, ...]), ...])``: what ``HotSlot.take_log()`` hands back."""
+LogTaken = tuple[int, list[tuple[int, bytes]], int, int, int, int, int, list[int]]
+"""``(sid, [(key, page)], messages, entries, buckets, last_sealed, deadline, values)``: what
+``HotSlot.take_log(tag, page_bytes)`` hands back (see ``pulsar_nack/core/_speedups.c``)."""
 LogState = tuple[str, int, int, int, int, list[tuple[int, int]]]
 """``(topic, ledger, kind, sid, floor, [(deadline, value)])``: ``HotSlot.log()``, for checks."""
 SlotState = tuple[int, int, str, int, int, BitMap, int]
@@ -165,8 +168,8 @@ class PyHotSlot:
     def unset_log(self) -> None:
         """No log stream; nothing here. O(1)."""
 
-    def take_log(self) -> LogTaken | None:
-        """The log's records by deadline; always None here (no records). O(1)."""
+    def take_log(self, tag: int, page_bytes: int) -> LogTaken | None:
+        """The log's records, sealed into pages but the last deadline's; always None here (no records). O(1)."""
         return None
 
     def log(self) -> LogState | None:
@@ -206,3 +209,7 @@ encode_gaps: Any = None if _c is None else _c.encode_gaps
 """C ``encode_gaps(array)`` of :mod:`pulsar_nack.core.pages`' GAPS codec, or None (pure Python)."""
 decode_gaps: Any = None if _c is None else _c.decode_gaps
 """C ``decode_gaps(payload)``, or None (pure Python)."""
+pack: Any = None if _c is None else _c.pack
+"""C ``pack(records, key, page, page_bytes)``: :func:`pulsar_nack.core.pages.pack`'s framing, or None."""
+frame_body: Any = None if _c is None else _c.frame_body
+"""C ``frame_body(streams)``: :func:`pulsar_nack.core.pages.encode_body`'s framing, or None."""

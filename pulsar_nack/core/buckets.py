@@ -356,32 +356,31 @@ class TimeBuckets:
     def _flush_log(self) -> None:
         """Move the tail log's adds into the structure; every other method calls this first.
 
-        The log's buckets (all later than every bucket here) are sealed into pages by
-        :func:`pulsar_nack.core.pages.pack` and put after the last bucket, except the last
-        one, opened as a normal bucket: a dense bucket then gets a hot bitmap and Roaring
-        runs, as without the log. O(1) when the log is empty, else O(log records + log b).
+        The log's buckets (all later than every bucket here) come back sealed into pages
+        (by the page framing of :mod:`pulsar_nack.core.pages`), put after the last bucket,
+        except the last one, opened as a normal bucket: a dense bucket then gets a hot
+        bitmap and Roaring runs, as without the log. O(1) when the log is empty, else
+        O(log records + log b).
         """
         if self._log_sid < 0:  # no log stream, so no records: the common case, no C call
             return
-        taken = self.hot_slot.take_log()
+        taken = self.hot_slot.take_log(_pages.tag(self._log_sid, _pages.GAPS), _pages.PAGE_BYTES)
         if taken is None:
             return
-        sid, groups = taken
-        *sealed, (deadline, values) = groups
-        kind: _Kind = self._streams[sid][2]  # type: ignore[index]  # (the log's sid is live)
-        if sealed:
-            for key, page in _pages.pack([(d, _pages.encode_body(((sid, v),))) for d, v in sealed]):
+        sid, pages, messages, entries, sealed, last_sealed, deadline, values = taken
+        if pages:
+            for key, page in pages:
                 self._put_page(key, page)
-            self._messages += sum(map(len, (v for _, v in sealed)))
-            self._entries += sum(_count_entries(kind, v) for _, v in sealed)
-            self._sealed_count += len(sealed)
-            self._stream_refs[sid] += len(sealed)
-            self._sealed_max = max(self._sealed_max, sealed[-1][0])
+            self._messages += messages
+            self._entries += entries
+            self._sealed_count += sealed
+            self._stream_refs[sid] += sealed
+            self._sealed_max = max(self._sealed_max, last_sealed)
         bucket = self._open_bucket(deadline)  # a new bucket: later than every other one
         bitmap = bucket[sid] = BitMap(values)
         self._stream_refs[sid] += 1
         self._messages += len(values)
-        self._entries += _count_entries(kind, bitmap)
+        self._entries += _count_entries(self._streams[sid][2], bitmap)  # type: ignore[index]  # (the log's sid is live)
 
     def pop_due(self, now_ms: int) -> dict[str, list[MessageKey]]:
         """Remove and return every key whose bucket deadline is ``<= now_ms``.
@@ -526,17 +525,14 @@ class TimeBuckets:
             self._sealed_max = deadline
         self._sealed_count += 1
         index = buckets.index(deadline)
-        if index:
-            key, before = buckets.peekitem(index - 1)
-            joined = _pages.append(before, key, deadline, body) if type(before) is bytes else None
-            if joined is not None:
-                # Join the page just before: it then covers this deadline too.
-                del buckets[deadline]
-                self._sealed_bytes -= len(before) + _BYTES_HEADER
-                self._put_page(key, joined)
-                return
         del buckets[deadline]
-        self._put_page(deadline, _pages.build(deadline, [(deadline, body)]))
+        key, before = buckets.peekitem(index - 1) if index else (-1, None)
+        if type(before) is not bytes:
+            key, before = -1, None
+        pages = _pages.pack([(deadline, body)], key, before)
+        if before is not None and len(pages) == 1:  # it joined the page just before, which now covers it
+            self._sealed_bytes -= len(before) + _BYTES_HEADER
+        self._put_page(*pages[-1])
 
     def seal_all(self) -> None:
         """Seal every open bucket (e.g. before measuring memory). O(open buckets)."""
