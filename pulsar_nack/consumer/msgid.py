@@ -9,8 +9,10 @@ forces the stand-in.
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from ..core.accel import load_optional
+from ..core.keys import message_key as py_message_key
 
 __all__ = ["MSGID", "message_key", "parse_id", "py_message_key", "py_parse_id"]
 
@@ -73,28 +75,12 @@ def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
     return fields[0], fields[1], fields[2], fields[3], fields[4]
 
 
-def py_message_key(message: Any) -> tuple[str, int, int, int]:
-    """``(topic, ledger, entry, batch_index)`` of a received ``_pulsar.Message``: four id reads. O(1).
-
-    The stand-in for the C ``message_key`` of ``pulsar_nack.consumer._msgid``, which reads the same
-    fields from one ``serialize()`` of the id (about 0.3 µs less per call: ``bench/client.py``).
-    """
-    message_id = message.message_id()
-    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
-
-
-message_key: Any = py_message_key
-"""``message_key(message)``: the C reader of ``pulsar_nack.consumer._msgid``, or :func:`py_message_key`."""
-parse_id: Any = py_parse_id
+_c = load_optional("pulsar_nack.consumer._msgid")
+MSGID = _c is not None
+"""Whether the C reader is in use."""
+message_key: Any = py_message_key if _c is None else _c.message_key
+"""``message_key(message)``: ``(topic, ledger, entry, batch_index)`` of a message, read from one
+``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
+getters; about 0.3 µs more per call: ``bench/client.py``)."""
+parse_id: Any = py_parse_id if _c is None else _c.parse_id
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
-MSGID = False
-
-if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
-    try:
-        from ._msgid import message_key as _c_message_key
-        from ._msgid import parse_id as _c_parse_id
-
-        message_key, parse_id = _c_message_key, _c_parse_id
-        MSGID = True
-    except ImportError:  # built without a C compiler: pure Python
-        pass

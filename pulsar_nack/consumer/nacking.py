@@ -40,8 +40,8 @@ from pyroaring import BitMap64
 from .._validate import check_int, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.base import DueKeys
-from ..core.buckets import DEFAULT_PRECISION_BITS
-from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS, bucket_ms
+from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, full_topic_name, redelivery_count_of
 from ..core.tracker import NegativeAcksTracker
 from . import msgid as _msgid
 
@@ -87,12 +87,22 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
     """How early buckets fire: the client's full latency only where it is exact.
 
     A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
-    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
-    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
-    the client's delay, so a message is never early.
+    that holds while bursts are at least one client tick more than that apart (165 ms at
+    the default delay): buckets of 256 ms (8 precision bits) and more. With smaller
+    buckets, and with ``never_early``, buckets fire early by only the client's delay, so a
+    message is never early. O(1).
+
+    >>> handoff_lead_ms(HANDOFF_DELAY_MS, 8, False), handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)
+    (132, 100)
     """
-    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
-    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+    latency = client_handoff_latency_ms(handoff_delay_ms)
+    tick = max(handoff_delay_ms, HANDOFF_DELAY_MS) // 3
+    spaced = (
+        isinstance(precision_bits, int)
+        and 0 <= precision_bits <= MAX_PRECISION_BITS
+        and bucket_ms(precision_bits) >= latency + tick
+    )
+    return latency if spaced and not never_early else handoff_delay_ms
 
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
@@ -102,22 +112,6 @@ _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
 _UNTITLED = ""  # the tracker topic of a key whose id object carries the real topic
-
-
-def full_topic_name(topic: str) -> str:
-    """``persistent://public/default/x`` for a short name ``x``, as the client does.
-
-    >>> full_topic_name("orders")
-    'persistent://public/default/orders'
-    >>> full_topic_name("t/ns/orders")
-    'persistent://t/ns/orders'
-    """
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
 
 
 def raw_id(obj: Any) -> _pulsar.MessageId:
@@ -449,11 +443,10 @@ class NackingCore:
         """
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
-            raw = inner.message_id()
-            topic = inner.topic_name()
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
-            return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()), raw
+            key = _msgid.message_key(inner)
+            if key[0] not in self.topics.names and key[0] not in self.topics:
+                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
+            return key, inner.message_id()
         raw = raw_id(message)
         batch_index = raw.batch_index()
         if _is_message(message):

@@ -64,11 +64,21 @@ from . import accel as _accel
 from . import pages as _pages
 from .keys import BATCH_BITS, MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
-__all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets"]
+__all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets", "bucket_ms"]
 
 DEFAULT_PRECISION_BITS = 8
 """Default trimming: 256 ms buckets, as Java's ``negativeAckPrecisionBitCnt``."""
 MAX_PRECISION_BITS = 30
+
+
+def bucket_ms(precision_bits: int) -> int:
+    """How many ms one bucket spans: deadlines trimmed by *precision_bits* bits. O(1).
+
+    >>> bucket_ms(DEFAULT_PRECISION_BITS), bucket_ms(0)
+    (256, 1)
+    """
+    return 1 << check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
+
 
 _BATCH_LIMIT = 1 << BATCH_BITS
 _BATCHED_ENTRY_LIMIT = 1 << (63 - BATCH_BITS)  # packed values stay below 2**63
@@ -187,9 +197,9 @@ class TimeBuckets:
         speedups: bool = True,
     ) -> None:
         self.precision_bits = check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
+        self._low_mask = bucket_ms(self.precision_bits) - 1
         self.round_up = check_bool("round_up", round_up)
         self.max_open_buckets = check_int("max_open_buckets", max_open_buckets, 1)
-        self._low_mask = (1 << precision_bits) - 1
         self._round = self._low_mask if round_up else 0
         self._buckets = SortedDict()
         self._open = {}
