@@ -131,7 +131,7 @@ def test_bad_input_changes_nothing() -> None:
             core.before_ack(bad)
     with pytest.raises(ValueError, match="does not belong"):
         core.nack(Stub("persistent://public/default/other", 1, 1))
-    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core._pending) == 0
+    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.pending) == 0
     core.close(redeliver_pending=False)
 
 
@@ -156,3 +156,28 @@ def test_raw_id_unwraps_every_form() -> None:
     assert raw_id(wrapped).entry_id() == 2
     with pytest.raises(TypeError):
         raw_id(object())
+
+
+def test_counters_are_exact_under_threads_and_read_without_a_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """counts() reads the lock-free counters through the iterator protocol, not by parsing their repr."""
+    from pulsar_nack.consumer import nacking
+
+    def no_repr(obj: object) -> str:
+        raise AssertionError(f"a counter was read from its repr: {obj!r:.0}")
+
+    monkeypatch.setattr(nacking, "repr", no_repr, raising=False)
+    core = NackingCore(Recorder(), [T])
+    message = Stub(T, 1, 1)
+
+    def receive() -> None:
+        for _ in range(20_000):
+            core.admit(message)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=receive) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    reads = [core.counts()["received"] for _ in range(200)]  # reading while they count
+    for thread in threads:
+        thread.join()
+    assert reads == sorted(reads) and core.counts()["received"] == core.counts()["received"] == 80_000
+    core.close(redeliver_pending=False)

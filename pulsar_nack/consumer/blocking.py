@@ -237,7 +237,7 @@ class NackingConsumer:
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            if not core._pending._count:  # the common path: nothing to compare with
+            if not core.pending.count:  # the common path: nothing to compare with
                 next(core.received)
             elif not core.admit(message):  # an early copy: swallowed, wait for the next
                 if timeout_millis is None:
@@ -282,7 +282,7 @@ class NackingConsumer:
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and not core._pending._count and self._raw is not None:
+        if type(message) is _Message and not core.pending.count and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)

@@ -211,16 +211,17 @@ class PendingNacks:
     0
     """
 
-    __slots__ = ("_by_ledger", "_count", "_wide")
+    __slots__ = ("_by_ledger", "_wide", "count")
 
     _by_ledger: dict[int, BitMap64]
     _wide: set[tuple[int, int, int]]
-    _count: int
+    count: int
+    """How many messages it holds (read-only: an attribute, for the receive path's one check)."""
 
     def __init__(self) -> None:
         self._by_ledger = {}
         self._wide = set()
-        self._count = 0
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Add a message. O(log n) in the ledger's bitmap."""
@@ -231,10 +232,10 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if value not in bitmap:
                 bitmap.add(value)
-                self._count += 1
+                self.count += 1
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
-            self._count += 1
+            self.count += 1
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a message if present. O(log n)."""
@@ -243,12 +244,12 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if bitmap is not None and value in bitmap:
                 bitmap.discard(value)
-                self._count -= 1
+                self.count -= 1
                 if not bitmap:
                     del self._by_ledger[ledger_id]
         elif (ledger_id, entry_id, batch_index) in self._wide:
             self._wide.discard((ledger_id, entry_id, batch_index))
-            self._count -= 1
+            self.count -= 1
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         ledger_id, entry_id, batch_index = item
@@ -258,12 +259,12 @@ class PendingNacks:
         return item in self._wide
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
         self._wide.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus the dict and set slots (an estimate). O(ledgers)."""
@@ -274,13 +275,8 @@ class PendingNacks:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored values; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert self.count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
         assert all(self._by_ledger.values())
-
-
-def _counter_value(counter: itertools.count[int]) -> int:
-    """How many times ``next`` was called on a counter started at 0 (read without advancing)."""
-    return int(repr(counter)[6:-1])
 
 
 class NackingCore:
@@ -315,13 +311,15 @@ class NackingCore:
     tracker: NegativeAcksTracker
     topics: TopicMatcher
     guard_unbatched: bool
+    pending: PendingNacks
+    """The nacked messages whose delay is not over (read-only; changed under the core's lock)."""
     _hand_off_ids: HandOff
-    _pending: PendingNacks
     _bare: dict[tuple[int, int], _pulsar.MessageId]
     _copies: dict[tuple[int, int, int], int] | None
     _nacks: dict[tuple[int, int, int], int]
     _lock: threading.Lock
     _counts: dict[str, int]
+    _reads: dict[str, int]
 
     def __init__(
         self,
@@ -346,7 +344,7 @@ class NackingCore:
             raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
         self.guard_unbatched = guard_unbatched
         self._hand_off_ids = hand_off
-        self._pending = PendingNacks()
+        self.pending = PendingNacks()
         self._bare = {}
         self._copies = {} if count_deliveries else None
         self._nacks = {}
@@ -354,9 +352,12 @@ class NackingCore:
         self._counts = dict.fromkeys(
             ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
         )
+        # Lock-free counters: any thread steps one with next() (one C call). counts() reads
+        # one with next() too and takes off the reads it made before (_reads, under the lock).
         self.received = itertools.count()
         self.acked = itertools.count()
         self._nacked = itertools.count()
+        self._reads = {"received": 0, "acked": 0, "nacked": 0}
         self.tracker = NegativeAcksTracker(
             self._on_due,
             delay_ms=negative_ack_redelivery_delay_ms,
@@ -380,7 +381,7 @@ class NackingCore:
         id read and a bitmap lookup.
         """
         next(self.received)
-        if not self._pending._count:
+        if not self.pending.count:
             return True
         message_id = message.message_id()
         batch_index = message_id.batch_index()
@@ -388,7 +389,7 @@ class NackingCore:
             return True
         item = (message_id.ledger_id(), message_id.entry_id(), batch_index)
         with self._lock:
-            if item not in self._pending:
+            if item not in self.pending:
                 return True
             self._counts["swallowed"] += 1
             if self._copies is not None:
@@ -501,12 +502,12 @@ class NackingCore:
         item = (key[1], key[2], key[3])
         remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
         with self._lock:
-            if item in self._pending:
+            if item in self.pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
             if self._copies is not None:
                 self._nacks[item] = self._nacks.get(item, 0) + 1
             if remember:
-                self._pending.add(*item)
+                self.pending.add(*item)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
@@ -514,7 +515,7 @@ class NackingCore:
         except BaseException:
             with self._lock:
                 if remember:
-                    self._pending.discard(*item)
+                    self.pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
                 if self._copies is not None:
                     self._nacks[item] -= 1
@@ -526,11 +527,11 @@ class NackingCore:
 
         Raises TypeError or ValueError for bad input (nothing changes then). O(1).
         """
-        if self._pending._count or self._nacks or self._copies or not _is_message(message):
+        if self.pending.count or self._nacks or self._copies or not _is_message(message):
             key, raw = self.key_of(message)
-            if self._pending:
+            if self.pending:
                 with self._lock:
-                    self._pending.discard(key[1], key[2], key[3])
+                    self.pending.discard(key[1], key[2], key[3])
             if self._nacks or self._copies:
                 self.forget(raw)
             return raw
@@ -562,7 +563,7 @@ class NackingCore:
             self._hand_off_ids(ids)
         with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
             for item in released:
-                self._pending.discard(*item)
+                self.pending.discard(*item)
 
     # ------------------------------------------------------------------ resets
 
@@ -570,7 +571,7 @@ class NackingCore:
         """Forget every pending nack (before ``seek`` or redelivering everything); return them."""
         with self._lock:
             dropped = self.tracker.drain()
-            self._pending.clear()
+            self.pending.clear()
             self._bare.clear()
             if self._copies is not None:
                 self._copies.clear()
@@ -581,7 +582,7 @@ class NackingCore:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
         with self._lock:
-            self._pending.clear()
+            self.pending.clear()
             self._bare.clear()
 
     # ------------------------------------------------------------------ counters
@@ -590,13 +591,16 @@ class NackingCore:
         """Counters: received, swallowed, delivered, acked, nacked, handoffs, pending batch messages."""
         with self._lock:
             counts = dict(self._counts)
-            pending = len(self._pending)
-        received = _counter_value(self.received)
+            pending = len(self.pending)
+            steps = {}
+            for name, counter in (("received", self.received), ("acked", self.acked), ("nacked", self._nacked)):
+                steps[name] = next(counter) - self._reads[name]
+                self._reads[name] += 1
         return {
-            "received": received,
-            "delivered": received - counts["swallowed"],
-            "acked": _counter_value(self.acked),
-            "nacked": _counter_value(self._nacked),
+            "received": steps["received"],
+            "delivered": steps["received"] - counts["swallowed"],
+            "acked": steps["acked"],
+            "nacked": steps["nacked"],
             **counts,
             "pending_guarded": pending,
         }
@@ -604,6 +608,6 @@ class NackingCore:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            self._pending._check()
+            self.pending._check()
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
