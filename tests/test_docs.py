@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import doctest
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,3 +34,22 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^python -m pytest -q$", ci, re.M)
     extras = re.search(r'pip install -e "\.\[([^\]]+)\]" && python -m pytest', test_line).group(1)
     assert f'-e ".[{extras}]"' in ci
+
+
+def test_doctests_that_start_a_broker_run_as_broker_tests():
+    """A doc example that starts a broker is a broker test: run with them, deselected with them, never skipped."""
+    starting = []
+    for path in sorted((REPO / "pulsar_nack").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                for example in doctest.DocTestParser().get_examples(ast.get_docstring(node, clean=True) or ""):
+                    if "PulsarStandalone(" in example.source or "PulsarCluster(" in example.source:
+                        starting.append(path.relative_to(REPO).as_posix())
+                        assert not example.options.get(doctest.SKIP), f"{path.name}: a skipped example never runs"
+    assert starting, "the testing package shows how to start a broker"
+    for marks, expected in (("broker", set(starting)), ("not broker", set())):
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marks, *sorted(set(starting))],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        ).stdout
+        assert {line.split("::")[0] for line in listed.splitlines() if "::" in line} == expected, (marks, listed)
