@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import helpers`
 
+
 @pytest.fixture(scope="session")
 def broker_pool() -> Iterator[dict[str, Any]]:
     """Brokers shared by the session, started on first use, stopped at the session's end."""
