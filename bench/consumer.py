@@ -25,8 +25,6 @@ Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
 import statistics
 import sys
@@ -35,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._common import print_table, rss_bytes, run_worker, start_context, summarize, trim_heap, write_result
+from ._common import broker_label, finish, interleave, parser, run_worker, settled_rss, start_context, summarize
 
 HOUR_MS = 3_600_000
 BATCH = 10
@@ -172,25 +170,19 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    samples: dict[str, dict[str, list[float]]] = {
-        case: {s: [] for s in SYSTEMS} for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
-    }
-    for rep in range(reps + 1):
-        order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
-        for system in order:
-            costs = {
-                "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
-                "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
-                "nack_message": _nack_us(client, system, min(n, 20_000)),
-            }
-            if rep:  # the first repetition is the warmup
-                for case, cost in costs.items():
-                    samples[case][system].append(cost)
-            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
+
+    def measure(system: str) -> dict[str, float]:
+        return {
+            "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
+            "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
+            "nack_message": _nack_us(client, system, min(n, 20_000)),
+        }
+
+    samples = interleave(SYSTEMS, reps, measure, warmup=1, progress="rep")  # the first repetition is the warmup
     client.close()
     result: dict[str, Any] = {}
-    for case, per_system in samples.items():
-        stats = {s: summarize(v) for s, v in per_system.items()}
+    for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message"):
+        stats = {s: summarize(costs[case] for costs in samples[s]) for s in SYSTEMS}
         result[case] = {
             "messages": n if case != "nack_message" else min(n, 20_000),
             "us": stats,
@@ -230,9 +222,7 @@ def _memory_worker(url: str, admin_url: str, system: str, topic: str, n: int, na
         consumer.acknowledge(first)
     del first
     queued_at_start = _queued_when_settled(admin, topic, consumed=1)
-    gc.collect()
-    trim_heap()
-    before = rss_bytes()
+    before = settled_rss()
     nacked = 0
     for _ in range(n):
         message = consumer.receive(30_000)
@@ -243,9 +233,7 @@ def _memory_worker(url: str, admin_url: str, system: str, topic: str, n: int, na
             consumer.acknowledge(message)
     del message
     queued_at_end = _queued_when_settled(admin, topic, consumed=1 + n)
-    gc.collect()
-    trim_heap()
-    after = rss_bytes()
+    after = settled_rss()
     result: dict[str, Any] = {
         "system": system,
         "nack": nack,
@@ -322,9 +310,8 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     with PulsarStandalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
-        version = broker.version
     return {
-        "broker": f"Apache Pulsar {version} standalone",
+        "broker": broker_label(broker),
         "batch_size": BATCH,
         "repetitions": reps,
         **calls,
@@ -332,46 +319,23 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     }
 
 
-def _report(payload: dict[str, Any]) -> None:
-    rows = []
-    for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message"):
-        c = payload[case]
-        rows.append(
-            [case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
-             f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x"]
-        )
-    print_table(["case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows, title="Per-message cost")
-    memory = payload["pending_nack_memory_batched"]
-    print_table(
-        ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
-        [[c["system"], f"{c['messages']:,}", f"{c['pending_nacks']:,}", f"{int(c['rss_delta_bytes']):,}",
-          f"{int(c['control_rss_delta_bytes']):,}", f"{c['bytes_per_pending_nack']:.1f}",
-          f"{c['net_bytes_per_pending_nack']:.1f}"] for c in memory["cases"]],
-        title="Bytes per pending nack, batched workload",
-    )
-    print(f"memory ours/plain: {memory['ratio_ours_over_plain']:.3f} (net {memory['net_ratio_ours_over_plain']:.3f})")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    if argv is None:
-        argv = sys.argv[1:]
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         url, admin_url, system, topic = argv[1:5]
         print(json.dumps(_memory_worker(url, admin_url, system, topic, int(argv[5]), bool(int(argv[6])))))
         return None
-    parser = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20,000 messages, 3 repetitions")
-    parser.add_argument("--messages", type=int, default=None, help="backlog per call-cost case (default 100,000)")
-    parser.add_argument("--memory-messages", type=int, default=200_000, help="messages of the memory case")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    args_parser = parser(__doc__, "bench.consumer", "20,000 messages, 3 repetitions")
+    args_parser.add_argument("--messages", type=int, default=None, help="backlog per call-cost case (default 100,000)")
+    args_parser.add_argument("--memory-messages", type=int, default=200_000, help="messages of the memory case")
+    args = args_parser.parse_args(argv)
     start = start_context()
     n = args.messages or (20_000 if args.quick else 100_000)
-    memory_n = 50_000 if args.quick else args.memory_messages
-    payload = run(n, memory_n, 3 if args.quick else 5)
-    _report(payload)
-    path = write_result(args.out or ("consumer-quick" if args.quick else "consumer"), payload, start)
-    print(f"wrote {path}")
+    payload = run(n, 50_000 if args.quick else args.memory_messages, 3 if args.quick else 5)
+    from .report import consumer_table
+
+    print(consumer_table(payload))
+    finish(args, "consumer", payload, start)
     return payload
 
 
