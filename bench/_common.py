@@ -166,8 +166,20 @@ def parser(doc: str, module: str, quick: str | None = None) -> argparse.Argument
     return made
 
 
-def finish(args: argparse.Namespace, name: str, payload: dict[str, Any], start: dict[str, Any] | None = None) -> Path:
-    """Write the run's result (``args.out``, or *name* with ``-quick`` for a quick run) and say where."""
+def finish(
+    args: argparse.Namespace,
+    name: str,
+    payload: dict[str, Any],
+    start: dict[str, Any] | None = None,
+    table: Callable[[dict[str, Any]], str] | None = None,
+) -> Path:
+    """Write the run's result (``args.out``, or *name* with ``-quick`` for a quick run) and say where.
+
+    With *table* (one of bench/report.py's), print ``table(payload)`` first and keep it in the result.
+    """
+    if table is not None:
+        payload["table"] = table(payload)
+        print(payload["table"], flush=True)
     path = write_result(args.out or (f"{name}-quick" if getattr(args, "quick", False) else name), payload, start)
     print(f"wrote {path.relative_to(REPO)}", flush=True)
     if start is not None and core_fingerprint() != start["core_sha256"]:

@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = run(args.messages, args.delay_ms)
     from .report import asyncio_lateness_table
 
-    payload["table"] = asyncio_lateness_table(payload)
-    print(payload["table"])
-    finish(args, "asyncio", payload, context)
+    finish(args, "asyncio", payload, context, table=asyncio_lateness_table)
     return 0
 
 

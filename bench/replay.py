@@ -201,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = run(20_000 if args.quick else args.messages, args.spin_us)
     from .report import replay_table
 
-    payload["table"] = replay_table(payload)
-    print(payload["table"])
-    finish(args, "replay", payload, context)
+    finish(args, "replay", payload, context, table=replay_table)
     return 0
 
 
