@@ -19,12 +19,17 @@ from ._common import REPO, RESULTS, load, md_table
 
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
-    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
-    "docs/design.md": ["constants", "space"],
+    "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
+    "docs/design.md": ["constants", "tail-log", "space"],
     "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
 }
+
+
+SPACE_MODEL = (75, 33, 2, 8, 4, 4)
+"""The space model's bytes (docs/design.md, Space analysis): a page's map slot, its ``bytes`` header,
+a stream's tag and length, a Roaring header, a container, a run."""
 
 
 def _b(value: float) -> str:
@@ -192,11 +197,25 @@ def core_ab_table() -> str:
     )
 
 
+def tail_log_table() -> str:
+    """``y0-x1`` with and without the C tail log (bench/memory.py, the log switched off for one run)."""
+    rows = []
+    for label, name in (("with the tail log", "memory"), ("without (one run at the commit that switched it off)",
+                                                            "repeats/memory-y0-x1-without-tail-log")):
+        result = load(name)
+        c = _case(result, "y0-x1")
+        t, b = c["tracker"], c["baseline"]
+        rows.append([label, f"{t['add_rate'] / 1e6:.2f} M", f"{b['add_rate'] / 1e6:.2f} M", f"{t['add_rate'] / b['add_rate']:.2f}×",
+                     _b(t["rss_bytes_per_msg"]), f"`bench/results/{name}.json` (`{result['meta']['git']['commit'][:7]}`)"])
+    return md_table(["`y0-x1`: precision 0, one nack per ms", "add/s ours", "add/s baseline", "ours / baseline", "RSS B/msg", "result"],
+                    rows, "lrrrrl")
+
+
 def space_table() -> str:
     """The sealed-page model of docs/design.md beside the measurements (constants from pages.py)."""
     from pulsar_nack.core.pages import PAGE_BYTES
 
-    slot, bytes_obj, stream_header, roaring_header, container, run = 75, 33, 2, 8, 4, 4  # see docs/design.md
+    slot, bytes_obj, stream_header, roaring_header, container, run = SPACE_MODEL
 
     def ulen(value: float) -> int:
         return max(1, -(-int(value).bit_length() // 7))
@@ -474,7 +493,7 @@ def replay_table(result: dict[str, Any] | None = None) -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
-    "demo": demo_table, "space": space_table, "constants": constants_table, "results-table": results_table,
+    "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
     "goals": goals_table, "memory": memory_table, "profile": profile_table, "core": core_table, "core-ab": core_ab_table,
     "client": client_table, "e2e": e2e_table, "scaling": scaling_table, "meta": meta_table, "consumer": consumer_table,
     "consumer-summary": consumer_summary,
