@@ -354,7 +354,7 @@ class TimeBuckets:
             self._entries += new_entry
         if kind is not _Kind.WIDE and type(bitmap) is BitMap:
             self._settle(self.hot_slot.set(*self.deadlines_of(bucket_deadline), key[0], key[1], kind, bitmap))
-            if False and self._sparse_tail and not self._low_mask:  # MEASUREMENT ONLY: the tail log switched off
+            if self._sparse_tail and not self._low_mask:  # the log takes buckets of one ms only
                 last = self._buckets.keys()[-1]
                 self.hot_slot.set_log(key[0], key[1], kind, sid, max(last, self._sealed_max))  # type: ignore[arg-type]  # (sid is set: found or made above)
                 self._log_sid = sid  # type: ignore[assignment]  # (as above)
