@@ -24,6 +24,7 @@ DOCS = {
     "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
+    "docs/brokers.md": ["cluster"],
 }
 
 
@@ -318,6 +319,38 @@ def asyncio_lateness_table(result: dict[str, Any] | None = None) -> str:
     )
 
 
+def cluster_table() -> str:
+    """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
+    result = load("cluster")
+
+    def sec(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} s"
+
+    rows = []
+    for run in result["runs"]:
+        phases, rss, fail = run["phases_s"], run["rss_mib_at_ready"], run["failover"]
+        brokers = ", ".join(f"{v:.0f}" for k, v in rss.items() if k.startswith("broker"))
+        rows.append([
+            run["run"], f"{run['start_s']:.1f} s", f"{phases['zookeeper']:.1f} / {phases['metadata']:.1f} / {phases['brokers']:.1f} s",
+            f"{rss['zookeeper']:.0f}, {rss['bookie']:.0f}, {brokers} MiB", f"{run['rss_mib_total_at_ready']:,.0f} MiB",
+            sec(fail["lookups_on_survivor_s"]), sec(fail["first_message_from_moved_partition_s"]),
+            sec(fail["all_sent_after_kill_received_s"]), fail["lost"], sec(fail["restart_s"]), f"{run['load_average_1_5_15_before'][0]:.1f}",
+        ])
+    summary = result["summary"]
+    return md_table(
+        ["run", "start", "ready at: ZooKeeper / metadata / all", "RSS at ready: ZooKeeper, bookie, brokers", "total RSS",
+         "lookups moved", "first message back", "all 500 back", "lost", "restart", "load avg"], rows, "rrllrrrrrrr",
+    ) + (
+        f"\n\nMedian of {len(result['runs'])} fresh clusters: started in {summary['start_s']['median']:.1f} s "
+        f"({summary['start_s']['min']:.1f}–{summary['start_s']['max']:.1f} s), "
+        f"{summary['rss_mib_total_at_ready']['median']:,.0f} MiB RSS in all when ready; after SIGKILL of a broker "
+        f"(metadata session timeout {result['runs'][0]['session_timeout_ms']:,} ms), lookups moved in "
+        f"{summary['lookups_on_survivor_s']['median']:.1f} s and the consumer had every message sent after the "
+        f"kill in {summary['all_sent_after_kill_received_s']['median']:.1f} s, {summary['lost']} lost. Times are "
+        "from the kill; load avg is the machine's 1-minute load when the run began (2 cores, shared)."
+    )
+
+
 def consumer_table(data: dict[str, Any] | None = None) -> str:
     """Issue 13 goals A, B, D: NackingConsumer beside the plain consumer (bench/consumer.py)."""
     data = data or load("consumer")
@@ -496,7 +529,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
     "goals": goals_table, "memory": memory_table, "profile": profile_table, "core": core_table, "core-ab": core_ab_table,
     "client": client_table, "e2e": e2e_table, "scaling": scaling_table, "meta": meta_table, "consumer": consumer_table,
-    "consumer-summary": consumer_summary,
+    "consumer-summary": consumer_summary, "cluster": cluster_table,
 }
 
 

@@ -44,6 +44,18 @@ def apache_broker(session_broker: Any) -> Any:
     return session_broker
 
 
+@pytest.fixture(scope="session")
+def pulsar_cluster() -> Iterator[Any]:
+    """A two-broker Apache Pulsar cluster (ZooKeeper, one bookie), started on first use."""
+    from pulsar_nack.testing import PulsarCluster
+
+    cluster = PulsarCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def pulsar_client(session_broker) -> Iterator[object]:
     from pulsar_nack.testing import quiet_client
@@ -75,6 +87,9 @@ def pytest_sessionfinish(session, exitstatus):
     me = psutil.Process(os.getpid())
     patterns = (
         "PulsarStandaloneStarter",
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain",  # PulsarCluster's JVMs
+        "org.apache.bookkeeper.server.Main",
+        "org.apache.pulsar.PulsarBrokerStarter",
         "org.apache.spark.deploy",
         "CoarseGrainedExecutorBackend",
         "pyspark.daemon",

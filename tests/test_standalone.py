@@ -18,6 +18,7 @@ from helpers import wait_for
 from pulsar_nack.errors import BrokerError, PulsarNackError
 from pulsar_nack.testing import PulsarStandalone, quiet_client
 from pulsar_nack.testing import distribution as dist
+from pulsar_nack.testing.standalone import DEFAULT_JVM_OPTIONS
 
 pytestmark = pytest.mark.broker
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,22 @@ def test_bad_arguments_are_refused_before_anything_starts() -> None:
         PulsarStandalone(startup_timeout_s=0)
     with pytest.raises(BrokerError):
         _ = PulsarStandalone().url  # never started: no port yet
+    with pytest.raises(TypeError, match="jvm_options"):
+        PulsarStandalone(jvm_options="-XX:TieredStopAtLevel=1")  # a str, not a sequence of them
+    with pytest.raises(TypeError, match="jvm_options"):
+        PulsarStandalone(jvm_options=[1])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="jvm_options"):
+        PulsarStandalone(jvm_options=["-Xss1m -Xint"])  # bin/pulsar would split it
+    with pytest.raises(ValueError, match="jvm_options"):
+        PulsarStandalone(jvm_options=[""])
+
+
+def test_the_broker_jvm_runs_the_default_jvm_options(apache_broker: Any) -> None:
+    """C1 only (``DEFAULT_JVM_OPTIONS``): about half the CPU to start (bench/results/startup.json)."""
+    assert DEFAULT_JVM_OPTIONS == ("-XX:TieredStopAtLevel=1",)
+    command = psutil.Process(apache_broker.pid).cmdline()
+    assert command[0].endswith("java") and "org.apache.pulsar.PulsarStandaloneStarter" in command
+    assert set(DEFAULT_JVM_OPTIONS) <= set(command), command
 
 
 def test_missing_maven_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

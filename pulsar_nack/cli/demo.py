@@ -341,10 +341,11 @@ def run(args: argparse.Namespace) -> int:
     from ..spark import local_session, stop_session
     from ..testing import quiet_client
 
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     broker = client = spark = None
     try:
         broker, url = _start_broker(args)
+        broker_start_s = time.monotonic() - started
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
         producer = _Producer(client, topic, args.messages)
@@ -370,7 +371,14 @@ def run(args: argparse.Namespace) -> int:
             client.close()
         if broker is not None:
             broker.stop()
-    times = {"spark_start_s": spark_start_s, "consume_s": consume_s, "wall_s": time.monotonic() - started}
+    first_at_ms = [t["first_received_at_ms"] for t in stats["task_stats"] if t["first_received_at_ms"] is not None]
+    times = {
+        "broker_start_s": broker_start_s,
+        "spark_start_s": spark_start_s,
+        "first_message_s": min(first_at_ms) / 1000 - started_wall if first_at_ms else None,
+        "consume_s": consume_s,
+        "wall_s": time.monotonic() - started,
+    }
     summary = _summarize(args, producer, stats, left, times, url if broker is None else "apache-standalone")
     if args.json:
         print(json.dumps(summary, sort_keys=False))
@@ -396,7 +404,7 @@ def _retry_wait(retries: list[tuple[Any, float, float, float]]) -> dict[str, flo
 
 
 def _summarize(
-    args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, float], broker: str
+    args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, Any], broker: str
 ) -> dict[str, Any]:
     """The demo's summary: what was produced, handled, lost, duplicated, and how late."""
     consume_s = times["consume_s"]
@@ -428,7 +436,11 @@ def _summarize(
         "workers": stats["workers"],
         "consumers": stats["consumers"],
         "max_tasks_per_consumer": stats["max_tasks_per_consumer"],
+        "broker_start_s": round(times["broker_start_s"], 2),
         "spark_start_s": round(times["spark_start_s"], 2),
+        # From the start of the demo (after the interpreter's start and imports) to the
+        # first message handed to a handler on any worker.
+        "first_message_s": None if times["first_message_s"] is None else round(times["first_message_s"], 2),
         "produce_s": round(producer.seconds, 2),
         "consume_s": round(consume_s, 2),
         "wall_s": round(times["wall_s"], 2),

@@ -125,6 +125,7 @@ class _TaskRun:
         self.progress_every = options.get("progress_interval_ms", 500) / 1000
         self.partition, self.attempt = _task_context()
         self.started_at_ms = time.time() * 1000
+        self.first_received_at_ms: float | None = None
         self.start = time.monotonic()
         self.entry, self.created = _acquire(config)
         self.entry.tasks += 1
@@ -198,6 +199,8 @@ class _TaskRun:
 
     def _handle(self, message: Any) -> None:
         """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
+        if not self.counts["received"]:
+            self.first_received_at_ms = time.time() * 1000
         self.counts["received"] += 1
         count = message.redelivery_count()
         if count:
@@ -297,6 +300,7 @@ class _TaskRun:
             flush_ms=round(self.flush_ms, 3),
             wall_ms=round((time.monotonic() - self.start) * 1000, 3),
             started_at_ms=self.started_at_ms,
+            first_received_at_ms=self.first_received_at_ms,
             nacks=self.nacks,
             arrivals=self.arrivals,
             collected=self.collected,

@@ -39,6 +39,7 @@ import tempfile
 import time
 import urllib.error
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -56,10 +57,19 @@ from ._process import (
 from .admin import PulsarAdmin
 from .distribution import PulsarRelease, choose_release, ensure_distribution
 
-__all__ = ["DEFAULT_HEAP", "PulsarStandalone"]
+__all__ = ["DEFAULT_HEAP", "DEFAULT_JVM_OPTIONS", "PulsarStandalone"]
 
 DEFAULT_HEAP = "768m"
 """The broker JVM's ``-Xmx``: enough for the tests and benchmarks, small beside Spark."""
+DEFAULT_JVM_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+"""The JVM options of a broker that is given none: the C1 compiler only.
+
+With the JVM's default tiered compilation, the C2 compiler's threads take about half
+the CPU a start needs (median 10.5 s of CPU to ready, against 5.4 s with C1 only;
+``broker_phases`` in ``bench/results/startup.json``) and keep taking it while the demo
+or a test runs beside the broker on a 2-core machine. A broker used for tests and demos
+never runs long enough to repay C2. Pass ``jvm_options=()`` for tiered compilation.
+"""
 _TEMP_PREFIX = "pulsar-nack-standalone-"
 _POLL_INTERVAL_S = 0.25
 
@@ -82,6 +92,9 @@ class PulsarStandalone:
         How long :meth:`start` waits for the admin API to list ``public/default``.
     config : mapping, optional
         Extra ``standalone.conf`` settings, appended after ours (so they win).
+    jvm_options : sequence of str, optional
+        JVM options after ours; none may contain whitespace (``bin/pulsar`` splits
+        them on it). None: :data:`DEFAULT_JVM_OPTIONS`.
 
     Cleanup, so that no broker outlives its test: :meth:`stop` and the context manager
     stop it by PID (SIGTERM, then SIGKILL after a timeout); a :func:`weakref.finalize`
@@ -102,6 +115,7 @@ class PulsarStandalone:
         heap: str = DEFAULT_HEAP,
         startup_timeout_s: float = 180.0,
         config: dict[str, str] | None = None,
+        jvm_options: Sequence[str] | None = None,
     ) -> None:
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise TypeError(f"data_dir must be a str, os.PathLike or None, got {type(data_dir).__name__}")
@@ -111,10 +125,17 @@ class PulsarStandalone:
             raise ValueError(f"heap must look like '768m' or '1g', got {heap!r}")
         if config is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
             raise TypeError("config must map str to str")
+        if jvm_options is None:
+            jvm_options = DEFAULT_JVM_OPTIONS
+        if isinstance(jvm_options, str) or not all(isinstance(o, str) for o in jvm_options):
+            raise TypeError("jvm_options must be a sequence of str or None")
+        if any(not o or any(c.isspace() for c in o) for o in jvm_options):
+            raise ValueError(f"jvm_options must be non-empty and hold no whitespace, got {list(jvm_options)!r}")
         self._data_dir_arg = None if data_dir is None else Path(os.fspath(data_dir)).absolute()
         self._heap = heap
         self._startup_timeout_s = check_seconds("startup_timeout_s", startup_timeout_s, allow_zero=False)
         self._extra_config = dict(config or {})
+        self._jvm_options = tuple(jvm_options)
         self._data_dir: Path | None = self._data_dir_arg
         self._ports: tuple[int, int] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -275,6 +296,7 @@ class PulsarStandalone:
             PULSAR_MEM=f"-Xms128m -Xmx{self._heap} -XX:MaxDirectMemorySize={self._heap}",
             PULSAR_GC="-XX:+UseG1GC -XX:+PerfDisableSharedMem",
             PULSAR_GC_LOG=" ",  # non-empty: no GC log files
+            PULSAR_EXTRA_OPTS=" ".join(self._jvm_options),
             PULSAR_LOG_DIR=str(self.data_dir / "logs"),
             PULSAR_STANDALONE_CONF=str(config_path),
         )
