@@ -307,14 +307,14 @@ def timed(loop: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def timed_pop_all(tracker: Any, n: int, end_of_time: int) -> float:
-    """Seconds for ``tracker.pop_due(end_of_time)``; raises unless exactly *n* keys came out."""
+def timed_pop_all(tracker: Any, n: int, end_of_time: int, left: int = 0) -> float:
+    """Seconds for ``tracker.pop_due(end_of_time)``; raises unless exactly *n* keys came out and *left* stay."""
     start = time.perf_counter()
     due = tracker.pop_due(end_of_time)
     elapsed = time.perf_counter() - start
     popped = sum(map(len, due.values()))
-    if popped != n or len(tracker):
-        raise AssertionError(f"popped {popped} of {n}; {len(tracker)} left")
+    if popped != n or len(tracker) != left:
+        raise AssertionError(f"popped {popped} of {n}; {len(tracker)} left, not {left}")
     return elapsed
 
 
