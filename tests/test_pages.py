@@ -88,3 +88,17 @@ def test_pack_makes_the_pages_sealing_one_bucket_at_a_time_makes(sizes, grow):
 @given(st.lists(st.tuples(st.integers(0, 2**20), st.binary(max_size=300)), max_size=20))
 def test_body_framing_is_the_same_in_c_and_python(streams):
     assert _accel.frame_body(streams) == _pages._frame_body_py(streams)
+
+
+@pytest.mark.parametrize("framing", ["c", "python"])
+def test_a_page_grows_to_exactly_page_bytes_and_no_further(framing):
+    if framing == "c" and not _accel.SPEEDUPS:
+        pytest.skip("pulsar_nack.core._speedups is not built")
+    pack = _accel.pack if framing == "c" else _pages._pack_py
+    first = b"a" * 2000  # record: uvarint(0), uvarint(2000) (2 bytes), body: 2,003 bytes after the page's 1-byte header
+    fitting = b"b" * (_pages.PAGE_BYTES - 1 - 2003 - 3)  # uvarint(1), uvarint(len) (2 bytes), body
+    [(key, page)] = pack([(0, first), (1, fitting)], -1, None, _pages.PAGE_BYTES)
+    assert (key, len(page)) == (0, _pages.PAGE_BYTES)
+    pages = pack([(0, first), (1, fitting + b"b")], -1, None, _pages.PAGE_BYTES)
+    assert [key for key, _ in pages] == [0, 1] and len(pages[0][1]) == 2004
+    assert pack([(1, fitting)], 0, pages[0][1], _pages.PAGE_BYTES) == [(0, page)]  # growing a given page: the same rule
