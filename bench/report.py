@@ -319,9 +319,9 @@ def asyncio_lateness_table(result: dict[str, Any] | None = None) -> str:
     )
 
 
-def cluster_table() -> str:
+def cluster_table(result: dict[str, Any] | None = None) -> str:
     """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
-    result = load("cluster")
+    result = result or load("cluster")
 
     def sec(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f} s"
