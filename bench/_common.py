@@ -29,7 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 """The repository root (the parent of ``bench/``)."""
 RESULTS = REPO / "bench" / "results"
-"""Where result JSON files go."""
+"""Where the full runs' result JSON files go (committed)."""
+OUT_ENV = "PULSAR_NACK_BENCH_OUT"
+"""Environment variable: a directory for every result file of this run (``pulsar-nack bench --out``)."""
 
 _PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pyspark", "tqdm", "numpy")
 _CORE = REPO / "pulsar_nack" / "core"
@@ -133,19 +135,36 @@ def run_worker(
 
 
 def broker_label(broker: Any) -> str:
-    """What a result records as its broker: "Apache Pulsar 4.0.8 standalone"."""
-    return f"Apache Pulsar {broker.version} standalone"
+    """What a result records as its broker, e.g. "Apache Pulsar 4.0.8 standalone"."""
+    version = getattr(broker, "version", None)
+    return f"Apache Pulsar {version} standalone" if version else "a Pulsar cluster (--service-url)"
+
+
+def results_dir(name: str) -> Path:
+    """Where :func:`write_result` puts ``<name>.json``.
+
+    ``$PULSAR_NACK_BENCH_OUT`` when set; else a quick run's result (a name ending in
+    ``-quick``) goes to the user's cache, ``$XDG_CACHE_HOME/pulsar-nack/bench`` or
+    ``~/.cache/pulsar-nack/bench``, never into the tracked ``bench/results/``; else
+    ``bench/results/``.
+    """
+    explicit = os.environ.get(OUT_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    if name.endswith("-quick"):
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pulsar-nack" / "bench"
+    return RESULTS
 
 
 def write_result(name: str, payload: dict[str, Any], start: dict[str, Any] | None = None) -> Path:
-    """Write ``bench/results/<name>.json`` (overwriting it), with :func:`metadata` added.
+    """Write ``<name>.json`` into :func:`results_dir` (overwriting it), with :func:`metadata` added.
 
     Full runs are committed and overwritten by the next run; ``--quick`` runs use a
-    ``-quick`` suffix. Pass the run's :func:`start_context` as *start* to record whether
-    the code changed during the run.
+    ``-quick`` suffix and a directory outside the checkout. Pass the run's
+    :func:`start_context` as *start* to record whether the code changed during the run.
     """
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = results_dir(name) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"benchmark": name, "meta": metadata(start), **payload}, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
@@ -181,7 +200,7 @@ def finish(
         payload["table"] = table(payload)
         print(payload["table"], flush=True)
     path = write_result(args.out or (f"{name}-quick" if getattr(args, "quick", False) else name), payload, start)
-    print(f"wrote {path.relative_to(REPO)}", flush=True)
+    print(f"wrote {path}", flush=True)
     if start is not None and core_fingerprint() != start["core_sha256"]:
         print("WARNING: the core code changed during the run. Rerun.", flush=True)
     return path
@@ -347,6 +366,10 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str =
     lines.append("|" + "|".join("---:" if align[i : i + 1] == "r" else "---" for i in range(len(headers))) + "|")
     lines += ["| " + " | ".join("-" if cell is None else str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+MISSED = "missed (informational: quick sizes)"
+"""A quick run's verdict where the full run would say FAIL: its goals are defined for the full sizes."""
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import finish, fmt_bytes, parser, print_table, run_worker
+from ._common import broker_label, finish, fmt_bytes, parser, print_table, run_worker
 
 CASE = "consec-x8-y10"
 
@@ -24,7 +24,7 @@ def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
     from pulsar_nack.testing import PulsarStandalone
 
     rows: list[dict[str, Any]] = []
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         for n in sizes:
             for system in ("tracker", "baseline"):
                 r = run_worker("bench.memory", CASE, system, str(n), timeout_s=3600)
@@ -36,7 +36,7 @@ def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
             rows.append({"system": "built-in", "pending": n, "rss_delta_bytes": r["rss_delta_bytes"], "bytes_per_msg": r["bytes_per_id"],
                          "add_us": r["fill_us_per_call_with_id_creation"],
                          "add_us_note": "negative_acknowledge call incl. MessageId creation"})
-    return {"case": CASE, "sizes": sizes, "built_in_max": built_in_max, "rows": rows}
+    return {"case": CASE, "sizes": sizes, "built_in_max": built_in_max, "broker": broker_label(broker), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

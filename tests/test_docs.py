@@ -84,3 +84,13 @@ def test_design_names_the_constants_of_the_code_and_links_only_inside():
         if not target.startswith(("https://", "#")):
             path = (REPO / "docs" / target.split("#")[0]).resolve()
             assert path.exists() and REPO in path.parents, f"design.md links outside the repository: {target}"
+
+
+def test_every_test_the_consumer_docs_name_exists():
+    """``tests/test_x.py::test_name`` in docs/consumer.md and docs/asyncio.md names a test that is there."""
+    missing = []
+    for doc in ("consumer.md", "asyncio.md"):
+        for path, name in re.findall(r"(tests/test_\w+\.py)::(\w+)", (REPO / "docs" / doc).read_text()):
+            if not re.search(rf"^(async )?def {name}\(", (REPO / path).read_text(), re.M):
+                missing.append(f"{doc}: {path}::{name}")
+    assert not missing, missing
