@@ -38,7 +38,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.tracker import NegativeAcksTracker
 from .blocking import ConsumerClosedError, ConsumerStats
-from .nacking import HANDOFF_DELAY_MS, NackingCore
+from .nacking import HANDOFF_DELAY_MS, NackingCore, raw_id
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
 
@@ -120,7 +120,8 @@ class AsyncNackingConsumer:
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge(raw)
+        if raw is not None:  # None: recorded, acked with its entry
+            await self._consumer.acknowledge(raw)
         self._core.after_ack()
         next(self._core.acked)
 
@@ -128,7 +129,7 @@ class AsyncNackingConsumer:
         """Acknowledge everything up to *message* (not on Shared subscriptions)."""
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw)
+        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:

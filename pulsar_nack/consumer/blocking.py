@@ -65,6 +65,7 @@ from .nacking import (
     HANDOFF_DELAY_MS,
     NackingCore,
     client_handoff_latency_ms,
+    raw_id,
 )
 
 __all__ = [
@@ -291,7 +292,9 @@ class NackingConsumer:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
-            if self._raw is not None:
+            if raw is None:  # recorded; acked with its entry
+                pass
+            elif self._raw is not None:
                 self._raw.acknowledge(raw)
             else:
                 self._consumer.acknowledge(raw)
@@ -307,7 +310,7 @@ class NackingConsumer:
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        self._consumer.acknowledge_cumulative(raw)
+        self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:

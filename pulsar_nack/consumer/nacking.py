@@ -215,33 +215,6 @@ def _inner_message(message: Any) -> Any:
     return inner if isinstance(inner, _pulsar.Message) else message
 
 
-def _id_with_batch_size(message_id: _pulsar.MessageId, batch_size: int) -> _pulsar.MessageId:
-    """*message_id* with its batch size, as ``deserialize`` builds it, topic kept.
-
-    The client acknowledges an id without a batch size as its whole entry; with one, just
-    the member (``_pulsar.MessageId.deserialize`` gives it a batch acker).
-    """
-    ledger, entry, partition, index, _ = _msgid.parse_id(message_id.serialize())
-    fields = [(1, ledger), (2, entry), (3, partition), (4, index), (6, batch_size)]
-    data = b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
-    rebuilt = _pulsar.MessageId.deserialize(data)
-    topic = message_id.topic_name()
-    if topic:
-        rebuilt.topic_name(topic)
-    return rebuilt
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf varint of a value taken as unsigned 64-bit."""
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def batch_size_of(message_id: _pulsar.MessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
     return int(_msgid.parse_id(message_id.serialize())[4])
@@ -817,10 +790,14 @@ class NackingCore:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
 
         That is the received message itself for a ``pulsar.Message`` admitted by this
-        core, the raw id otherwise (with its batch size added when the id has none and
-        its entry is in flight, so that the client acks just that member). Call
-        :meth:`after_ack` once the client has it. Raises TypeError or ValueError for bad
-        input (nothing changes then). O(1).
+        core, the raw id otherwise, or None when nothing is to be sent now: the client
+        acks an id built without a batch size (``pulsar.MessageId(p, ledger, entry, i)``)
+        as its whole entry, so for an entry in flight the member is only recorded, and
+        the whole entry is acked (through :meth:`after_ack`) once every member is. Call
+        :meth:`after_ack` after the client's ``acknowledge``.
+
+        Raises TypeError or ValueError for bad input (nothing changes then), e.g. a batch
+        index outside its entry's batch. O(1).
         """
         data = _stashed(message)
         if data is not None:
@@ -831,18 +808,16 @@ class NackingCore:
         if self.quiet and not self._nacks and not self._copies and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
-        ledger, entry, index = key[1], key[2], key[3]
-        size = 0
-        made_up = False
-        if index >= 0:
-            size = batch_size_of(raw)
-            if not size:
-                size = int(self._entries.size_of(ledger, entry))
-                made_up = bool(size) and not _is_message(message)
+        topic, ledger, entry, index = key
+        size = batch_size_of(raw) if index >= 0 else 0
+        made_up = index >= 0 and not size and not _is_message(message) and topic is not _UNTITLED
         with self._lock:
-            self._note_ack(ledger, entry, index, size, foreign=made_up, topic=key[0])
-        if made_up:
-            return _id_with_batch_size(raw, size)
+            if index >= 0 and not size:
+                size = int(self._entries.size_of(ledger, entry))
+            if made_up and (size or (ledger, entry) in self._complete):
+                self._note_ack(ledger, entry, index, size, foreign=True, topic=topic)
+                return None
+            self._note_ack(ledger, entry, index, size, topic=topic)
         return raw
 
     def _note_ack(
@@ -857,22 +832,33 @@ class NackingCore:
             if held is not None:
                 self._after_ack.append(held)
             self._leave_state(item)
-        if index >= 0 and size > 0 and self._complete and (ledger, entry) in self._complete:
-            if not (self._pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
-                    or self._returned.has_entry(ledger, entry)):
-                self._complete.discard(ledger, entry)
-                self._entries.settle(ledger, entry)
-            return
-        if self.quiet and data is None:
-            return
         if data is not None:
-            outcome = self._entries.ack_data(data)
+            outcome = self._entries.ack_data(data, create=not self._complete)
+            if outcome == _msgid.MISSING:
+                if index >= 0 and (ledger, entry) in self._complete:
+                    self._ack_complete_member(ledger, entry, foreign, topic)
+                    return
+                outcome = self._entries.ack_data(data)
+        elif index >= 0 and self._complete and (ledger, entry) in self._complete:
+            self._ack_complete_member(ledger, entry, foreign, topic)
+            return
+        elif (self.quiet and not foreign) or (index >= 0 and size <= 0):
+            return  # nothing recorded: quiet, or a member of an entry of unknown size
         else:
             outcome = self._entries.ack(ledger, entry, index, size, foreign=foreign)
         if outcome == _msgid.COMPLETE:
             self._complete.add(ledger, entry)
         elif outcome == _msgid.SETTLED_FOREIGN and topic is not _UNTITLED:
             self._after_ack.append(handoff_id(topic, ledger, entry))  # the client's acker missed a member
+
+    def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
+        """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
+        if not (self._pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
+                or self._returned.has_entry(ledger, entry)):
+            self._complete.discard(ledger, entry)
+            self._entries.settle(ledger, entry)
+            if foreign and topic is not _UNTITLED:
+                self._after_ack.append(handoff_id(topic, ledger, entry))
 
     def after_ack(self) -> None:
         """Acknowledge what the last acknowledgements left to ack (held copies, whole entries)."""
