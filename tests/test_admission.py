@@ -171,7 +171,9 @@ def test_topic_unload_with_pending_nacks_never_early_never_twice(apache_broker: 
     start = min(d[0] for d in ledger.deliveries.values())
     ledger.pump(lambda: time.monotonic() >= start + 1, 5)
     unload(apache_broker, topic)
-    assert ledger.pump(lambda: all(ledger.back(p) for p in ledger.due), 30), "a pending nack was lost"
+    assert ledger.pump(lambda: all(ledger.back(p) for p in ledger.due), 30), (
+        f"pending nacks lost: {[p for p in ledger.due if not ledger.back(p)][:10]}"
+    )
     ledger.drain(QUIET_S)
     stats = consumer.stats()
     consumer.close()
@@ -258,6 +260,46 @@ def test_eight_threads_sharing_a_consumer_see_no_copy_after_an_ack(apache_broker
     assert not ledger.after_ack, f"delivered after its ack (payload, s after): {ledger.after_ack[:10]}"
     assert not ledger.extra(), f"delivered more than once per nack: {dict(list(ledger.extra().items())[:10])}"
     assert stats["handed_off_entries"] >= 400
+
+
+def test_a_returned_message_held_by_the_application_comes_back_once(broker: Any) -> None:
+    """Members 0 and 1 of one entry nacked for 300 ms and 1,500 ms: two handoffs, two redeliveries.
+
+    The application holds member 0 after its return (unacked) until member 1 is back: the
+    second redelivery brings member 0 again, and that copy must not reach it. Once both
+    are acked, the held copy is acked too and the entry settles.
+    """
+    client = quiet_client(broker.url)
+    topic = new_topic("held")
+    payloads = [f"h{i}".encode() for i in range(10)]
+    consumer = subscribe(client, topic)
+    produce(client, topic, payloads, batch_size=10)
+    delays = {b"h0": 300, b"h1": 1_500}
+    held: list[Any] = []
+
+    def decide(payload: bytes, nth: int) -> int | None:
+        return delays.get(payload) if nth == 0 else None
+
+    ledger = Ledger(consumer, decide)
+    handle = ledger.handle
+
+    def hold_h0(message: Any) -> None:  # the first return of h0 is kept, not settled
+        if message.data() == b"h0" and len(ledger.deliveries[b"h0"]) == 1 and not held:
+            with ledger.lock:
+                ledger.deliveries[b"h0"].append(time.monotonic())
+            held.append(message)
+            return
+        handle(message)
+
+    ledger.handle = hold_h0  # type: ignore[method-assign]
+    assert ledger.pump(lambda: held and ledger.back(b"h1"), 30), "h0 or h1 did not come back"
+    ledger.drain(QUIET_S)
+    consumer.acknowledge(held[0])
+    consumer.close()
+    assert len(ledger.deliveries[b"h0"]) == 2, f"h0 delivered {len(ledger.deliveries[b'h0'])} times for one nack"
+    assert not ledger.extra() and not ledger.early_ms()
+    assert wait_for(lambda: broker.admin.backlog(topic, "s") == 0, 30, poll_s=0.2), "the entry was not settled"
+    client.close()
 
 
 # ---------------------------------------------------------------- acked siblings

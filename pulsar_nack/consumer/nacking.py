@@ -42,9 +42,9 @@ Guarding, and its cost
     15 % of a receive and acknowledge. So the core *guards* (reads the id of every
     received message and records every ack) only from the start, while any nack is
     pending, handed off or returned, and for ``guard_messages`` deliveries after the last
-    one; then it is *quiet* (``quiet`` is True) and receive and acknowledge cost what they
-    cost in the plain client, until the next nack. See ``docs/consumer.md`` for what a
-    quiet consumer does not catch.
+    one (``START_GUARD_MESSAGES`` at the start); then it is *quiet* (``quiet`` is True) and
+    receive and acknowledge cost what they cost in the plain client, until the next nack.
+    See ``docs/consumer.md`` for what a quiet consumer does not catch.
 
 A consumer built on it calls :meth:`NackingCore.admit` on every received message,
 :meth:`NackingCore.nack` for a negative acknowledgement, :meth:`NackingCore.before_ack`
@@ -81,6 +81,7 @@ __all__ = [
     "PARTITION_SUFFIX",
     "SETTLED_CAPACITY",
     "STALE_MS",
+    "START_GUARD_MESSAGES",
     "EntrySet",
     "HandOff",
     "NackingCore",
@@ -99,7 +100,9 @@ HANDOFF_DELAY_MS = 100
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
 GUARD_MESSAGES = 10_000
-"""Deliveries a consumer keeps guarding after its last nack state ended (and at the start)."""
+"""Deliveries a consumer keeps guarding after its last nack state ended."""
+START_GUARD_MESSAGES = 1_000
+"""Deliveries a new consumer guards before it goes quiet (if it nacks nothing meanwhile)."""
 SETTLED_CAPACITY = 8192
 """Settled entries (and acked non-batched messages) remembered while guarding: the client
 drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
@@ -457,7 +460,8 @@ class NackingCore:
         The client's own nack delay (we hand off that much early) and the minimum gap
         between handoff bursts.
     guard_messages : int
-        Deliveries to keep guarding after the last nack state ended, and at the start.
+        Deliveries to keep guarding after the last nack state ended (at the start, at
+        most ``START_GUARD_MESSAGES``).
     always_guard : bool
         Guard all the time (set when the client's ack timeout redelivers messages).
     count_deliveries : bool
@@ -532,7 +536,7 @@ class NackingCore:
         self.acked = itertools.count()
         self._nacked = itertools.count()
         self.quiet = False
-        self._guard_left = self._guard_messages
+        self._guard_left = min(self._guard_messages, START_GUARD_MESSAGES)
         self.tracker = NegativeAcksTracker(
             self._on_due,
             delay_ms=negative_ack_redelivery_delay_ms,
