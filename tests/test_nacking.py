@@ -268,7 +268,10 @@ def test_a_handed_off_message_that_never_returns_is_forgotten_and_its_entry_with
     assert wait_for(lambda: core._handed, 10)
     assert len(core._complete) == 1
     now[0] += nacking.STALE_MS
-    assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ends the stale states
+    assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ages the states once: not yet stale
+    assert core._handed and core._complete
+    now[0] += nacking.STALE_MS
+    assert core.admit(Stub(T, 1, 2))  # twice: stale
     assert not core._handed and not core._complete, "a stale handoff must leave no knowledge behind"
     assert core.admit(Member(9, 5, 1, 2)), "an entry no longer known is delivered, never filtered"
     core._check()

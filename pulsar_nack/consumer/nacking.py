@@ -58,7 +58,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -82,6 +81,7 @@ __all__ = [
     "SETTLED_CAPACITY",
     "STALE_MS",
     "START_GUARD_MESSAGES",
+    "AgingSet",
     "EntrySet",
     "HandOff",
     "NackingCore",
@@ -110,8 +110,8 @@ them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,
 second; about 500 kB when full."""
 STALE_MS = 60_000
 """A handed-off message that has not come back, or a returned one the application has not
-settled, is forgotten after this long (its entry's knowledge with it: copies of its
-siblings are then delivered, never filtered)."""
+settled, is forgotten after 1 to 2 times this long (its entry's knowledge with it: copies
+of its siblings are then delivered, never filtered)."""
 
 def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
     """How long the C++ client takes to redeliver an id nacked into an idle tracker.
@@ -431,6 +431,72 @@ class EntrySet:
         assert all(self._by_ledger.values())
 
 
+class AgingSet:
+    """A :class:`PendingNacks` whose members are forgotten 1 to 2 *periods* after they joined.
+
+    Two generations: members join the young one; :meth:`age` drops the old one (and
+    returns its members) and makes the young one old. Nothing is kept per member
+    beyond its bit, so a burst of a million handoffs costs what the pending set costs.
+    Not thread-safe: :class:`NackingCore` holds its lock.
+
+    >>> a = AgingSet()
+    >>> a.add(1, 2, 3); a.age(); (1, 2, 3) in a
+    []
+    True
+    >>> a.age()
+    [(1, 2, 3)]
+    """
+
+    __slots__ = ("_old", "_young")
+
+    def __init__(self) -> None:
+        self._young, self._old = PendingNacks(), PendingNacks()
+
+    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Add a member (to the young generation). O(log n)."""
+        self._old.discard(ledger_id, entry_id, batch_index)
+        self._young.add(ledger_id, entry_id, batch_index)
+
+    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Remove a member if present. O(log n)."""
+        self._young.discard(ledger_id, entry_id, batch_index)
+        self._old.discard(ledger_id, entry_id, batch_index)
+
+    def __contains__(self, item: tuple[int, int, int]) -> bool:
+        return item in self._young or item in self._old
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """True if some message of the entry is in the set."""
+        return self._young.has_entry(ledger_id, entry_id) or self._old.has_entry(ledger_id, entry_id)
+
+    def items(self) -> list[tuple[int, int, int]]:
+        """Every member. O(n)."""
+        return self._young.items() + self._old.items()
+
+    def age(self) -> list[tuple[int, int, int]]:
+        """Forget the old generation and return its members; the young one becomes old. O(old)."""
+        expired = self._old.items()
+        self._old, self._young = self._young, PendingNacks()
+        return expired
+
+    def clear(self) -> None:
+        self._young.clear()
+        self._old.clear()
+
+    def memory_bytes(self) -> int:
+        return self._young.memory_bytes() + self._old.memory_bytes()
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        # Both generations are sound, and a member is in one of them only.
+        self._young._check()
+        self._old._check()
+        assert not set(self._young.items()) & set(self._old.items())
+
+
 def _counter_value(counter: itertools.count[int]) -> int:
     """How many times ``next`` was called on a counter started at 0 (read without advancing)."""
     return int(repr(counter)[6:-1])
@@ -478,13 +544,12 @@ class NackingCore:
     _hand_off_ids: HandOff
     _acknowledge: Callable[[Any], None] | None
     _pending: PendingNacks
-    _handed: PendingNacks
-    _returned: PendingNacks
+    _handed: AgingSet
+    _returned: AgingSet
     _complete: EntrySet
     _entries: Any  # msgid.EntryTable
     _held: dict[tuple[int, int, int], Any]
-    _since: dict[tuple[int, int, int], int]
-    _stale: deque[tuple[int, list[tuple[int, int, int]]]]
+    _aged_at: int
     _after_ack: list[Any]
     _bare: dict[tuple[int, int], _pulsar.MessageId]
     _copies: dict[tuple[int, int, int], int] | None
@@ -521,10 +586,11 @@ class NackingCore:
         self._always_guard = always_guard
         self._hand_off_ids = hand_off
         self._acknowledge = acknowledge
-        self._pending, self._handed, self._returned = PendingNacks(), PendingNacks(), PendingNacks()
+        self._pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
-        self._held, self._since, self._stale, self._bare = {}, {}, deque(), {}
+        self._held, self._bare = {}, {}
+        self._aged_at = monotonic_ms()
         self._after_ack = []
         self._copies = {} if count_deliveries else None
         self._nacks = {}
@@ -599,7 +665,6 @@ class NackingCore:
         if item in self._handed:  # its handoff (or anything after it) brought it back
             self._handed.discard(*item)
             self._returned.add(*item)
-            self._enter_state(item, monotonic_ms())
             self._guard_left = self._guard_messages
             return _msgid.DELIVER
         if verdict == _msgid.FRESH and index >= 0 and size > 0:
@@ -612,20 +677,11 @@ class NackingCore:
             return _msgid.ACKED
         return _msgid.DELIVER
 
-    def _enter_state(self, item: tuple[int, int, int], now: int) -> None:
-        """Under the lock: *item* was just handed off or returned; it goes stale ``STALE_MS`` after *now*."""
-        self._since[item] = now
-        if self._stale and self._stale[-1][0] == now:
-            self._stale[-1][1].append(item)
-        else:
-            self._stale.append((now, [item]))
-
     def _leave_state(self, item: tuple[int, int, int]) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
         self._handed.discard(*item)
         self._returned.discard(*item)
         self._held.pop(item, None)
-        self._since.pop(item, None)
 
     def _tick(self) -> None:
         """Count a guarded delivery; after ``guard_messages`` of them with no nack state, go quiet."""
@@ -903,21 +959,20 @@ class NackingCore:
                 if item in self._pending:
                     self._pending.discard(*item)
                     self._handed.add(*item)
-                    self._enter_state(item, now)
             self._expire(now)
 
     def _expire(self, now: int) -> None:
-        """Under the lock: forget handed-off and returned messages older than ``STALE_MS``.
+        """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.
 
         Their entries leave the complete set: copies of their siblings are then delivered
         (the knowledge is incomplete), never filtered.
         """
-        while self._stale and now - self._stale[0][0] >= STALE_MS:
-            for item in self._stale.popleft()[1]:
-                since = self._since.get(item)
-                if since is not None and now - since >= STALE_MS:
-                    self._leave_state(item)
-                    self._complete.discard(item[0], item[1])
+        if now - self._aged_at < STALE_MS:
+            return
+        self._aged_at = now
+        for item in self._handed.age() + self._returned.age():
+            self._held.pop(item, None)
+            self._complete.discard(item[0], item[1])
 
     # ------------------------------------------------------------------ resets
 
@@ -933,8 +988,6 @@ class NackingCore:
             for nack_set in (self._pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
-            self._since.clear()
-            self._stale.clear()
             self._complete.clear()
             self._bare.clear()
             self._after_ack.clear()
@@ -955,8 +1008,6 @@ class NackingCore:
             for nack_set in (self._pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
-            self._since.clear()
-            self._stale.clear()
             self._complete.clear()
             self._entries.clear()
             self._bare.clear()
@@ -987,14 +1038,14 @@ class NackingCore:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            for nack_set in (self._pending, self._handed, self._returned):
-                nack_set._check()
+            self._pending._check()
+            self._handed._check()
+            self._returned._check()
             self._complete._check()
             self._entries._check()
             # A message is in one nack set at most; a held copy is of a returned message.
             pending, handed, returned = (set(s.items()) for s in (self._pending, self._handed, self._returned))
             assert not (pending & handed or pending & returned or handed & returned)
             assert set(self._held) <= returned
-            assert set(self._since) == handed | returned
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
