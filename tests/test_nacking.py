@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from helpers import _varint, wait_for
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
+from pulsar_nack.consumer.settings import ConsumerSettings
 
 T = "persistent://public/default/t"
 
@@ -85,7 +86,7 @@ class Recorder:
 
 def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     a, b = Stub(T, 3, 9, 0), Stub(T, 3, 9, 1)
     assert core.admit(a) and core.admit(b)
     core.nack(b, delay_ms=60_000)
@@ -106,7 +107,7 @@ def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered()
 
 def test_bare_ids_on_a_multi_topic_core_hand_off_the_same_id_object() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T, T + "2"], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T, T + "2"], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     bare = _pulsar.MessageId(-1, 4, 2, -1)
     bare.topic_name(T + "2")
     core.nack(bare, delay_ms=0)
@@ -131,7 +132,7 @@ def test_bad_input_changes_nothing() -> None:
             core.before_ack(bad)
     with pytest.raises(ValueError, match="does not belong"):
         core.nack(Stub("persistent://public/default/other", 1, 1))
-    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core._pending) == 0
+    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.pending) == 0
     core.close(redeliver_pending=False)
 
 
@@ -172,9 +173,8 @@ class Member(Stub):
 
 def _core(**kwargs: Any) -> tuple[NackingCore, list[Any]]:
     acked: list[Any] = []
-    kwargs.setdefault("negative_ack_precision_bit_cnt", 0)
-    kwargs.setdefault("handoff_delay_ms", 0)
-    return NackingCore(Recorder(), [T], acknowledge=acked.append, **kwargs), acked
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    return NackingCore(Recorder(), [T], settings, acknowledge=acked.append, **kwargs), acked
 
 
 def _ack(core: NackingCore, message: Any) -> None:
@@ -221,7 +221,7 @@ def test_acked_members_are_filtered_and_acked_again_until_the_entry_settles() ->
     assert [core.admit(c) for c in copies] == [False, False, False]
     assert acked == [copies[0], copies[2]], "the acked members' copies are acked again; the pending one is not"
     assert core.counts()["filtered"] == 2 and core.counts()["swallowed"] == 1
-    core.reset(keep_acks=True)  # the pending member is forgotten: its copy must be delivered now
+    core.reset(forget_counts=False)  # the pending member is forgotten: its copy must be delivered now
     assert core.admit(Member(6, 3, 1, 3))
     core._check()
     core.close(redeliver_pending=False)

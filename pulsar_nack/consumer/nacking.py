@@ -10,7 +10,10 @@
 * the handoff: due keys become one entry-level ``_pulsar.MessageId`` per entry, passed
   to the ``hand_off`` callable the consumer supplies (the sync consumer calls
   ``consumer.negative_acknowledge(id)`` for each);
-* **admission**: which copies of a message reach the application.
+* **admission**: which copies of a message reach the application;
+* with a dead-letter policy, how often the application saw each unsettled message, and
+  which messages go to the dead-letter topic (sent by the route the consumer supplies,
+  :class:`~pulsar_nack.consumer.dead_letter.DeadLetterRoute`).
 
 Admission
     The broker redelivers whole entries, and after any reconnect (topic unload, broker
@@ -64,17 +67,18 @@ from typing import Any
 import _pulsar
 from pyroaring import BitMap64
 
-from .._validate import check_int, check_topics
-from ..core.backoff import RedeliveryBackoff
+from .._validate import check_int, check_ms, check_topics
 from ..core.base import DueKeys
-from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
 from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
+from ..errors import ClosedError
 from . import msgid as _msgid
+from .settings import COALESCE_MS, HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
     "COALESCE_MS",
+    "DEAD_LETTER_RETRY_MS",
     "GUARD_MESSAGES",
     "HANDOFF_DELAY_MS",
     "PARTITION_SUFFIX",
@@ -82,6 +86,7 @@ __all__ = [
     "STALE_MS",
     "START_GUARD_MESSAGES",
     "AgingSet",
+    "DeadLetterCallback",
     "EntrySet",
     "HandOff",
     "NackingCore",
@@ -95,10 +100,8 @@ __all__ = [
     "raw_id",
 ]
 
-HANDOFF_DELAY_MS = 100
-"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
-COALESCE_MS = 50
-"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+DEAD_LETTER_RETRY_MS = 1_000
+"""A message whose dead letter was not stored comes back (to be routed again) after this long."""
 GUARD_MESSAGES = 10_000
 """Deliveries a consumer keeps guarding after its last nack state ended."""
 START_GUARD_MESSAGES = 1_000
@@ -144,7 +147,15 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
+DeadLetterCallback = Callable[[Any, bool], None]
+"""What a consumer does with a message for the dead-letter topic: ``route(message, stored)``."""
+Item = tuple[int, int, int]
+"""``(ledger_id, entry_id, batch_index)``: a message, whatever its topic (ledger ids are unique)."""
 
+_ROUTE = 5
+"""admit() verdict: send the copy to the dead-letter topic."""
+_ROUTE_STORED = 6
+"""admit() verdict: a copy of a stored dead letter; acknowledge it again."""
 _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
@@ -192,6 +203,10 @@ def raw_id(obj: Any) -> _pulsar.MessageId:
 
 def _is_message(obj: Any) -> bool:
     return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+
+
+def _item_of(message_id: _pulsar.MessageId) -> Item:
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
 _STASH = "_pulsar_nack_id"
@@ -279,7 +294,8 @@ class PendingNacks:
     messages of consecutive entries share Roaring containers. Values that do not pack
     (a batch index of 1023 or more, an entry id of ``2**54`` or more) go to a plain set.
 
-    Not thread-safe: :class:`NackingCore` holds its lock around every call.
+    Not thread-safe: :class:`NackingCore` holds its lock around every call. ``count``
+    (the number of messages) may be read without it, as a hint.
 
     >>> p = PendingNacks()
     >>> p.add(7, 100, 3); (7, 100, 3) in p, (7, 100, 4) in p, len(p)
@@ -288,16 +304,16 @@ class PendingNacks:
     0
     """
 
-    __slots__ = ("_by_ledger", "_count", "_wide")
+    __slots__ = ("_by_ledger", "_wide", "count")
 
     _by_ledger: dict[int, BitMap64]
     _wide: set[tuple[int, int, int]]
-    _count: int
+    count: int
 
     def __init__(self) -> None:
         self._by_ledger = {}
         self._wide = set()
-        self._count = 0
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Add a message. O(log n) in the ledger's bitmap."""
@@ -308,10 +324,10 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if value not in bitmap:
                 bitmap.add(value)
-                self._count += 1
+                self.count += 1
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
-            self._count += 1
+            self.count += 1
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a message if present. O(log n)."""
@@ -320,12 +336,12 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if bitmap is not None and value in bitmap:
                 bitmap.discard(value)
-                self._count -= 1
+                self.count -= 1
                 if not bitmap:
                     del self._by_ledger[ledger_id]
         elif (ledger_id, entry_id, batch_index) in self._wide:
             self._wide.discard((ledger_id, entry_id, batch_index))
-            self._count -= 1
+            self.count -= 1
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         ledger_id, entry_id, batch_index = item
@@ -335,12 +351,12 @@ class PendingNacks:
         return item in self._wide
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
         self._wide.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus the dict and set slots (an estimate). O(ledgers)."""
@@ -366,7 +382,7 @@ class PendingNacks:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored values; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert self.count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
         assert all(self._by_ledger.values())
 
 
@@ -503,7 +519,7 @@ def _counter_value(counter: itertools.count[int]) -> int:
 
 
 class NackingCore:
-    """Tracker, nack sets, entry knowledge, keys and handoff of one consumer; no client calls.
+    """Tracker, nack sets, entry knowledge, keys, handoff and dead-letter counts of one consumer; no client calls.
 
     Parameters
     ----------
@@ -512,88 +528,98 @@ class NackingCore:
         entry-level ids to redeliver; it must ``negative_acknowledge`` each on the
         client. No lock is held during the call. If it raises, the tracker logs the
         error and retries the keys after ``retry_delay_ms``.
-    topics : list of str, str, or re.Pattern
+    topics : list of str, str, re.Pattern, or TopicMatcher
         What the consumer reads; messages of other topics are refused.
+    settings : ConsumerSettings, optional
+        The tracker's settings, the handoff's and the dead-letter policy (defaults:
+        ``ConsumerSettings()``).
     acknowledge : callable, optional
         ``acknowledge(message_or_id)`` on the client, without waiting: for the copies
         filtered because the application acked them (acked again, so that a broker
         without batch-index acks can settle the entry), the held copies of a returned
         message, and an entry-level ack when a member was acked through a made-up id.
         None: nothing is acked again (unit tests).
-    negative_ack_redelivery_delay_ms, negative_ack_precision_bit_cnt, redelivery_backoff, never_early
-        The tracker's settings (see :class:`~pulsar_nack.consumer.NackingConsumer`).
-    handoff_delay_ms, coalesce_ms : int
-        The client's own nack delay (we hand off that much early) and the minimum gap
-        between handoff bursts.
     guard_messages : int
         Deliveries to keep guarding after the last nack state ended (at the start, at
         most ``START_GUARD_MESSAGES``).
-    always_guard : bool
-        Guard all the time (set when the client's ack timeout redelivers messages).
-    count_deliveries : bool
-        Count the nacks and the swallowed copies of each message until it is settled, so
-        that :meth:`deliveries` can tell how often the application saw it (the broker
-        counts redeliveries per entry, swallowed copies included, and forgets the count
-        when a sibling is acked). For a dead-letter policy; costs a dict entry per
-        pending nack.
+
+    Dead letters
+        With a dead-letter policy of ``max_redeliver_count`` N, the core counts how
+        often the application saw each unsettled message: the larger of its own count
+        of nacks of it and the broker's ``redelivery_count()`` minus the copies of it
+        that were swallowed (the broker counts per entry, swallowed copies included,
+        and forgets the count when a sibling is acked; neither figure is ever above the
+        true count). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
+        routed to the dead-letter topic when the application nacks it, and a message
+        that arrives after that (brought back by an ack timeout, by
+        ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
+        broker in any other way) is routed there instead of being delivered. The route is the
+        callable given to :meth:`route_dead_letters`, called outside the lock; it
+        reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
     """
 
     tracker: NegativeAcksTracker
     topics: TopicMatcher
+    settings: ConsumerSettings
     quiet: bool
+    always_guard: bool
+    max_redeliver_count: int | None
+    counting: bool
+    pending: PendingNacks
     _hand_off_ids: HandOff
     _acknowledge: Callable[[Any], None] | None
-    _pending: PendingNacks
+    _route: DeadLetterCallback | None
     _handed: AgingSet
     _returned: AgingSet
     _complete: EntrySet
     _entries: Any  # msgid.EntryTable
-    _held: dict[tuple[int, int, int], Any]
+    _held: dict[Item, Any]
     _aged_at: int
     _after_ack: list[Any]
     _bare: dict[tuple[int, int], _pulsar.MessageId]
-    _copies: dict[tuple[int, int, int], int] | None
-    _nacks: dict[tuple[int, int, int], int]
+    _copies: dict[Item, int]
+    _nacks: dict[Item, int]
+    _last: dict[Item, Any]
+    _sending: set[Item]
+    _stored: PendingNacks
     _lock: threading.Lock
     _counts: dict[str, int]
 
     def __init__(
         self,
         hand_off: HandOff,
-        topics: Iterable[str] | re.Pattern[str],
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None = None,
         *,
         acknowledge: Callable[[Any], None] | None = None,
-        negative_ack_redelivery_delay_ms: int = 60_000,
-        negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
-        redelivery_backoff: RedeliveryBackoff | None = None,
-        never_early: bool = False,
-        handoff_delay_ms: int = HANDOFF_DELAY_MS,
-        coalesce_ms: int = COALESCE_MS,
         guard_messages: int = GUARD_MESSAGES,
-        always_guard: bool = False,
-        count_deliveries: bool = False,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
         if acknowledge is not None and not callable(acknowledge):
             raise TypeError("acknowledge must be callable or None")
-        check_int("handoff_delay_ms", handoff_delay_ms, 0)
-        check_int("coalesce_ms", coalesce_ms, 0)
+        if settings is None:
+            settings = ConsumerSettings()
+        elif not isinstance(settings, ConsumerSettings):
+            raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
         self._guard_messages = check_int("guard_messages", guard_messages, 0)
-        if not isinstance(always_guard, bool):
-            raise TypeError(f"always_guard must be bool, not {type(always_guard).__name__}")
-        self.topics = TopicMatcher(topics)
-        self._always_guard = always_guard
+        self.settings = settings
+        self.topics = topics if isinstance(topics, TopicMatcher) else TopicMatcher(topics)
+        self.always_guard = settings.always_guard
+        self.max_redeliver_count = settings.max_redeliver_count
+        self.counting = self.max_redeliver_count is not None
         self._hand_off_ids = hand_off
         self._acknowledge = acknowledge
-        self._pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
+        self._route = None
+        self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
         self._held, self._bare = {}, {}
         self._aged_at = monotonic_ms()
         self._after_ack = []
-        self._copies = {} if count_deliveries else None
-        self._nacks = {}
+        self._copies, self._nacks, self._last = {}, {}, {}
+        self._sending = set()
+        self._stored = PendingNacks()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
@@ -603,17 +629,28 @@ class NackingCore:
         self._nacked = itertools.count()
         self.quiet = False
         self._guard_left = min(self._guard_messages, START_GUARD_MESSAGES)
+        bits, never_early = settings.negative_ack_precision_bit_cnt, settings.never_early
         self.tracker = NegativeAcksTracker(
             self._on_due,
-            delay_ms=negative_ack_redelivery_delay_ms,
-            precision_bits=negative_ack_precision_bit_cnt,
+            delay_ms=settings.negative_ack_redelivery_delay_ms,
+            precision_bits=bits,
             round_up=never_early,
-            backoff=redelivery_backoff,
-            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
-            coalesce_ms=coalesce_ms,
+            backoff=settings.redelivery_backoff,
+            lead_ms=handoff_lead_ms(settings.handoff_delay_ms, bits, never_early),
+            coalesce_ms=settings.coalesce_ms,
             default_topic=self.topics.single or "",
         )
-        self.handoff_delay_ms = handoff_delay_ms
+        self.handoff_delay_ms = settings.handoff_delay_ms
+
+    def route_dead_letters(self, route: DeadLetterCallback) -> None:
+        """Set where messages for the dead-letter topic go: ``route(message, stored)``.
+
+        ``stored`` is False for a message to send (then acknowledge), True for a copy of
+        one whose dead letter is already stored (to acknowledge again).
+        """
+        if not callable(route):
+            raise TypeError("route must be callable")
+        self._route = route
 
     # ------------------------------------------------------------------ receiving
 
@@ -623,65 +660,89 @@ class NackingCore:
         *message* is the received ``_pulsar.Message`` (or a ``pulsar.Message``, whose
         inner message is used); *wrapper*, the ``pulsar.Message`` to hand to the
         application, keeps the id read here for its acknowledgement. See the module
-        docstring for the verdicts. A filtered copy is acked again, a returned one held.
+        docstring for the verdicts: a filtered copy is acked again, a returned one held;
+        with a dead-letter policy, a message seen often enough is routed to the
+        dead-letter topic.
 
         Runtime complexity: O(1): nothing while quiet; else one id read and a table
         lookup, plus bitmap lookups for a nacked member or an entry seen complete.
         """
         next(self.received)
-        if self.quiet:
-            return True
         raw = _inner_message(message)
+        if self.quiet and (not self.counting or self._quiet_count(raw)):
+            return True
         if wrapper is None and raw is not message:
             wrapper = message
         with self._lock:
             verdict, data = self._entries.admit(raw)
-            if verdict != _msgid.DELIVER:
+            if verdict != _msgid.DELIVER or self.counting:
                 verdict = self._screen(raw, verdict, data)
-        if verdict == _msgid.ACKED:
-            self._ack_again(raw)
-            return False
         if verdict != _msgid.DELIVER:
+            if verdict == _msgid.ACKED:
+                self._ack_again(raw)
+            elif verdict != _msgid.NACKED:
+                self._send_dead_letter(raw, verdict == _ROUTE_STORED)
             return False
         self._tick()
         if wrapper is not None:
             _stash(wrapper, data)
         return True
 
-    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
-        """admit() under the lock, for a member the table calls nacked or does not know.
+    def _quiet_count(self, raw: Any) -> bool:
+        """While quiet with a dead-letter policy: True if *raw* needs no count (the common path)."""
+        limit = self.max_redeliver_count
+        assert limit is not None
+        return bool(raw.redelivery_count() < limit and not (self._nacks or self._sending or self._stored.count))
 
-        Returns DELIVER, ACKED (filter it) or NACKED (swallow it).
+    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
+        """admit() under the lock, for a member the table calls nacked or does not know (or any, counting).
+
+        Returns DELIVER, ACKED (filter it), NACKED (swallow it), or a route to the
+        dead-letter topic (``_ROUTE``, ``_ROUTE_STORED``).
         """
         ledger, entry, _, index, size = _msgid.parse_id(data)
         item = (ledger, entry, index)
-        if item in self._pending or item in self._returned:
+        if item in self.pending or item in self._returned or item in self._sending:
             self._counts["swallowed"] += 1
-            if self._copies is not None:
-                self._copies[item] = self._copies.get(item, 0) + 1
             if item in self._returned:
                 self._held[item] = raw  # acked with the application's ack (the latest copy)
+            if self.counting and item not in self._sending:
+                self._copies[item] = self._copies.get(item, 0) + 1
             return _msgid.NACKED
-        if item in self._handed:  # its handoff (or anything after it) brought it back
+        if self.counting and item in self._stored:
+            self._counts["swallowed"] += 1
+            return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+        handed = item in self._handed  # its handoff (or anything after it) brought it back
+        if not handed and (
+            verdict == _msgid.ACKED
+            or (verdict == _msgid.FRESH and index >= 0 and size > 0 and (ledger, entry) in self._complete)
+        ):
+            self._counts["filtered"] += 1  # acked (a complete entry's member in no nack set was acked)
+            return _msgid.ACKED
+        if self.counting and self._counted_over(raw, item):
+            self._handed.discard(*item)
+            self._counts["swallowed"] += 1
+            return _ROUTE
+        if handed:
             self._handed.discard(*item)
             self._returned.add(*item)
             self._guard_left = self._guard_messages
-            return _msgid.DELIVER
-        if verdict == _msgid.FRESH and index >= 0 and size > 0:
-            if (ledger, entry) in self._complete:  # every member acked or nacked; not nacked now
-                self._counts["filtered"] += 1
-                return _msgid.ACKED
+        elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
-        elif verdict == _msgid.ACKED:
-            self._counts["filtered"] += 1
-            return _msgid.ACKED
         return _msgid.DELIVER
 
-    def _leave_state(self, item: tuple[int, int, int]) -> None:
-        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
-        self._handed.discard(*item)
-        self._returned.discard(*item)
-        self._held.pop(item, None)
+    def _counted_over(self, raw: Any, item: Item) -> bool:
+        """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
+        limit = self.max_redeliver_count
+        assert limit is not None
+        seen = max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0))
+        if seen > limit:
+            self._sending.add(item)
+            self._last.pop(item, None)
+            return True
+        if seen == limit:  # its last delivery: a nack or a redelivery sends it
+            self._last[item] = raw
+        return False
 
     def _tick(self) -> None:
         """Count a guarded delivery; after ``guard_messages`` of them with no nack state, go quiet."""
@@ -694,7 +755,7 @@ class NackingCore:
         with self._lock:
             self._expire(monotonic_ms())
             self._guard_left = self._guard_messages
-            if self._always_guard or self._pending or self._handed or self._returned or self._held:
+            if self.always_guard or self.pending or self._handed or self._returned or self._held:
                 return
             self._entries.forget_settled()
             if len(self._entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
@@ -707,42 +768,59 @@ class NackingCore:
         self._guard_left = self._guard_messages
 
     def _ack_again(self, message: Any) -> None:
-        """Acknowledge a copy (or an id) the application will not see; errors are logged by the caller's client."""
+        """Acknowledge a copy (or an id) the application will not see."""
         if self._acknowledge is not None:
             self._acknowledge(message)
 
-    def deliveries(self, message: Any) -> int:
-        """How many times the application received *message* before this delivery.
+    def _send_dead_letter(self, message: Any, stored: bool) -> None:
+        route = self._route
+        if route is None:
+            raise RuntimeError("a dead-letter policy without a route: call route_dead_letters() first")
+        route(message, stored)
 
-        The larger of the nacks it made of it and the broker's ``redelivery_count()``
-        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
-        the broker's count). The broker counts per entry and forgets the count when a
-        sibling is acked, so neither figure alone is right for batch messages; both are
-        never above the true count. O(1).
-        """
-        count = redelivery_count_of(message)
-        if self._copies is None:
-            return count
+    def dead_letter_stored(self, message: Any) -> None:
+        """The route stored the dead letter of *message*: count it, remember it, forget its counts."""
         message_id = raw_id(message)
-        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        item = _item_of(message_id)
+        size = batch_size_of(message_id) if item[2] >= 0 else 0
         with self._lock:
-            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
-
-    def dead_lettered(self, message: Any) -> None:
-        """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
-        self.forget(message)
-        next(self._nacked)
-        with self._lock:
+            self._sending.discard(item)
+            self._stored.add(*item)
+            self._copies.pop(item, None)
+            self._nacks.pop(item, None)
+            self._last.pop(item, None)
             self._counts["dead_lettered"] += 1
+            self._note_ack(item[0], item[1], item[2], size)  # the route acks it: its entry may settle
+
+    def dead_letter_failed(self, message: Any) -> None:
+        """The route could not store the dead letter of *message*: it comes back and is tried again.
+
+        The message stays unacknowledged; it is handed to the client after
+        ``DEAD_LETTER_RETRY_MS``, and when it arrives it is routed again.
+        """
+        item = _item_of(raw_id(message))
+        limit = self.max_redeliver_count
+        with self._lock:
+            self._sending.discard(item)
+            if limit is not None:  # the next arrival is routed, whatever the broker counts
+                self._nacks[item] = max(self._nacks.get(item, 0), limit + 1)
+            self._guard()
+        try:
+            self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
+        except ClosedError:
+            pass  # closing: the broker redelivers it when this consumer is gone
 
     def forget(self, message: Any) -> None:
-        """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies is not None and (self._copies or self._nacks):
-            message_id = raw_id(message)
-            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
+        if self._copies or self._nacks or self._last:
+            item = _item_of(raw_id(message))
             with self._lock:
-                self._copies.pop(item, None)
-                self._nacks.pop(item, None)
+                self._forget_counts(item)
+
+    def _forget_counts(self, item: Item) -> None:
+        self._copies.pop(item, None)
+        self._nacks.pop(item, None)
+        self._last.pop(item, None)
 
     # ------------------------------------------------------------------ settling
 
@@ -789,18 +867,25 @@ class NackingCore:
         """Track a negative acknowledgement: the message comes back after its delay.
 
         Every nacked message is remembered in the pending set until its handoff, so that
-        no copy reaches the application before it is due. Runtime complexity: O(1) (the
-        tracker's add, a bitmap insert, and a table update for a batch member).
+        no copy reaches the application before it is due. With a dead-letter policy, a
+        message at its last delivery goes to the dead-letter topic instead (see the
+        class notes). Runtime complexity: O(1) (the tracker's add, a bitmap insert, and
+        a table update for a batch member).
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
+        if delay_ms is not None:
+            check_ms("delay_ms", delay_ms)
         key, raw, size = self._nack_key(message)
+        if self.counting and self._last and self._nack_to_dead_letter(key):
+            next(self._nacked)
+            return
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
         item = (key[1], key[2], key[3])
         with self._lock:
-            if item in self._pending:
+            if item in self.pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
             self._remember_nack(item, size)
             if key[0] is _UNTITLED:
@@ -809,9 +894,9 @@ class NackingCore:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                self._pending.discard(*item)
+                self.pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
-                if self._copies is not None:
+                if self.counting:
                     self._nacks[item] -= 1
             raise
         next(self._nacked)
@@ -835,16 +920,35 @@ class NackingCore:
             size = int(self._entries.size_of(key[1], key[2]))
         return key, raw, int(size)
 
-    def _remember_nack(self, item: tuple[int, int, int], size: int) -> None:
+    def _nack_to_dead_letter(self, key: MessageKey) -> bool:
+        """Route a message at its last delivery to the dead-letter topic; False if it is not there."""
+        item = (key[1], key[2], key[3])
+        with self._lock:
+            last = self._last.pop(item, None)
+            if last is None:
+                return False
+            self._sending.add(item)
+            self._leave_state(item)
+        self._send_dead_letter(last, False)
+        return True
+
+    def _remember_nack(self, item: Item, size: int) -> None:
         """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones)."""
-        if self._copies is not None:
+        if self.counting:
             self._nacks[item] = self._nacks.get(item, 0) + 1
-        self._leave_state(item)
-        self._pending.add(*item)
+        if self._handed or self._returned:
+            self._leave_state(item)
+        self.pending.add(*item)
         in_flight = item[2] >= 0 and size > 0 and (item[0], item[1]) not in self._complete
         if in_flight and self._entries.nack(item[0], item[1], item[2], size) == _msgid.COMPLETE:
             self._complete.add(item[0], item[1])
         self._guard()
+
+    def _leave_state(self, item: Item) -> None:
+        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
+        self._handed.discard(*item)
+        self._returned.discard(*item)
+        self._held.pop(item, None)
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
@@ -865,7 +969,7 @@ class NackingCore:
             with self._lock:
                 self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
             return _inner_message(message)
-        if self.quiet and not self._nacks and not self._copies and _is_message(message):
+        if self.quiet and not (self._nacks or self._copies or self._last) and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
         topic, ledger, entry, index = key
@@ -886,12 +990,14 @@ class NackingCore:
     ) -> None:
         """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
         item = (ledger, entry, index)
-        if self._pending or self._handed or self._returned:
-            self._pending.discard(*item)
+        if self.pending or self._handed or self._returned:
+            self.pending.discard(*item)
             held = self._held.get(item)
             if held is not None:
                 self._after_ack.append(held)
             self._leave_state(item)
+        if self._copies or self._nacks or self._last:
+            self._forget_counts(item)
         if data is not None:
             outcome = self._entries.ack_data(data, create=not self._complete)
             if outcome == _msgid.MISSING:
@@ -913,7 +1019,7 @@ class NackingCore:
 
     def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
         """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
-        if not (self._pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
+        if not (self.pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
                 or self._returned.has_entry(ledger, entry)):
             self._complete.discard(ledger, entry)
             self._entries.settle(ledger, entry)
@@ -956,8 +1062,8 @@ class NackingCore:
         with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
             now = monotonic_ms()
             for item in released:
-                if item in self._pending:
-                    self._pending.discard(*item)
+                if item in self.pending:
+                    self.pending.discard(*item)
                     self._handed.add(*item)
             self._expire(now)
 
@@ -976,28 +1082,32 @@ class NackingCore:
 
     # ------------------------------------------------------------------ resets
 
-    def reset(self, keep_acks: bool = False) -> DueKeys:
-        """Forget every pending nack (before ``seek`` or redelivering everything); return them.
+    def reset(self, forget_counts: bool = True) -> DueKeys:
+        """Forget every pending nack; return them.
 
-        With *keep_acks* (redelivering everything), acked members of entries still being
-        processed stay known, so their copies are filtered; before a seek everything is
-        forgotten, since the broker delivers acked messages again after a seek back.
+        Before ``redeliver_unacknowledged_messages`` (``forget_counts=False``: the
+        messages come back now, their delivery counts still hold, and acked members of
+        entries still being processed stay known, so their copies are filtered) or
+        ``seek`` (``True``: the subscription starts afresh, acked messages and dead
+        letters included, since the broker delivers acked messages again after a seek
+        back).
         """
         with self._lock:
             dropped = self.tracker.drain()
-            for nack_set in (self._pending, self._handed, self._returned):
+            for nack_set in (self.pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
             self._complete.clear()
             self._bare.clear()
             self._after_ack.clear()
-            if keep_acks:
-                self._entries.clear_nacks()
-            else:
+            if forget_counts:
                 self._entries.clear()
-            if self._copies is not None:
                 self._copies.clear()
-            self._nacks.clear()
+                self._nacks.clear()
+                self._last.clear()
+                self._stored.clear()
+            else:
+                self._entries.clear_nacks()
             self._guard()
         return dropped
 
@@ -1005,20 +1115,24 @@ class NackingCore:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
         with self._lock:
-            for nack_set in (self._pending, self._handed, self._returned):
+            for nack_set in (self.pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
             self._complete.clear()
             self._entries.clear()
             self._bare.clear()
+            self._copies.clear()
+            self._nacks.clear()
+            self._last.clear()
+            self._stored.clear()
 
     # ------------------------------------------------------------------ counters
 
     def counts(self) -> dict[str, int]:
-        """Counters: received, delivered, swallowed, filtered, acked, nacked, handoffs, pending nacks."""
+        """Counters: received, delivered, swallowed, filtered, acked, nacked, dead-lettered, handoffs, pending nacks."""
         with self._lock:
             counts = dict(self._counts)
-            pending = len(self._pending)
+            pending = len(self.pending)
         received = _counter_value(self.received)
         return {
             "received": received,
@@ -1032,20 +1146,23 @@ class NackingCore:
     def memory_bytes(self) -> int:
         """Bytes of the admission structures (nack sets, complete entries, entry table): an estimate."""
         with self._lock:
-            return (self._pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
+            return (self.pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
                     + self._complete.memory_bytes() + int(self._entries.memory_bytes()))
 
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            self._pending._check()
+            self.pending._check()
             self._handed._check()
             self._returned._check()
+            self._stored._check()
             self._complete._check()
             self._entries._check()
             # A message is in one nack set at most; a held copy is of a returned message.
-            pending, handed, returned = (set(s.items()) for s in (self._pending, self._handed, self._returned))
+            pending, handed, returned = (set(s.items()) for s in (self.pending, self._handed, self._returned))
             assert not (pending & handed or pending & returned or handed & returned)
             assert set(self._held) <= returned
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
+            # A message is at most one of: at its last delivery, on its way to the DLQ.
+            assert not (set(self._last) & self._sending)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
-from .config import ConsumerConfig, TaskBudget, dead_letter_topic
+from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
 from .stats import TaskStats
@@ -79,25 +79,16 @@ def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float
 
 
 def _dead_letter(entry: _Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
-    """Produce *message* to its dead-letter topic (synchronously)."""
-    topic = config.dead_letter_topic or dead_letter_topic(message.topic_name(), config.subscription)
-    producer = entry.producers.get(topic)
-    if producer is None:
-        producer = entry.producers[topic] = entry.client.create_producer(topic, batching_enabled=False)
-    properties = dict(message.properties())
-    properties.update(
-        {
-            "REAL_TOPIC": message.topic_name(),
-            "ORIGIN_MESSAGE_ID": str(message.message_id()),
-            "PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000],
-        }
+    """Send *message* to its dead-letter topic and wait until it is stored (the one sender, as the consumers)."""
+    from ..consumer.dead_letter import DeadLetter
+
+    if entry.dead_letter is None:
+        entry.dead_letter = DeadLetter(entry.client, config.subscription)
+    entry.dead_letter.send(
+        message,
+        topic=config.dead_letter_topic,
+        properties={"PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000]},
     )
-    kwargs: dict[str, Any] = {"properties": properties}
-    if message.partition_key():
-        kwargs["partition_key"] = message.partition_key()
-    if message.event_timestamp():
-        kwargs["event_timestamp"] = message.event_timestamp()
-    producer.send(message.data(), **kwargs)
 
 
 def _task_context() -> tuple[int, int]:
@@ -130,6 +121,7 @@ class _TaskRun:
         self.progress_every = options.get("progress_interval_ms", 500) / 1000
         self.partition, self.attempt = _task_context()
         self.started_at_ms = time.time() * 1000
+        self.first_received_at_ms: float | None = None
         self.start = time.monotonic()
         self.entry, self.created = _acquire(config)
         self.entry.tasks += 1
@@ -177,7 +169,7 @@ class _TaskRun:
         import pulsar
 
         budget, receive_timeout = self.budget, self.config.receive_timeout_ms
-        last_busy = self.start
+        last_busy = time.monotonic()  # idle from here: subscribing (in __init__) may take seconds
         while True:
             now = time.monotonic()
             self._housekeeping(now)
@@ -203,6 +195,8 @@ class _TaskRun:
 
     def _handle(self, message: Any) -> None:
         """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
+        if not self.counts["received"]:
+            self.first_received_at_ms = time.time() * 1000
         self.counts["received"] += 1
         count = message.redelivery_count()
         if count:
@@ -302,6 +296,7 @@ class _TaskRun:
             flush_ms=round(self.flush_ms, 3),
             wall_ms=round((time.monotonic() - self.start) * 1000, 3),
             started_at_ms=self.started_at_ms,
+            first_received_at_ms=self.first_received_at_ms,
             nacks=self.nacks,
             arrivals=self.arrivals,
             collected=self.collected,
