@@ -53,7 +53,8 @@ _COUNTERS: tuple[tuple[str, str, str, str], ...] = (
 )
 _CONSUMER_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
     ("pulsar_nack.handoff.bursts", "{burst}", "Handoff bursts to the Pulsar client", "handoff_bursts"),
-    ("pulsar_nack.message.swallowed", "{message}", "Redelivered batch copies swallowed", "swallowed"),
+    ("pulsar_nack.message.swallowed", "{message}", "Copies of pending or returned nacks swallowed", "swallowed"),
+    ("pulsar_nack.message.filtered", "{message}", "Copies of acked messages dropped (and acked again)", "filtered"),
 )
 _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pulsar_nack.pending.messages", "{message}", "Messages waiting for their redelivery delay", "pending_messages"),
