@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -37,9 +38,11 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.tracker import NegativeAcksTracker
 from .blocking import ConsumerClosedError, ConsumerStats
-from .nacking import HANDOFF_DELAY_MS, NackingCore
+from .nacking import HANDOFF_DELAY_MS, NackingCore, raw_id
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
+
+_log = logging.getLogger(__name__)
 
 
 class AsyncNackingConsumer:
@@ -58,7 +61,7 @@ class AsyncNackingConsumer:
     **settings
         ``negative_ack_redelivery_delay_ms``, ``negative_ack_precision_bit_cnt``,
         ``redelivery_backoff``, ``never_early``, ``handoff_delay_ms``, ``coalesce_ms``,
-        ``guard_unbatched``: the keywords of :class:`~pulsar_nack.consumer.nacking.NackingCore`,
+        ``always_guard``: the keywords of :class:`~pulsar_nack.consumer.nacking.NackingCore`,
         as for :class:`~pulsar_nack.consumer.NackingConsumer`.
     """
 
@@ -78,7 +81,9 @@ class AsyncNackingConsumer:
     ) -> None:
         if not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
-        self._core = NackingCore(self._hand_off, topics, **settings) if _core is None else _core
+        if _core is None:
+            _core = NackingCore(self._hand_off, topics, acknowledge=self._ack_quietly, **settings)
+        self._core = _core
         self._consumer = consumer
         self._raw = consumer._consumer
         self._closed = False
@@ -89,16 +94,20 @@ class AsyncNackingConsumer:
     async def receive(self) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Early copies of messages whose nack is still pending (a batch sibling's
-        redelivery, an ack timeout) are swallowed here, left unacked: their own handoff
-        brings them back. Cancelling a receive (``asyncio.wait_for``) behaves as in
-        ``pulsar.asyncio``. Runtime complexity: O(1) per received message.
+        Copies the application must not see (of a message whose nack is pending, of a
+        message that came back and is not settled yet, of an acked message) are dropped
+        here: see :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit`. Cancelling a
+        receive (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``. Runtime
+        complexity: O(1) per received message.
         """
         self._check_open()
-        admit = self._core.admit
+        core = self._core
         while True:
             message = await self._consumer.receive()
-            if admit(message._message):
+            if core.quiet:
+                next(core.received)
+                return message
+            if core.admit(message):
                 return message
 
     # ------------------------------------------------------------------ settling
@@ -111,14 +120,17 @@ class AsyncNackingConsumer:
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge(raw)
+        if raw is not None:  # None: recorded, acked with its entry
+            await self._consumer.acknowledge(raw)
+        self._core.after_ack()
         next(self._core.acked)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
         """Acknowledge everything up to *message* (not on Shared subscriptions)."""
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw)
+        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
@@ -148,12 +160,23 @@ class AsyncNackingConsumer:
         for message_id in ids:
             nack(message_id)
 
+    def _ack_quietly(self, message: Any) -> None:
+        """Core callback: acknowledge a copy the application does not see (or a whole entry).
+
+        ``_pulsar.Consumer.acknowledge`` only queues the ack in the client's ack group, so
+        it is called directly, from the event loop or the timer thread.
+        """
+        try:
+            self._raw.acknowledge(message)
+        except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
+            _log.warning("could not acknowledge a filtered copy", exc_info=True)
+
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacked message now; pending nacks are dropped."""
         self._check_open()
-        self._core.reset()
+        self._core.reset(keep_acks=True)
         self._consumer.redeliver_unacknowledged_messages()
 
     async def seek(self, messageid: Any) -> None:
@@ -292,11 +315,12 @@ async def subscribe(
     core = NackingCore(
         lambda ids: holder[0]._hand_off(ids),  # noqa: PLW0108 (bound later; nothing is pending before)
         topics,
+        acknowledge=lambda message: holder[0]._ack_quietly(message),  # noqa: PLW0108 (bound later)
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
-        guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+        always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
     )
     try:
         consumer = await client.subscribe(

@@ -27,13 +27,15 @@ Bursts, not a trickle
     handoffs closer together than that starve it. The tracker coalesces: one burst per
     due bucket, never two bursts less than ``coalesce_ms`` (50) apart.
 
-Batches
-    The broker redelivers whole entries. With batch-index acknowledgement (which
-    :func:`subscribe` turns on) the broker's ack set makes the client skip acked
-    siblings of a redelivered entry. Siblings whose own nack is still pending are
-    swallowed (left unacked; their own handoff brings them back); every other sibling is
-    delivered again, as the plain client does, so nothing unsettled is stuck. No state
-    is kept for a batch without a pending nack.
+Copies
+    The broker redelivers whole entries, and every unacked message after a reconnect.
+    Which copies reach the application is decided by
+    :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit` (see
+    :mod:`pulsar_nack.consumer.nacking`): a copy of a message whose nack is pending is
+    swallowed (left unacked; its own handoff brings it back), a message comes back once
+    per nack, and an acked message is filtered (and acked again, so that a broker
+    without batch-index acks settles the entry). Every other copy is delivered, as the
+    plain client does, so nothing unsettled is stuck.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from .nacking import (
     HANDOFF_DELAY_MS,
     NackingCore,
     client_handoff_latency_ms,
+    raw_id,
 )
 
 __all__ = [
@@ -90,6 +93,7 @@ class ConsumerStats(TypedDict):
     received: int
     delivered: int
     swallowed: int
+    filtered: int
     acked: int
     nacked: int
     dead_lettered: int
@@ -124,10 +128,10 @@ class NackingConsumer:
     handoff_delay_ms, coalesce_ms : int
         The consumer's own nack delay (we hand off that much early) and the minimum gap
         between handoff bursts. Leave the defaults unless you measured.
-    guard_unbatched : bool
-        Swallow early copies of nacked non-batched messages too (set by :func:`subscribe`
-        when ``unacked_messages_timeout_ms`` is given: the client's ack timeout would
-        otherwise redeliver a nacked message before its delay).
+    always_guard : bool
+        Check every received message, not only around nacks (set by :func:`subscribe`
+        when ``unacked_messages_timeout_ms`` is given: the client's ack timeout then
+        redelivers messages at any time).
     """
 
     _consumer: pulsar.Consumer
@@ -146,7 +150,7 @@ class NackingConsumer:
         never_early: bool = False,
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
         coalesce_ms: int = COALESCE_MS,
-        guard_unbatched: bool = False,
+        always_guard: bool = False,
         dead_letter: DeadLetter | None = None,
         _core: NackingCore | None = None,
     ) -> None:
@@ -158,13 +162,14 @@ class NackingConsumer:
             _core = NackingCore(
                 self._hand_off,
                 topics,
+                acknowledge=self._ack_quietly,
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                 negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
                 redelivery_backoff=redelivery_backoff,
                 never_early=never_early,
                 handoff_delay_ms=handoff_delay_ms,
                 coalesce_ms=coalesce_ms,
-                guard_unbatched=guard_unbatched,
+                always_guard=always_guard,
                 count_deliveries=dead_letter is not None,
             )
         self._core = _core
@@ -218,10 +223,11 @@ class NackingConsumer:
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Early copies of messages whose nack is still pending (a batch sibling's
-        redelivery, the client's ack timeout) are swallowed here, left unacked: their own
-        handoff brings them back. Raises ``pulsar.Timeout`` as the client does when
-        nothing arrives within *timeout_millis*. Runtime complexity: O(1).
+        Copies the application must not see (of a message whose nack is pending, of a
+        message that came back and is not settled yet, of an acked message) are dropped
+        here: see :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit`. Raises
+        ``pulsar.Timeout`` as the client does when nothing arrives within
+        *timeout_millis*. Runtime complexity: O(1).
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
@@ -237,19 +243,19 @@ class NackingConsumer:
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            if not core._pending._count:  # the common path: nothing to compare with
-                next(core.received)
-            elif not core.admit(message):  # an early copy: swallowed, wait for the next
-                if timeout_millis is None:
-                    message = raw.receive()
-                else:
-                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
-                    message = raw.receive(max(left, 0))
-                continue
             wrapped = _Message()
             wrapped._message = message
             wrapped._schema = self._schema
-            return wrapped
+            if core.quiet:  # the common path: nothing to compare with
+                next(core.received)
+                return wrapped
+            if core.admit(message, wrapped):
+                return wrapped
+            if timeout_millis is None:  # a copy to drop: wait for the next message
+                message = raw.receive()
+            else:
+                left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                message = raw.receive(max(left, 0))
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
@@ -259,17 +265,17 @@ class NackingConsumer:
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
-            if self._core.admit(getattr(message, "_message", message)):
+            if self._core.admit(message):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
-        """Receive a batch (per the consumer's batch receive policy), early copies removed."""
+        """Receive a batch (per the consumer's batch receive policy), copies to drop removed."""
         self._check_open()
-        return [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
+        return [m for m in self._consumer.batch_receive() if self._core.admit(m)]
 
     def _admit(self, message: Any) -> bool:
-        """Record a received message (wrapped or raw); False if it is an early copy."""
-        return self._core.admit(getattr(message, "_message", message))
+        """Record a received message (wrapped or raw); False if it is a copy to drop."""
+        return self._core.admit(message)
 
     # ------------------------------------------------------------------ settling
 
@@ -282,14 +288,18 @@ class NackingConsumer:
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and not core._pending._count and self._raw is not None:
+        if type(message) is _Message and core.quiet and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
-            if self._raw is not None:
+            if raw is None:  # recorded; acked with its entry
+                pass
+            elif self._raw is not None:
                 self._raw.acknowledge(raw)
             else:
                 self._consumer.acknowledge(raw)
+            if core._after_ack:
+                core.after_ack()
         next(core.acked)
 
     def acknowledge_cumulative(self, message: Any) -> None:
@@ -300,7 +310,8 @@ class NackingConsumer:
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        self._consumer.acknowledge_cumulative(raw)
+        self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._core.after_ack()
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
@@ -340,19 +351,30 @@ class NackingConsumer:
         for message_id in ids:
             nack(message_id)
 
+    def _ack_quietly(self, message: Any) -> None:
+        """Core callback: acknowledge a copy the application does not see (or a whole entry)."""
+        try:
+            if self._raw is not None:
+                self._raw.acknowledge(message)
+            else:
+                self._consumer.acknowledge(message)
+        except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
+            _log.warning("could not acknowledge a filtered copy", exc_info=True)
+
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Ask the broker to redeliver every unacked message now.
 
         Pending nacks are dropped: their messages are unacked, so they come back now
-        with the rest. With batch-index acknowledgement (what :func:`subscribe` sets) the
-        broker's ack set keeps acked batch siblings from coming back. The client groups
-        acks for 100 ms before sending them, so this call first waits ``ACK_FLUSH_MS``
-        (150 ms): the broker has then recorded every earlier ack when the request arrives.
+        with the rest. Acked members of entries being processed stay known, so their
+        copies are filtered; with batch-index acknowledgement (what :func:`subscribe`
+        sets) the broker's ack set keeps them out as well. The client groups acks for
+        100 ms before sending them, so this call first waits ``ACK_FLUSH_MS`` (150 ms):
+        the broker has then recorded every earlier ack when the request arrives.
         """
         self._check_open()
-        self._core.reset()
+        self._core.reset(keep_acks=True)
         time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
         self._consumer.redeliver_unacknowledged_messages()
 
@@ -504,14 +526,19 @@ def subscribe(
     def hand_off(ids: list[_pulsar.MessageId]) -> None:
         holder[0]._hand_off(ids)
 
+    def acknowledge(message: Any) -> None:
+        if holder:
+            holder[0]._ack_quietly(message)
+
     core = NackingCore(  # validates the tracker's settings before the broker sees anything
         hand_off,
         topics,
+        acknowledge=acknowledge,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
-        guard_unbatched=subscribe_kwargs.get("unacked_messages_timeout_ms") is not None,
+        always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
         count_deliveries=dead_letter is not None,
     )
     ready = threading.Event()

@@ -7,23 +7,50 @@
 * the keying of messages and ids (:meth:`NackingCore.key_of`), with the topic taken from
   the message, from the consumer's only topic (plus ``-partition-N``), or kept inside
   the caller's id object when neither is known (a bare id on a multi-topic consumer);
-* :class:`PendingNacks`, the compact set of nacked messages whose delay is not over,
-  so that a copy of one of them (a batch sibling's redelivery, an ack timeout) is
-  swallowed instead of delivered early;
 * the handoff: due keys become one entry-level ``_pulsar.MessageId`` per entry, passed
   to the ``hand_off`` callable the consumer supplies (the sync consumer calls
-  ``consumer.negative_acknowledge(id)`` for each).
+  ``consumer.negative_acknowledge(id)`` for each);
+* **admission**: which copies of a message reach the application.
 
-A consumer built on it calls :meth:`NackingCore.admit` on every received message (a
-``_pulsar.Message``), :meth:`NackingCore.nack` for a negative acknowledgement,
-:meth:`NackingCore.before_ack` before an acknowledgement, :meth:`NackingCore.reset`
-before ``seek`` or ``redeliver_unacknowledged_messages``, and :meth:`NackingCore.close`.
+Admission
+    The broker redelivers whole entries, and after any reconnect (topic unload, broker
+    restart or failover, a consumer reconnect) or an ack timeout it redelivers every
+    unacked message. The C++ client keeps one nack bucket per handoff, so an entry handed
+    off in two bursts comes back twice. Per message, :meth:`NackingCore.admit` decides:
 
-State is kept only while a nack is pending. Acknowledgements of batch messages rely on
-batch-index acknowledgement (``batch_index_ack_enabled=True`` with a broker that has
-``acknowledgmentAtBatchIndexLevelEnabled``, the default since Apache Pulsar 4.0): the
-broker's ack set tells the client which siblings of a redelivered entry were acked, and
-the client skips them. No per-entry object exists for batches in flight.
+    ======================  ===========================================================
+    state of the message    a copy of it
+    ======================  ===========================================================
+    nack pending            swallowed, left unacked: its own handoff brings it back
+    handed off              delivered (it is due), and the message becomes *returned*
+    returned (not settled)  swallowed and held; acked with the message when the
+                            application acks it (never twice per nack)
+    acked                   filtered and acked again, so that a broker without
+                            batch-index acks can settle the entry
+    anything else           delivered, as the plain client does
+    ======================  ===========================================================
+
+    The nack sets (pending, handed off, returned) are :class:`PendingNacks`, a few bytes
+    per message. Acked members are known per batch entry in flight: an ``EntryTable``
+    (``_msgid.c``) holds the acked and nacked members of entries being processed and the
+    last settled entries; an entry whose every member is acked or nacked moves to
+    :class:`EntrySet` (a roaring bitmap of entry ids, a bit or two each), where a member
+    that is in no nack set is acked.
+
+Guarding, and its cost
+    Knowing a copy needs its id, and reading an id costs about half a microsecond, about
+    15 % of a receive and acknowledge. So the core *guards* (reads the id of every
+    received message and records every ack) only from the start, while any nack is
+    pending, handed off or returned, and for ``guard_messages`` deliveries after the last
+    one; then it is *quiet* (``quiet`` is True) and receive and acknowledge cost what they
+    cost in the plain client, until the next nack. See ``docs/consumer.md`` for what a
+    quiet consumer does not catch.
+
+A consumer built on it calls :meth:`NackingCore.admit` on every received message,
+:meth:`NackingCore.nack` for a negative acknowledgement, :meth:`NackingCore.before_ack`
+before an acknowledgement (and :meth:`NackingCore.after_ack` after it),
+:meth:`NackingCore.reset` before ``seek`` or ``redeliver_unacknowledged_messages``, and
+:meth:`NackingCore.close`.
 """
 
 from __future__ import annotations
@@ -31,6 +58,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,13 +70,18 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.base import DueKeys
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
 from . import msgid as _msgid
 
 __all__ = [
     "COALESCE_MS",
+    "GUARD_MESSAGES",
     "HANDOFF_DELAY_MS",
     "PARTITION_SUFFIX",
+    "SETTLED_CAPACITY",
+    "STALE_MS",
+    "EntrySet",
     "HandOff",
     "NackingCore",
     "PendingNacks",
@@ -65,6 +98,17 @@ HANDOFF_DELAY_MS = 100
 """The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
 COALESCE_MS = 50
 """Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+GUARD_MESSAGES = 10_000
+"""Deliveries a consumer keeps guarding after its last nack state ended (and at the start)."""
+SETTLED_CAPACITY = 8192
+"""Settled entries (and acked non-batched messages) remembered while guarding: the client
+drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
+them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
+second; about 500 kB when full."""
+STALE_MS = 60_000
+"""A handed-off message that has not come back, or a returned one the application has not
+settled, is forgotten after this long (its entry's knowledge with it: copies of its
+siblings are then delivered, never filtered)."""
 
 def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
     """How long the C++ client takes to redeliver an id nacked into an idle tracker.
@@ -145,6 +189,30 @@ def raw_id(obj: Any) -> _pulsar.MessageId:
 
 def _is_message(obj: Any) -> bool:
     return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+
+
+_STASH = "_pulsar_nack_id"
+"""The attribute of a delivered ``pulsar.Message`` that holds its serialized id, read when
+it was admitted, so that acknowledging it does not read the id again."""
+
+
+def _stash(message: Any, data: bytes) -> None:
+    """Keep the serialized id on a ``pulsar.Message`` wrapper (raw messages take no attributes)."""
+    fields = getattr(message, "__dict__", None)
+    if fields is not None:
+        fields[_STASH] = data
+
+
+def _stashed(message: Any) -> bytes | None:
+    """The serialized id :func:`_stash` kept on *message*, or None."""
+    fields = getattr(message, "__dict__", None)
+    return None if fields is None else fields.get(_STASH)
+
+
+def _inner_message(message: Any) -> Any:
+    """The ``_pulsar.Message`` inside a ``pulsar.Message`` (its private ``_message``), or *message*."""
+    inner = getattr(message, "_message", None)
+    return inner if isinstance(inner, _pulsar.Message) else message
 
 
 def batch_size_of(message_id: _pulsar.MessageId) -> int:
@@ -277,10 +345,86 @@ class PendingNacks:
         return total + sum(b.get_statistics()["n_bytes_array_containers"] + b.get_statistics()[
             "n_bytes_bitset_containers"] + b.get_statistics()["n_bytes_run_containers"] for b in self._by_ledger.values())
 
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """True if some message of the entry is in the set. O(log n) (O(n) for wide values)."""
+        bitmap = self._by_ledger.get(ledger_id)
+        if bitmap is not None and entry_id < _PACK_LIMIT and bitmap.range_cardinality(
+            entry_id << _BATCH_BITS, (entry_id + 1) << _BATCH_BITS
+        ):
+            return True
+        return bool(self._wide) and any(w[0] == ledger_id and w[1] == entry_id for w in self._wide)
+
+    def items(self) -> list[tuple[int, int, int]]:
+        """Every ``(ledger, entry, batch_index)`` in the set. O(n)."""
+        found = [(ledger, v >> _BATCH_BITS, (v & (_BATCH_LIMIT - 1)) - 1)
+                 for ledger, bitmap in self._by_ledger.items() for v in bitmap]
+        return found + sorted(self._wide)
+
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored values; no empty bitmap is kept.
         assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert all(self._by_ledger.values())
+
+
+class EntrySet:
+    """Batch entries whose every member the application acked or nacked, a bit or two each.
+
+    Keyed by ledger id, then one :class:`pyroaring.BitMap64` of entry ids (consecutive
+    entries share a container, runs compress). A member of such an entry that is in no
+    nack set was acked. Not thread-safe: :class:`NackingCore` holds its lock.
+
+    >>> e = EntrySet()
+    >>> e.add(7, 100); (7, 100) in e, (7, 101) in e, len(e)
+    (True, False, 1)
+    """
+
+    __slots__ = ("_by_ledger", "_count")
+
+    _by_ledger: dict[int, BitMap64]
+    _count: int
+
+    def __init__(self) -> None:
+        self._by_ledger = {}
+        self._count = 0
+
+    def add(self, ledger_id: int, entry_id: int) -> None:
+        """Add an entry. O(log n)."""
+        bitmap = self._by_ledger.get(ledger_id)
+        if bitmap is None:
+            bitmap = self._by_ledger[ledger_id] = BitMap64()
+        if entry_id not in bitmap:
+            bitmap.add(entry_id)
+            self._count += 1
+
+    def discard(self, ledger_id: int, entry_id: int) -> None:
+        """Remove an entry if present. O(log n)."""
+        bitmap = self._by_ledger.get(ledger_id)
+        if bitmap is not None and entry_id in bitmap:
+            bitmap.discard(entry_id)
+            self._count -= 1
+            if not bitmap:
+                del self._by_ledger[ledger_id]
+
+    def __contains__(self, item: tuple[int, int]) -> bool:
+        bitmap = self._by_ledger.get(item[0])
+        return bitmap is not None and item[1] in bitmap
+
+    def __len__(self) -> int:
+        return self._count
+
+    def clear(self) -> None:
+        self._by_ledger.clear()
+        self._count = 0
+
+    def memory_bytes(self) -> int:
+        """Serialized size of the bitmaps plus 64 bytes per ledger (an estimate). O(ledgers)."""
+        return sum(64 + len(b.serialize()) for b in self._by_ledger.values())
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        # The count is the number of stored entries; no empty bitmap is kept.
+        assert self._count == sum(len(b) for b in self._by_ledger.values())
         assert all(self._by_ledger.values())
 
 
@@ -290,7 +434,7 @@ def _counter_value(counter: itertools.count[int]) -> int:
 
 
 class NackingCore:
-    """Tracker, pending set, keys and handoff of one consumer; no client calls.
+    """Tracker, nack sets, entry knowledge, keys and handoff of one consumer; no client calls.
 
     Parameters
     ----------
@@ -301,15 +445,21 @@ class NackingCore:
         error and retries the keys after ``retry_delay_ms``.
     topics : list of str, str, or re.Pattern
         What the consumer reads; messages of other topics are refused.
+    acknowledge : callable, optional
+        ``acknowledge(message_or_id)`` on the client, without waiting: for the copies
+        filtered because the application acked them (acked again, so that a broker
+        without batch-index acks can settle the entry), the held copies of a returned
+        message, and an entry-level ack when a member was acked through a made-up id.
+        None: nothing is acked again (unit tests).
     negative_ack_redelivery_delay_ms, negative_ack_precision_bit_cnt, redelivery_backoff, never_early
         The tracker's settings (see :class:`~pulsar_nack.consumer.NackingConsumer`).
     handoff_delay_ms, coalesce_ms : int
         The client's own nack delay (we hand off that much early) and the minimum gap
         between handoff bursts.
-    guard_unbatched : bool
-        Also remember nacked non-batched messages until their handoff, so that a copy
-        delivered early by the client (its ack timeout) is swallowed. Batched messages
-        are always remembered: a sibling's redelivery brings their copies.
+    guard_messages : int
+        Deliveries to keep guarding after the last nack state ended, and at the start.
+    always_guard : bool
+        Guard all the time (set when the client's ack timeout redelivers messages).
     count_deliveries : bool
         Count the nacks and the swallowed copies of each message until it is settled, so
         that :meth:`deliveries` can tell how often the application saw it (the broker
@@ -320,9 +470,18 @@ class NackingCore:
 
     tracker: NegativeAcksTracker
     topics: TopicMatcher
-    guard_unbatched: bool
+    quiet: bool
     _hand_off_ids: HandOff
+    _acknowledge: Callable[[Any], None] | None
     _pending: PendingNacks
+    _handed: PendingNacks
+    _returned: PendingNacks
+    _complete: EntrySet
+    _entries: Any  # msgid.EntryTable
+    _held: dict[tuple[int, int, int], Any]
+    _since: dict[tuple[int, int, int], int]
+    _stale: deque[tuple[int, list[tuple[int, int, int]]]]
+    _after_ack: list[Any]
     _bare: dict[tuple[int, int], _pulsar.MessageId]
     _copies: dict[tuple[int, int, int], int] | None
     _nacks: dict[tuple[int, int, int], int]
@@ -334,35 +493,46 @@ class NackingCore:
         hand_off: HandOff,
         topics: Iterable[str] | re.Pattern[str],
         *,
+        acknowledge: Callable[[Any], None] | None = None,
         negative_ack_redelivery_delay_ms: int = 60_000,
         negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
         redelivery_backoff: RedeliveryBackoff | None = None,
         never_early: bool = False,
         handoff_delay_ms: int = HANDOFF_DELAY_MS,
         coalesce_ms: int = COALESCE_MS,
-        guard_unbatched: bool = False,
+        guard_messages: int = GUARD_MESSAGES,
+        always_guard: bool = False,
         count_deliveries: bool = False,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
+        if acknowledge is not None and not callable(acknowledge):
+            raise TypeError("acknowledge must be callable or None")
         check_int("handoff_delay_ms", handoff_delay_ms, 0)
         check_int("coalesce_ms", coalesce_ms, 0)
+        self._guard_messages = check_int("guard_messages", guard_messages, 0)
+        if not isinstance(always_guard, bool):
+            raise TypeError(f"always_guard must be bool, not {type(always_guard).__name__}")
         self.topics = TopicMatcher(topics)
-        if not isinstance(guard_unbatched, bool):
-            raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
-        self.guard_unbatched = guard_unbatched
+        self._always_guard = always_guard
         self._hand_off_ids = hand_off
-        self._pending = PendingNacks()
-        self._bare = {}
+        self._acknowledge = acknowledge
+        self._pending, self._handed, self._returned = PendingNacks(), PendingNacks(), PendingNacks()
+        self._complete = EntrySet()
+        self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
+        self._held, self._since, self._stale, self._bare = {}, {}, deque(), {}
+        self._after_ack = []
         self._copies = {} if count_deliveries else None
         self._nacks = {}
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
-            ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
+            ("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
         )
         self.received = itertools.count()
         self.acked = itertools.count()
         self._nacked = itertools.count()
+        self.quiet = False
+        self._guard_left = self._guard_messages
         self.tracker = NegativeAcksTracker(
             self._on_due,
             delay_ms=negative_ack_redelivery_delay_ms,
@@ -374,32 +544,112 @@ class NackingCore:
             default_topic=self.topics.single or "",
         )
         self.handoff_delay_ms = handoff_delay_ms
-        # nack() may skip the general path: no backoff, no guard, no delivery counts.
-        self._fast_nack = redelivery_backoff is None and not guard_unbatched and not count_deliveries
 
     # ------------------------------------------------------------------ receiving
 
-    def admit(self, message: _pulsar.Message) -> bool:
-        """Record a received message; False if it is an early copy of a pending nack.
+    def admit(self, message: Any, wrapper: Any = None) -> bool:
+        """Record a received message; False if the application must not see this copy.
 
-        Runtime complexity: O(1) with nothing pending (one counter step); otherwise one
-        id read and a bitmap lookup.
+        *message* is the received ``_pulsar.Message`` (or a ``pulsar.Message``, whose
+        inner message is used); *wrapper*, the ``pulsar.Message`` to hand to the
+        application, keeps the id read here for its acknowledgement. See the module
+        docstring for the verdicts. A filtered copy is acked again, a returned one held.
+
+        Runtime complexity: O(1): nothing while quiet; else one id read and a table
+        lookup, plus bitmap lookups for a nacked member or an entry seen complete.
         """
         next(self.received)
-        if not self._pending._count:
+        if self.quiet:
             return True
-        message_id = message.message_id()
-        batch_index = message_id.batch_index()
-        if batch_index < 0 and not self.guard_unbatched:
-            return True
-        item = (message_id.ledger_id(), message_id.entry_id(), batch_index)
+        raw = _inner_message(message)
+        if wrapper is None and raw is not message:
+            wrapper = message
         with self._lock:
-            if item not in self._pending:
-                return True
+            verdict, data = self._entries.admit(raw)
+            if verdict != _msgid.DELIVER:
+                verdict = self._screen(raw, verdict, data)
+        if verdict == _msgid.ACKED:
+            self._ack_again(raw)
+            return False
+        if verdict != _msgid.DELIVER:
+            return False
+        self._tick()
+        if wrapper is not None:
+            _stash(wrapper, data)
+        return True
+
+    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
+        """admit() under the lock, for a member the table calls nacked or does not know.
+
+        Returns DELIVER, ACKED (filter it) or NACKED (swallow it).
+        """
+        ledger, entry, _, index, size = _msgid.parse_id(data)
+        item = (ledger, entry, index)
+        if item in self._pending or item in self._returned:
             self._counts["swallowed"] += 1
             if self._copies is not None:
                 self._copies[item] = self._copies.get(item, 0) + 1
-        return False
+            if item in self._returned:
+                self._held[item] = raw  # acked with the application's ack (the latest copy)
+            return _msgid.NACKED
+        if item in self._handed:  # its handoff (or anything after it) brought it back
+            self._handed.discard(*item)
+            self._returned.add(*item)
+            self._enter_state(item, monotonic_ms())
+            self._guard_left = self._guard_messages
+            return _msgid.DELIVER
+        if verdict == _msgid.FRESH and index >= 0 and size > 0:
+            if (ledger, entry) in self._complete:  # every member acked or nacked; not nacked now
+                self._counts["filtered"] += 1
+                return _msgid.ACKED
+            self._entries.open(ledger, entry, size)
+        elif verdict == _msgid.ACKED:
+            self._counts["filtered"] += 1
+            return _msgid.ACKED
+        return _msgid.DELIVER
+
+    def _enter_state(self, item: tuple[int, int, int], now: int) -> None:
+        """Under the lock: *item* was just handed off or returned; it goes stale ``STALE_MS`` after *now*."""
+        self._since[item] = now
+        if self._stale and self._stale[-1][0] == now:
+            self._stale[-1][1].append(item)
+        else:
+            self._stale.append((now, [item]))
+
+    def _leave_state(self, item: tuple[int, int, int]) -> None:
+        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
+        self._handed.discard(*item)
+        self._returned.discard(*item)
+        self._held.pop(item, None)
+        self._since.pop(item, None)
+
+    def _tick(self) -> None:
+        """Count a guarded delivery; after ``guard_messages`` of them with no nack state, go quiet."""
+        self._guard_left -= 1
+        if self._guard_left <= 0:
+            self._maybe_quiet()
+
+    def _maybe_quiet(self) -> None:
+        """Go quiet if no nack state is left (forgetting stale ones first); else guard on."""
+        with self._lock:
+            self._expire(monotonic_ms())
+            self._guard_left = self._guard_messages
+            if self._always_guard or self._pending or self._handed or self._returned or self._held:
+                return
+            self._entries.forget_settled()
+            if len(self._entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
+                self._entries.sweep()
+            self.quiet = True
+
+    def _guard(self) -> None:
+        """Start guarding (under the lock): a nack state begins."""
+        self.quiet = False
+        self._guard_left = self._guard_messages
+
+    def _ack_again(self, message: Any) -> None:
+        """Acknowledge a copy (or an id) the application will not see; errors are logged by the caller's client."""
+        if self._acknowledge is not None:
+            self._acknowledge(message)
 
     def deliveries(self, message: Any) -> int:
         """How many times the application received *message* before this delivery.
@@ -445,7 +695,7 @@ class NackingCore:
             For something that is not a pulsar message or id.
         ValueError
             For a message of a topic this consumer does not read, or a batch index
-            outside the id's batch.
+            outside its entry's batch (from the id, or from the entry in flight).
         """
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
@@ -461,12 +711,12 @@ class NackingCore:
             if topic not in self.topics:
                 raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
         else:
-            if batch_index >= 0:
-                size = batch_size_of(raw)
-                if size and batch_index >= size:
-                    raise ValueError(f"batch index {batch_index} is outside its batch of {size} messages")
             if batch_index > MAX_BATCH_INDEX:
                 raise ValueError(f"batch_index must be below 2**31, got {batch_index}")
+            if batch_index >= 0:
+                size = batch_size_of(raw) or self._entries.size_of(raw.ledger_id(), raw.entry_id())
+                if size and batch_index >= size:
+                    raise ValueError(f"batch index {batch_index} is outside its batch of {size} messages")
             single = self.topics.single
             if single is None:
                 topic = _UNTITLED  # the id object knows its topic; we keep the object
@@ -478,70 +728,146 @@ class NackingCore:
     def nack(self, message: Any, delay_ms: int | None = None) -> None:
         """Track a negative acknowledgement: the message comes back after its delay.
 
-        Runtime complexity: O(1) (the tracker's add) plus a bitmap insert for a message
-        that must be remembered (batched, guarded, or a bare id of unknown topic).
+        Every nacked message is remembered in the pending set until its handoff, so that
+        no copy reaches the application before it is due. Runtime complexity: O(1) (the
+        tracker's add, a bitmap insert, and a table update for a batch member).
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
-        inner = getattr(message, "_message", None)
-        if (
-            isinstance(inner, _pulsar.Message)
-            and self._fast_nack
-            and delay_ms is None
-            and (fast_key := _msgid.message_key(inner))[3] < 0
-        ):
-            # The common call: a received non-batched pulsar.Message, the fixed delay.
-            topic = fast_key[0]
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
-            self.tracker.add(fast_key)
-            next(self._nacked)
-            return
-        key, raw = self.key_of(message)
+        key, raw, size = self._nack_key(message)
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and self._copies is None:
-            self.tracker.add(key, delay_ms, count)
-            next(self._nacked)
-            return
         item = (key[1], key[2], key[3])
-        remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
         with self._lock:
             if item in self._pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            if self._copies is not None:
-                self._nacks[item] = self._nacks.get(item, 0) + 1
-            if remember:
-                self._pending.add(*item)
+            self._remember_nack(item, size)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                if remember:
-                    self._pending.discard(*item)
+                self._pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
                 if self._copies is not None:
                     self._nacks[item] -= 1
             raise
         next(self._nacked)
 
-    def before_ack(self, message: Any) -> _pulsar.MessageId:
-        """Validate an acknowledgement and forget the message's pending nack; return its raw id.
-
-        Raises TypeError or ValueError for bad input (nothing changes then). O(1).
-        """
-        if self._pending._count or self._nacks or self._copies or not _is_message(message):
+    def _nack_key(self, message: Any) -> tuple[MessageKey, Any, int]:
+        """The key, raw id (None for a received message) and batch size of a message to nack."""
+        inner = getattr(message, "_message", None)
+        if isinstance(inner, _pulsar.Message):  # a received pulsar.Message: the common call
+            topic = inner.topic_name()
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            data = _stashed(message)
+            ledger, entry, _, index, size = _msgid.parse_id(data if data is not None else inner.message_id().serialize())
+            key: MessageKey = (topic, ledger, entry, index)
+            raw = None
+        else:
             key, raw = self.key_of(message)
-            if self._pending:
-                with self._lock:
-                    self._pending.discard(key[1], key[2], key[3])
-            if self._nacks or self._copies:
-                self.forget(raw)
-            return raw
-        return raw_id(message)
+            index = key[3]
+            size = batch_size_of(raw) if index >= 0 else 0
+        if index >= 0 and not size:
+            size = int(self._entries.size_of(key[1], key[2]))
+        return key, raw, int(size)
+
+    def _remember_nack(self, item: tuple[int, int, int], size: int) -> None:
+        """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones)."""
+        if self._copies is not None:
+            self._nacks[item] = self._nacks.get(item, 0) + 1
+        self._leave_state(item)
+        self._pending.add(*item)
+        in_flight = item[2] >= 0 and size > 0 and (item[0], item[1]) not in self._complete
+        if in_flight and self._entries.nack(item[0], item[1], item[2], size) == _msgid.COMPLETE:
+            self._complete.add(item[0], item[1])
+        self._guard()
+
+    def before_ack(self, message: Any) -> Any:
+        """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
+
+        That is the received message itself for a ``pulsar.Message`` admitted by this
+        core, the raw id otherwise, or None when nothing is to be sent now: the client
+        acks an id built without a batch size (``pulsar.MessageId(p, ledger, entry, i)``)
+        as its whole entry, so for an entry in flight the member is only recorded, and
+        the whole entry is acked (through :meth:`after_ack`) once every member is. Call
+        :meth:`after_ack` after the client's ``acknowledge``.
+
+        Raises TypeError or ValueError for bad input (nothing changes then), e.g. a batch
+        index outside its entry's batch. O(1).
+        """
+        data = _stashed(message)
+        if data is not None:
+            fields = _msgid.parse_id(data)
+            with self._lock:
+                self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+            return _inner_message(message)
+        if self.quiet and not self._nacks and not self._copies and _is_message(message):
+            return raw_id(message)  # a received message while quiet: nothing to record
+        key, raw = self.key_of(message)
+        topic, ledger, entry, index = key
+        size = batch_size_of(raw) if index >= 0 else 0
+        made_up = index >= 0 and not size and not _is_message(message) and topic is not _UNTITLED
+        with self._lock:
+            if index >= 0 and not size:
+                size = int(self._entries.size_of(ledger, entry))
+            if made_up and (size or (ledger, entry) in self._complete):
+                self._note_ack(ledger, entry, index, size, foreign=True, topic=topic)
+                return None
+            self._note_ack(ledger, entry, index, size, topic=topic)
+        return raw
+
+    def _note_ack(
+        self, ledger: int, entry: int, index: int, size: int, *, data: bytes | None = None,
+        foreign: bool = False, topic: str = _UNTITLED,
+    ) -> None:
+        """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
+        item = (ledger, entry, index)
+        if self._pending or self._handed or self._returned:
+            self._pending.discard(*item)
+            held = self._held.get(item)
+            if held is not None:
+                self._after_ack.append(held)
+            self._leave_state(item)
+        if data is not None:
+            outcome = self._entries.ack_data(data, create=not self._complete)
+            if outcome == _msgid.MISSING:
+                if index >= 0 and (ledger, entry) in self._complete:
+                    self._ack_complete_member(ledger, entry, foreign, topic)
+                    return
+                outcome = self._entries.ack_data(data)
+        elif index >= 0 and self._complete and (ledger, entry) in self._complete:
+            self._ack_complete_member(ledger, entry, foreign, topic)
+            return
+        elif (self.quiet and not foreign) or (index >= 0 and size <= 0):
+            return  # nothing recorded: quiet, or a member of an entry of unknown size
+        else:
+            outcome = self._entries.ack(ledger, entry, index, size, foreign=foreign)
+        if outcome == _msgid.COMPLETE:
+            self._complete.add(ledger, entry)
+        elif outcome == _msgid.SETTLED_FOREIGN and topic is not _UNTITLED:
+            self._after_ack.append(handoff_id(topic, ledger, entry))  # the client's acker missed a member
+
+    def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
+        """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
+        if not (self._pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
+                or self._returned.has_entry(ledger, entry)):
+            self._complete.discard(ledger, entry)
+            self._entries.settle(ledger, entry)
+            if foreign and topic is not _UNTITLED:
+                self._after_ack.append(handoff_id(topic, ledger, entry))
+
+    def after_ack(self) -> None:
+        """Acknowledge what the last acknowledgements left to ack (held copies, whole entries)."""
+        while self._after_ack:
+            try:
+                pending = self._after_ack.pop()
+            except IndexError:
+                return
+            self._ack_again(pending)
 
     # ------------------------------------------------------------------ handoff
 
@@ -568,49 +894,103 @@ class NackingCore:
         if ids:
             self._hand_off_ids(ids)
         with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
+            now = monotonic_ms()
             for item in released:
-                self._pending.discard(*item)
+                if item in self._pending:
+                    self._pending.discard(*item)
+                    self._handed.add(*item)
+                    self._enter_state(item, now)
+            self._expire(now)
+
+    def _expire(self, now: int) -> None:
+        """Under the lock: forget handed-off and returned messages older than ``STALE_MS``.
+
+        Their entries leave the complete set: copies of their siblings are then delivered
+        (the knowledge is incomplete), never filtered.
+        """
+        while self._stale and now - self._stale[0][0] >= STALE_MS:
+            for item in self._stale.popleft()[1]:
+                since = self._since.get(item)
+                if since is not None and now - since >= STALE_MS:
+                    self._leave_state(item)
+                    self._complete.discard(item[0], item[1])
 
     # ------------------------------------------------------------------ resets
 
-    def reset(self) -> DueKeys:
-        """Forget every pending nack (before ``seek`` or redelivering everything); return them."""
+    def reset(self, keep_acks: bool = False) -> DueKeys:
+        """Forget every pending nack (before ``seek`` or redelivering everything); return them.
+
+        With *keep_acks* (redelivering everything), acked members of entries still being
+        processed stay known, so their copies are filtered; before a seek everything is
+        forgotten, since the broker delivers acked messages again after a seek back.
+        """
         with self._lock:
             dropped = self.tracker.drain()
-            self._pending.clear()
+            for nack_set in (self._pending, self._handed, self._returned):
+                nack_set.clear()
+            self._held.clear()
+            self._since.clear()
+            self._stale.clear()
+            self._complete.clear()
             self._bare.clear()
+            self._after_ack.clear()
+            if keep_acks:
+                self._entries.clear_nacks()
+            else:
+                self._entries.clear()
             if self._copies is not None:
                 self._copies.clear()
             self._nacks.clear()
+            self._guard()
         return dropped
 
     def close(self, redeliver_pending: bool) -> None:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
         with self._lock:
-            self._pending.clear()
+            for nack_set in (self._pending, self._handed, self._returned):
+                nack_set.clear()
+            self._held.clear()
+            self._since.clear()
+            self._stale.clear()
+            self._complete.clear()
+            self._entries.clear()
             self._bare.clear()
 
     # ------------------------------------------------------------------ counters
 
     def counts(self) -> dict[str, int]:
-        """Counters: received, swallowed, delivered, acked, nacked, handoffs, pending batch messages."""
+        """Counters: received, delivered, swallowed, filtered, acked, nacked, handoffs, pending nacks."""
         with self._lock:
             counts = dict(self._counts)
             pending = len(self._pending)
         received = _counter_value(self.received)
         return {
             "received": received,
-            "delivered": received - counts["swallowed"],
+            "delivered": received - counts["swallowed"] - counts["filtered"],
             "acked": _counter_value(self.acked),
             "nacked": _counter_value(self._nacked),
             **counts,
             "pending_guarded": pending,
         }
 
+    def memory_bytes(self) -> int:
+        """Bytes of the admission structures (nack sets, complete entries, entry table): an estimate."""
+        with self._lock:
+            return (self._pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
+                    + self._complete.memory_bytes() + int(self._entries.memory_bytes()))
+
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            self._pending._check()
+            for nack_set in (self._pending, self._handed, self._returned):
+                nack_set._check()
+            self._complete._check()
+            self._entries._check()
+            # A message is in one nack set at most; a held copy is of a returned message.
+            pending, handed, returned = (set(s.items()) for s in (self._pending, self._handed, self._returned))
+            assert not (pending & handed or pending & returned or handed & returned)
+            assert set(self._held) <= returned
+            assert set(self._since) == handed | returned
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
