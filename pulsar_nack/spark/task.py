@@ -181,6 +181,8 @@ class _TaskRun:
                 now = time.monotonic()
                 if budget.drain_pending and self.tracker is not None and len(self.tracker):
                     last_busy = now
+                elif not self.consumer.is_connected():
+                    last_busy = now  # its broker is away (a failover): not idle, the messages are still there
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
                     return
