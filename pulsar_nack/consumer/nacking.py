@@ -702,18 +702,22 @@ class NackingCore:
         """
         ledger, entry, _, index, size = _msgid.parse_id(data)
         item = (ledger, entry, index)
-        if item in self.pending or item in self._returned or item in self._sending:
+        if item in self._sending:  # its dead letter is on the way
             self._counts["swallowed"] += 1
-            if item in self._returned:
-                self._held[item] = raw  # acked with the application's ack (the latest copy)
-            if self.counting and item not in self._sending:
-                self._copies[item] = self._copies.get(item, 0) + 1
             return _msgid.NACKED
         if self.counting and item in self._stored:
             self._counts["swallowed"] += 1
             return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+        if item in self.pending or (item in self._returned and not self._returned_copy_counts(raw, item)):
+            self._counts["swallowed"] += 1
+            if item in self._returned:
+                self._held[item] = raw  # acked with the application's ack (the latest copy)
+            if self.counting:
+                self._copies[item] = self._copies.get(item, 0) + 1
+            return _msgid.NACKED
         handed = item in self._handed  # its handoff (or anything after it) brought it back
-        if not handed and (
+        settled = not handed and item not in self._returned  # in no nack set
+        if settled and (
             verdict == _msgid.ACKED
             or (verdict == _msgid.FRESH and index >= 0 and size > 0 and (ledger, entry) in self._complete)
         ):
@@ -721,6 +725,8 @@ class NackingCore:
             return _msgid.ACKED
         if self.counting and self._counted_over(raw, item):
             self._handed.discard(*item)
+            self._returned.discard(*item)
+            self._held.pop(item, None)
             self._counts["swallowed"] += 1
             return _ROUTE
         if handed:
@@ -730,6 +736,22 @@ class NackingCore:
         elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
         return _msgid.DELIVER
+
+    def _returned_copy_counts(self, raw: Any, item: Item) -> bool:
+        """Under the lock: True if a copy of a returned, unsettled message is a delivery after all.
+
+        It is, with an ack timeout (``always_guard``: redelivering unsettled messages is
+        what the application asked for), and, with a dead-letter policy, when the
+        plain client would dead-letter it (it goes there, not to the application).
+        Otherwise it is swallowed: a message comes back once per nack.
+        """
+        if self.always_guard:
+            return True
+        if not self.counting:
+            return False
+        limit = self.max_redeliver_count
+        assert limit is not None
+        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0)) > limit
 
     def _counted_over(self, raw: Any, item: Item) -> bool:
         """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
