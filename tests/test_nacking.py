@@ -315,3 +315,22 @@ def test_an_id_built_for_a_member_is_recorded_and_an_out_of_range_one_refused() 
     assert (whole.ledger_id(), whole.entry_id(), whole.batch_index()) == (10, 6, -1), "then the entry is acked"
     core._check()
     core.close(redeliver_pending=False)
+
+
+def test_a_returned_member_of_a_complete_entry_is_never_taken_for_acked() -> None:
+    """With an ack timeout (always_guard) a returned message's copy is delivered again: its
+    entry is complete (every member nacked), but a member in a nack set was not acked."""
+    acked: list[Any] = []
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0, always_guard=True)
+    core = NackingCore(Recorder(), [T], settings, acknowledge=acked.append)
+    members = [Member(11, 7, i, 2) for i in range(2)]
+    assert all(core.admit(m) for m in members)
+    for member in members:
+        core.nack(member, delay_ms=0)
+    assert len(core._complete) == 1
+    assert wait_for(lambda: len(core._handed) == 2, 10)
+    assert core.admit(Member(11, 7, 0, 2)) and core.admit(Member(11, 7, 1, 2))  # returned
+    assert core.admit(Member(11, 7, 0, 2)), "an ack timeout's copy of an unsettled message must be delivered"
+    assert not acked, "nothing the application did not ack may be acked"
+    core._check()
+    core.close(redeliver_pending=False)

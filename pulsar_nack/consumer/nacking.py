@@ -293,8 +293,8 @@ class PendingNacks:
     (the number of messages) may be read without it, as a hint.
 
     >>> p = PendingNacks()
-    >>> p.add(7, 100, 3); (7, 100, 3) in p, (7, 100, 4) in p, len(p)
-    (True, False, 1)
+    >>> p.add(7, 100, 3), p.add(7, 100, 3), (7, 100, 3) in p, (7, 100, 4) in p, len(p)
+    (True, False, True, False, 1)
     >>> p.discard(7, 100, 3); len(p)
     0
     """
@@ -311,19 +311,22 @@ class PendingNacks:
         self._wide = set()
         self.count = 0
 
-    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
-        """Add a message. O(log n) in the ledger's bitmap."""
+    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> bool:
+        """Add a message; False if it was there already. O(log n) in the ledger's bitmap."""
         if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
             bitmap = self._by_ledger.get(ledger_id)
             if bitmap is None:
                 bitmap = self._by_ledger[ledger_id] = BitMap64()
             value = entry_id << _BATCH_BITS | (batch_index + 1)
-            if value not in bitmap:
-                bitmap.add(value)
-                self.count += 1
+            if value in bitmap:
+                return False
+            bitmap.add(value)
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
-            self.count += 1
+        else:
+            return False
+        self.count += 1
+        return True
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a message if present. O(log n)."""
@@ -387,21 +390,22 @@ class EntrySet:
 
     Keyed by ledger id, then one :class:`pyroaring.BitMap64` of entry ids (consecutive
     entries share a container, runs compress). A member of such an entry that is in no
-    nack set was acked. Not thread-safe: :class:`NackingCore` holds its lock.
+    nack set was acked. Not thread-safe: :class:`NackingCore` holds its lock; ``count``
+    may be read without it, as a hint.
 
     >>> e = EntrySet()
     >>> e.add(7, 100); (7, 100) in e, (7, 101) in e, len(e)
     (True, False, 1)
     """
 
-    __slots__ = ("_by_ledger", "_count")
+    __slots__ = ("_by_ledger", "count")
 
     _by_ledger: dict[int, BitMap64]
-    _count: int
+    count: int
 
     def __init__(self) -> None:
         self._by_ledger = {}
-        self._count = 0
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int) -> None:
         """Add an entry. O(log n)."""
@@ -410,14 +414,14 @@ class EntrySet:
             bitmap = self._by_ledger[ledger_id] = BitMap64()
         if entry_id not in bitmap:
             bitmap.add(entry_id)
-            self._count += 1
+            self.count += 1
 
     def discard(self, ledger_id: int, entry_id: int) -> None:
         """Remove an entry if present. O(log n)."""
         bitmap = self._by_ledger.get(ledger_id)
         if bitmap is not None and entry_id in bitmap:
             bitmap.discard(entry_id)
-            self._count -= 1
+            self.count -= 1
             if not bitmap:
                 del self._by_ledger[ledger_id]
 
@@ -426,11 +430,11 @@ class EntrySet:
         return bitmap is not None and item[1] in bitmap
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus 64 bytes per ledger (an estimate). O(ledgers)."""
@@ -439,7 +443,7 @@ class EntrySet:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored entries; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values())
+        assert self.count == sum(len(b) for b in self._by_ledger.values())
         assert all(self._by_ledger.values())
 
 
@@ -459,26 +463,34 @@ class AgingSet:
     [(1, 2, 3)]
     """
 
-    __slots__ = ("_old", "_young")
+    __slots__ = ("_old", "_young", "count")
+
+    count: int
+    """The number of members (read without the lock, as a hint)."""
 
     def __init__(self) -> None:
         self._young, self._old = PendingNacks(), PendingNacks()
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Add a member (to the young generation). O(log n)."""
-        self._old.discard(ledger_id, entry_id, batch_index)
+        if self._old.count:
+            self._old.discard(ledger_id, entry_id, batch_index)
         self._young.add(ledger_id, entry_id, batch_index)
+        self.count = self._young.count + self._old.count
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a member if present. O(log n)."""
-        self._young.discard(ledger_id, entry_id, batch_index)
-        self._old.discard(ledger_id, entry_id, batch_index)
+        if self.count:
+            self._young.discard(ledger_id, entry_id, batch_index)
+            self._old.discard(ledger_id, entry_id, batch_index)
+            self.count = self._young.count + self._old.count
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
-        return item in self._young or item in self._old
+        return bool(self.count) and (item in self._young or item in self._old)
 
     def __len__(self) -> int:
-        return len(self._young) + len(self._old)
+        return self.count
 
     def has_entry(self, ledger_id: int, entry_id: int) -> bool:
         """True if some message of the entry is in the set."""
@@ -492,20 +504,23 @@ class AgingSet:
         """Forget the old generation and return its members; the young one becomes old. O(old)."""
         expired = self._old.items()
         self._old, self._young = self._young, PendingNacks()
+        self.count = self._old.count
         return expired
 
     def clear(self) -> None:
         self._young.clear()
         self._old.clear()
+        self.count = 0
 
     def memory_bytes(self) -> int:
         return self._young.memory_bytes() + self._old.memory_bytes()
 
     def _check(self) -> None:
         """Assert the invariants. For tests."""
-        # Both generations are sound, and a member is in one of them only.
+        # Both generations are sound, a member is in one of them only, and count is right.
         self._young._check()
         self._old._check()
+        assert self.count == self._young.count + self._old.count
         assert not set(self._young.items()) & set(self._old.items())
 
 
@@ -565,6 +580,7 @@ class NackingCore:
     _returned: AgingSet
     _complete: EntrySet
     _entries: Any  # msgid.EntryTable
+    _atomic_table: bool
     _held: dict[Item, Any]
     _aged_at: int
     _after_ack: list[Any]
@@ -607,6 +623,7 @@ class NackingCore:
         self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
+        self._atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self._held, self._bare = {}, {}
         self._aged_at = monotonic_ms()
         self._after_ack = []
@@ -664,22 +681,32 @@ class NackingCore:
         lookup, plus bitmap lookups for a nacked member or an entry seen complete.
         """
         next(self.received)
+        if self.quiet and not self.counting:
+            return True
         raw = _inner_message(message)
-        if self.quiet and (not self.counting or self._quiet_count(raw)):
+        if self.quiet and self._quiet_count(raw):
             return True
         if wrapper is None and raw is not message:
             wrapper = message
-        with self._lock:
+        if self._atomic_table:  # one C call, atomic under the GIL: no lock for the common verdict
             verdict, data = self._entries.admit(raw)
             if verdict != _msgid.DELIVER or self.counting:
-                verdict = self._screen(raw, verdict, data)
+                with self._lock:
+                    verdict = self._screen(raw, verdict, data)
+        else:
+            with self._lock:
+                verdict, data = self._entries.admit(raw)
+                if verdict != _msgid.DELIVER or self.counting:
+                    verdict = self._screen(raw, verdict, data)
         if verdict != _msgid.DELIVER:
             if verdict == _msgid.ACKED:
                 self._ack_again(raw)
             elif verdict != _msgid.NACKED:
                 self._send_dead_letter(raw, verdict == _ROUTE_STORED)
             return False
-        self._tick()
+        self._guard_left -= 1  # a guarded delivery; after guard_messages of them with no nack state, go quiet
+        if self._guard_left <= 0:
+            self._maybe_quiet()
         if wrapper is not None:
             _stash(wrapper, data)
         return True
@@ -698,25 +725,33 @@ class NackingCore:
         """
         ledger, entry, _, index, size = _msgid.parse_id(data)
         item = (ledger, entry, index)
-        if item in self.pending or item in self._returned or item in self._sending:
+        if self._sending and item in self._sending:  # its dead letter is on the way
             self._counts["swallowed"] += 1
-            if item in self._returned:
-                self._held[item] = raw  # acked with the application's ack (the latest copy)
-            if self.counting and item not in self._sending:
-                self._copies[item] = self._copies.get(item, 0) + 1
             return _msgid.NACKED
         if self.counting and item in self._stored:
             self._counts["swallowed"] += 1
             return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+        returned = item in self._returned
+        if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
+            self._counts["swallowed"] += 1
+            if returned:
+                self._held[item] = raw  # acked with the application's ack (the latest copy)
+            if self.counting:
+                self._copies[item] = self._copies.get(item, 0) + 1
+            return _msgid.NACKED
         handed = item in self._handed  # its handoff (or anything after it) brought it back
-        if not handed and (
+        settled = not handed and not returned  # in no nack set
+        if settled and (
             verdict == _msgid.ACKED
-            or (verdict == _msgid.FRESH and index >= 0 and size > 0 and (ledger, entry) in self._complete)
+            or (verdict == _msgid.FRESH and index >= 0 and size > 0 and self._complete.count
+                and (ledger, entry) in self._complete)
         ):
             self._counts["filtered"] += 1  # acked (a complete entry's member in no nack set was acked)
             return _msgid.ACKED
         if self.counting and self._counted_over(raw, item):
             self._handed.discard(*item)
+            self._returned.discard(*item)
+            self._held.pop(item, None)
             self._counts["swallowed"] += 1
             return _ROUTE
         if handed:
@@ -726,6 +761,22 @@ class NackingCore:
         elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
         return _msgid.DELIVER
+
+    def _returned_copy_counts(self, raw: Any, item: Item) -> bool:
+        """Under the lock: True if a copy of a returned, unsettled message is a delivery after all.
+
+        It is, with an ack timeout (``always_guard``: redelivering unsettled messages is
+        what the application asked for), and, with a dead-letter policy, when the
+        plain client would dead-letter it (it goes there, not to the application).
+        Otherwise it is swallowed: a message comes back once per nack.
+        """
+        if self.always_guard:
+            return True
+        if not self.counting:
+            return False
+        limit = self.max_redeliver_count
+        assert limit is not None
+        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0)) > limit
 
     def _counted_over(self, raw: Any, item: Item) -> bool:
         """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
@@ -740,18 +791,12 @@ class NackingCore:
             self._last[item] = raw
         return False
 
-    def _tick(self) -> None:
-        """Count a guarded delivery; after ``guard_messages`` of them with no nack state, go quiet."""
-        self._guard_left -= 1
-        if self._guard_left <= 0:
-            self._maybe_quiet()
-
     def _maybe_quiet(self) -> None:
         """Go quiet if no nack state is left (forgetting stale ones first); else guard on."""
         with self._lock:
             self._expire(monotonic_ms())
             self._guard_left = self._guard_messages
-            if self.always_guard or self.pending or self._handed or self._returned or self._held:
+            if self.always_guard or self.pending.count or self._handed.count or self._returned.count or self._held:
                 return
             self._entries.forget_settled()
             if len(self._entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
@@ -880,9 +925,8 @@ class NackingCore:
             count = redelivery_count_of(message)
         item = (key[1], key[2], key[3])
         with self._lock:
-            if item in self.pending:
+            if not self._remember_nack(item, size):
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            self._remember_nack(item, size)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
@@ -900,12 +944,16 @@ class NackingCore:
         """The key, raw id (None for a received message) and batch size of a message to nack."""
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a received pulsar.Message: the common call
-            topic = inner.topic_name()
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
             data = _stashed(message)
-            ledger, entry, _, index, size = _msgid.parse_id(data if data is not None else inner.message_id().serialize())
-            key: MessageKey = (topic, ledger, entry, index)
+            if data is None:
+                key: MessageKey = _msgid.message_key(inner)  # topic and id in one C call
+                index = key[3]
+                size = batch_size_of(inner.message_id()) if index >= 0 else 0
+            else:
+                ledger, entry, _, index, size = _msgid.parse_id(data)
+                key = (inner.topic_name(), ledger, entry, index)
+            if key[0] not in self.topics.names and key[0] not in self.topics:
+                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
             raw = None
         else:
             key, raw = self.key_of(message)
@@ -927,17 +975,23 @@ class NackingCore:
         self._send_dead_letter(last, False)
         return True
 
-    def _remember_nack(self, item: Item, size: int) -> None:
-        """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones)."""
+    def _remember_nack(self, item: Item, size: int) -> bool:
+        """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones).
+
+        False, and nothing changes, if its nack is pending already.
+        """
+        if not self.pending.add(*item):
+            return False
         if self.counting:
             self._nacks[item] = self._nacks.get(item, 0) + 1
-        if self._handed or self._returned:
+        if self._handed.count or self._returned.count:
             self._leave_state(item)
-        self.pending.add(*item)
-        in_flight = item[2] >= 0 and size > 0 and (item[0], item[1]) not in self._complete
+        in_flight = item[2] >= 0 and size > 0 and not (self._complete.count and (item[0], item[1]) in self._complete)
         if in_flight and self._entries.nack(item[0], item[1], item[2], size) == _msgid.COMPLETE:
             self._complete.add(item[0], item[1])
-        self._guard()
+        self.quiet = False
+        self._guard_left = self._guard_messages
+        return True
 
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
@@ -960,9 +1014,14 @@ class NackingCore:
         """
         data = _stashed(message)
         if data is not None:
-            fields = _msgid.parse_id(data)
             with self._lock:
-                self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+                if (self.pending.count or self._handed.count or self._returned.count or self._complete.count
+                        or self._copies or self._nacks or self._last):
+                    fields = _msgid.parse_id(data)
+                    self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+                elif self._entries.ack_data(data) == _msgid.COMPLETE:  # the common path: one C call
+                    fields = _msgid.parse_id(data)
+                    self._complete.add(fields[0], fields[1])
             return _inner_message(message)
         if self.quiet and not (self._nacks or self._copies or self._last) and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
@@ -985,7 +1044,7 @@ class NackingCore:
     ) -> None:
         """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
         item = (ledger, entry, index)
-        if self.pending or self._handed or self._returned:
+        if self.pending.count or self._handed.count or self._returned.count:
             self.pending.discard(*item)
             held = self._held.get(item)
             if held is not None:
@@ -994,13 +1053,13 @@ class NackingCore:
         if self._copies or self._nacks or self._last:
             self._forget_counts(item)
         if data is not None:
-            outcome = self._entries.ack_data(data, create=not self._complete)
+            outcome = self._entries.ack_data(data, create=not self._complete.count)
             if outcome == _msgid.MISSING:
                 if index >= 0 and (ledger, entry) in self._complete:
                     self._ack_complete_member(ledger, entry, foreign, topic)
                     return
                 outcome = self._entries.ack_data(data)
-        elif index >= 0 and self._complete and (ledger, entry) in self._complete:
+        elif index >= 0 and self._complete.count and (ledger, entry) in self._complete:
             self._ack_complete_member(ledger, entry, foreign, topic)
             return
         elif (self.quiet and not foreign) or (index >= 0 and size <= 0):
