@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
-from ..consumer.msgid import message_key
+from ..core.keys import message_key
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
