@@ -66,6 +66,7 @@ __all__ = [
     "Findings",
     "broker_freeze",
     "broker_kill",
+    "broker_kill_while_acking",
     "broker_restart",
     "eight_threads",
     "open_producer",
@@ -206,7 +207,7 @@ class Arm:
         self.fixed_delay_ms = delay_ms if kind == "builtin" else None
         self.backoff = backoff if kind == "ours" else None
         options = {"consumer_type": pulsar.ConsumerType.Shared, "negative_ack_redelivery_delay_ms": delay_ms,
-                   **(subscribe_options or {})}  # fmt: skip
+                   **({} if kind == "ours" else {"batch_index_ack_enabled": True}), **(subscribe_options or {})}  # fmt: skip
         self.client = quiet_client(url, **(client_options or {}))
         try:
             if kind == "ours":
@@ -215,7 +216,7 @@ class Arm:
                     redelivery_backoff=backoff, **options,
                 )  # fmt: skip
             else:
-                self.consumer = self.client.subscribe(topic, kind, batch_index_ack_enabled=True, **options)
+                self.consumer = self.client.subscribe(topic, kind, **options)
         except BaseException:
             self.client.close()
             raise
@@ -912,3 +913,46 @@ def _scratch_file() -> Iterator[Any]:
 
     with tempfile.TemporaryFile() as handle:
         yield handle
+
+
+def broker_kill_while_acking(
+    cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, messages: int = 20_000, kill_at: int = 6_000
+) -> FaultRun:
+    """A steady stream: *messages* batched messages, every tenth nacked for 500 ms and acked on
+    its return, about 1 ms of work per message; once *kill_at* are acked, the topic's broker is
+    killed with SIGKILL. The new owner redelivers every ack the dead broker had not persisted:
+    the findings' *after ack* counts the copies that came back to the consumer that acked them.
+    The killed broker is restarted at the end.
+    """
+    topic = new_topic("acking")
+    payloads = [f"x{i:05d}".encode() for i in range(messages)]
+
+    def decide(payload: bytes, nth: int, _count: int) -> int | None:
+        time.sleep(0.001)  # the application's work
+        return 500 if nth == 0 and int(payload[1:]) % 10 == 0 else None
+
+    arms = open_arms(cluster.url, topic, kinds, delay_ms=500)
+    producer = quiet_client(cluster.url)
+    killed = time.monotonic()
+    acked_before: dict[str, int] = {}
+    owner: int | None = None
+    try:
+        produce(producer, topic, payloads, batch_size=10)
+        owner = cluster.owner_of(topic)
+        with pumping(arms, decide):
+            if not wait_until(lambda: all(len(arm.log.acked_at) >= kill_at for arm in arms), 120):
+                raise BrokerError(f"fewer than {kill_at} messages acked before the kill")
+            acked_before = {arm.kind: len(arm.log.acked_at) for arm in arms}
+            killed = time.monotonic()
+            cluster.kill_broker(owner)
+            _settle(arms, payloads, 120)
+        findings = {arm.kind: Findings.of(arm, payloads, lambda _p: killed) for arm in arms}
+    finally:
+        producer.close()
+        for arm in arms:
+            arm.close()
+        if owner is not None:
+            cluster.restart_broker(owner)
+    settings = {"topic": topic, "messages": messages, "batch_size": 10, "nacked": "every tenth, 500 ms",
+                "acked_before_kill": acked_before, "killed": owner}  # fmt: skip
+    return FaultRun("broker killed (SIGKILL) while acking", settings, {}, findings)
