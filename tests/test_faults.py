@@ -107,12 +107,12 @@ def test_broker_killed_with_1000_pending_nacks_on_a_partitioned_topic(kill_clust
 
 
 def test_broker_frozen_past_the_operation_timeout_then_resumed(cluster: PulsarCluster) -> None:
-    """300 batched messages nacked for 1.0-3.7 s; the broker frozen (SIGSTOP) for 4 s, twice the
+    """300 batched messages nacked for 1.0-8.2 s; the broker frozen (SIGSTOP) for 4 s, twice the
     clients' 2 s operation timeout (a ``get_last_message_id`` during the freeze times out), then
-    resumed. Retries due during the freeze arrive within 1 s of the SIGCONT."""
+    resumed. Retries due during the freeze arrive within 1 s of the SIGCONT, the others on time."""
     run = faults.broker_freeze(cluster)
     guarantees_hold(run)
-    assert run.settings["due_during_freeze"] > 0
+    assert 0 < run.settings["due_during_freeze"] < 300
     assert run.settings["get_last_message_id_during_freeze"]["ours"]["error"] == "Timeout"
 
 
