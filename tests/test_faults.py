@@ -125,10 +125,15 @@ def test_eight_threads_sharing_a_consumer_ten_runs_no_copy_after_an_ack(cluster:
     assert ours.stats["handed_off_entries"] >= 10 * 400
 
 
+DEMO_RECEIVER_QUEUE = 100
+"""Small, so that the tasks run out of prefetched messages early in the failover: a task that
+took the outage for idleness would end the demo with messages left (it did, before the fix)."""
+
+
 @pytest.mark.spark
 def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) -> None:
-    """``pulsar-nack demo --service-url <cluster> --master <Spark standalone> --messages 20000``
-    with the broker that owns the demo's topic killed (SIGKILL) a third of the way through.
+    """``pulsar-nack demo --service-url <cluster> --master <Spark standalone> --messages 20000
+    --receiver-queue-size 100`` with the broker that owns the demo's topic killed (SIGKILL) a third of the way through.
 
     Nothing may be lost or left in the subscription: a task whose consumer is disconnected is
     not idle (pulsar_nack/spark/task.py), so the rounds go on through the failover.
@@ -143,7 +148,9 @@ def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) ->
     from pulsar_nack.testing.spark_cluster import SparkStandaloneCluster
 
     with SparkStandaloneCluster(workers=2, cores_per_worker=1, worker_memory="1g") as spark:
-        result: dict[str, Any] = faults.spark_demo_with_kill(kill_cluster, spark.master_url, messages=20_000)
+        result: dict[str, Any] = faults.spark_demo_with_kill(
+            kill_cluster, spark.master_url, messages=20_000, receiver_queue_size=DEMO_RECEIVER_QUEUE
+        )
     summary = result["summary"]
     assert summary is not None, result["log_tail"]
     assert result["killed_broker"] is not None, "the demo ended before the kill"
