@@ -159,6 +159,30 @@ def test_raw_id_unwraps_every_form() -> None:
         raw_id(object())
 
 
+def test_counters_are_exact_under_threads_and_read_without_a_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """counts() reads the lock-free counters through the iterator protocol, not by parsing their repr."""
+    from pulsar_nack.consumer import nacking
+
+    def no_repr(obj: object) -> str:
+        raise AssertionError(f"a counter was read from its repr: {obj!r:.0}")
+
+    monkeypatch.setattr(nacking, "repr", no_repr, raising=False)
+    core = NackingCore(Recorder(), [T])
+    message = Stub(T, 1, 1)
+
+    def receive() -> None:
+        for _ in range(20_000):
+            core.admit(message)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=receive) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    reads = [core.counts()["received"] for _ in range(200)]  # reading while they count
+    for thread in threads:
+        thread.join()
+    assert reads == sorted(reads) and core.counts()["received"] == core.counts()["received"] == 80_000
+
+
 # ---------------------------------------------------------------- admission (which copies reach the application)
 
 

@@ -69,7 +69,8 @@ from pyroaring import BitMap64
 
 from .._validate import check_int, check_ms, check_topics
 from ..core.base import DueKeys
-from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from ..core.buckets import MAX_PRECISION_BITS, bucket_ms
+from ..core.keys import BATCH_BITS, MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, full_topic_name, redelivery_count_of
 from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
 from ..errors import ClosedError
@@ -137,12 +138,22 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
     """How early buckets fire: the client's full latency only where it is exact.
 
     A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
-    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
-    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
-    the client's delay, so a message is never early.
+    that holds while bursts are at least one client tick more than that apart (165 ms at
+    the default delay): buckets of 256 ms (8 precision bits) and more. With smaller
+    buckets, and with ``never_early``, buckets fire early by only the client's delay, so a
+    message is never early. O(1).
+
+    >>> handoff_lead_ms(HANDOFF_DELAY_MS, 8, False), handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)
+    (132, 100)
     """
-    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
-    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+    latency = client_handoff_latency_ms(handoff_delay_ms)
+    tick = max(handoff_delay_ms, HANDOFF_DELAY_MS) // 3
+    spaced = (
+        isinstance(precision_bits, int)
+        and 0 <= precision_bits <= MAX_PRECISION_BITS
+        and bucket_ms(precision_bits) >= latency + tick
+    )
+    return latency if spaced and not never_early else handoff_delay_ms
 
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
@@ -156,26 +167,10 @@ _ROUTE = 5
 """admit() verdict: send the copy to the dead-letter topic."""
 _ROUTE_STORED = 6
 """admit() verdict: a copy of a stored dead letter; acknowledge it again."""
-_BATCH_BITS = 10
+_BATCH_BITS = BATCH_BITS
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
 _UNTITLED = ""  # the tracker topic of a key whose id object carries the real topic
-
-
-def full_topic_name(topic: str) -> str:
-    """``persistent://public/default/x`` for a short name ``x``, as the client does.
-
-    >>> full_topic_name("orders")
-    'persistent://public/default/orders'
-    >>> full_topic_name("t/ns/orders")
-    'persistent://t/ns/orders'
-    """
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
 
 
 def raw_id(obj: Any) -> _pulsar.MessageId:
@@ -309,6 +304,7 @@ class PendingNacks:
     _by_ledger: dict[int, BitMap64]
     _wide: set[tuple[int, int, int]]
     count: int
+    """How many messages it holds (read-only: an attribute, for the receive path's one check)."""
 
     def __init__(self) -> None:
         self._by_ledger = {}
@@ -528,11 +524,6 @@ class AgingSet:
         assert not set(self._young.items()) & set(self._old.items())
 
 
-def _counter_value(counter: itertools.count[int]) -> int:
-    """How many times ``next`` was called on a counter started at 0 (read without advancing)."""
-    return int(repr(counter)[6:-1])
-
-
 class NackingCore:
     """Tracker, nack sets, entry knowledge, keys, handoff and dead-letter counts of one consumer; no client calls.
 
@@ -581,6 +572,7 @@ class NackingCore:
     max_redeliver_count: int | None
     counting: bool
     pending: PendingNacks
+    """The nacked messages whose delay is not over (read-only; changed under the core's lock)."""
     _hand_off_ids: HandOff
     _acknowledge: Callable[[Any], None] | None
     _route: DeadLetterCallback | None
@@ -600,6 +592,7 @@ class NackingCore:
     _stored: PendingNacks
     _lock: threading.Lock
     _counts: dict[str, int]
+    _reads: dict[str, int]
 
     def __init__(
         self,
@@ -641,9 +634,12 @@ class NackingCore:
         self._counts = dict.fromkeys(
             ("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
         )
+        # Lock-free counters: any thread steps one with next() (one C call). counts() reads
+        # one with next() too and takes off the reads it made before (_reads, under the lock).
         self.received = itertools.count()
         self.acked = itertools.count()
         self._nacked = itertools.count()
+        self._reads = {"received": 0, "acked": 0, "nacked": 0}
         self.quiet = False
         self._guard_left = min(self._guard_messages, START_GUARD_MESSAGES)
         bits, never_early = settings.negative_ack_precision_bit_cnt, settings.never_early
@@ -882,11 +878,10 @@ class NackingCore:
         """
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
-            raw = inner.message_id()
-            topic = inner.topic_name()
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
-            return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()), raw
+            key = _msgid.message_key(inner)
+            if key[0] not in self.topics.names and key[0] not in self.topics:
+                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
+            return key, inner.message_id()
         raw = raw_id(message)
         batch_index = raw.batch_index()
         if _is_message(message):
@@ -1192,12 +1187,15 @@ class NackingCore:
         with self._lock:
             counts = dict(self._counts)
             pending = len(self.pending)
-        received = _counter_value(self.received)
+            steps = {}
+            for name, counter in (("received", self.received), ("acked", self.acked), ("nacked", self._nacked)):
+                steps[name] = next(counter) - self._reads[name]
+                self._reads[name] += 1
         return {
-            "received": received,
-            "delivered": received - counts["swallowed"] - counts["filtered"],
-            "acked": _counter_value(self.acked),
-            "nacked": _counter_value(self._nacked),
+            "received": steps["received"],
+            "delivered": steps["received"] - counts["swallowed"] - counts["filtered"],
+            "acked": steps["acked"],
+            "nacked": steps["nacked"],
             **counts,
             "pending_guarded": pending,
         }
