@@ -1,8 +1,9 @@
 """Startup cost of ``pulsar-nack demo`` on Apache Pulsar standalone, warm and cold cache.
 
-The committed ``bench/results/startup.json`` was recorded before the light look-alike
-broker left the project (commit c8e2156), with a third arm running the demo on it; its
-``over_lite`` ratios are issue 20's goal (at most 1.5x). That arm is gone with the broker.
+The committed ``bench/results/startup.json`` was recorded before the former embedded
+test broker left the project (commit c8e2156; see CHANGELOG.md), with a third arm
+(``lite``) running the demo on it; its ``over_lite`` ratios are issue 20's goal (at most
+1.5x). That arm is gone with the broker.
 
 What one ``python -m bench.startup`` run records in ``bench/results/startup.json``:
 
@@ -254,7 +255,7 @@ def time_broker(config: dict[str, str], jvm_options: Sequence[str], smoke: bool)
 
     load = os.getloadavg()[0]
     launched, start = time.time(), time.monotonic()
-    broker = PulsarStandalone(config=config, jvm_options=jvm_options)
+    broker = PulsarStandalone(config=config, jvm_options=jvm_options, batch_index_ack=True)
     try:
         broker.start()
         ready = time.monotonic() - start

@@ -52,7 +52,7 @@ class PurePythonTracker(NegativeAcksTracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, speedups=False, **kwargs)
-        assert type(self._buckets._hot) is _accel.PyHotSlot and "add" not in vars(self)
+        assert type(self._buckets.hot_slot) is _accel.PyHotSlot and "add" not in vars(self)
 
 
 def _varint(value: int) -> bytes:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from helpers import _varint, wait_for
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
+from pulsar_nack.consumer.settings import ConsumerSettings
 
 T = "persistent://public/default/t"
 
@@ -85,7 +86,7 @@ class Recorder:
 
 def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     a, b = Stub(T, 3, 9, 0), Stub(T, 3, 9, 1)
     assert core.admit(a) and core.admit(b)
     core.nack(b, delay_ms=60_000)
@@ -106,7 +107,7 @@ def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered()
 
 def test_bare_ids_on_a_multi_topic_core_hand_off_the_same_id_object() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T, T + "2"], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T, T + "2"], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     bare = _pulsar.MessageId(-1, 4, 2, -1)
     bare.topic_name(T + "2")
     core.nack(bare, delay_ms=0)
@@ -131,7 +132,7 @@ def test_bad_input_changes_nothing() -> None:
             core.before_ack(bad)
     with pytest.raises(ValueError, match="does not belong"):
         core.nack(Stub("persistent://public/default/other", 1, 1))
-    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core._pending) == 0
+    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.pending) == 0
     core.close(redeliver_pending=False)
 
 
@@ -158,6 +159,30 @@ def test_raw_id_unwraps_every_form() -> None:
         raw_id(object())
 
 
+def test_counters_are_exact_under_threads_and_read_without_a_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """counts() reads the lock-free counters through the iterator protocol, not by parsing their repr."""
+    from pulsar_nack.consumer import nacking
+
+    def no_repr(obj: object) -> str:
+        raise AssertionError(f"a counter was read from its repr: {obj!r:.0}")
+
+    monkeypatch.setattr(nacking, "repr", no_repr, raising=False)
+    core = NackingCore(Recorder(), [T])
+    message = Stub(T, 1, 1)
+
+    def receive() -> None:
+        for _ in range(20_000):
+            core.admit(message)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=receive) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    reads = [core.counts()["received"] for _ in range(200)]  # reading while they count
+    for thread in threads:
+        thread.join()
+    assert reads == sorted(reads) and core.counts()["received"] == core.counts()["received"] == 80_000
+
+
 # ---------------------------------------------------------------- admission (which copies reach the application)
 
 
@@ -172,9 +197,8 @@ class Member(Stub):
 
 def _core(**kwargs: Any) -> tuple[NackingCore, list[Any]]:
     acked: list[Any] = []
-    kwargs.setdefault("negative_ack_precision_bit_cnt", 0)
-    kwargs.setdefault("handoff_delay_ms", 0)
-    return NackingCore(Recorder(), [T], acknowledge=acked.append, **kwargs), acked
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    return NackingCore(Recorder(), [T], settings, acknowledge=acked.append, **kwargs), acked
 
 
 def _ack(core: NackingCore, message: Any) -> None:
@@ -221,7 +245,7 @@ def test_acked_members_are_filtered_and_acked_again_until_the_entry_settles() ->
     assert [core.admit(c) for c in copies] == [False, False, False]
     assert acked == [copies[0], copies[2]], "the acked members' copies are acked again; the pending one is not"
     assert core.counts()["filtered"] == 2 and core.counts()["swallowed"] == 1
-    core.reset(keep_acks=True)  # the pending member is forgotten: its copy must be delivered now
+    core.reset(forget_counts=False)  # the pending member is forgotten: its copy must be delivered now
     assert core.admit(Member(6, 3, 1, 3))
     core._check()
     core.close(redeliver_pending=False)
@@ -268,7 +292,10 @@ def test_a_handed_off_message_that_never_returns_is_forgotten_and_its_entry_with
     assert wait_for(lambda: core._handed, 10)
     assert len(core._complete) == 1
     now[0] += nacking.STALE_MS
-    assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ends the stale states
+    assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ages the states once: not yet stale
+    assert core._handed and core._complete
+    now[0] += nacking.STALE_MS
+    assert core.admit(Stub(T, 1, 2))  # twice: stale
     assert not core._handed and not core._complete, "a stale handoff must leave no knowledge behind"
     assert core.admit(Member(9, 5, 1, 2)), "an entry no longer known is delivered, never filtered"
     core._check()
@@ -286,5 +313,24 @@ def test_an_id_built_for_a_member_is_recorded_and_an_out_of_range_one_refused() 
     _ack(core, members[2])
     whole = acked[-1]
     assert (whole.ledger_id(), whole.entry_id(), whole.batch_index()) == (10, 6, -1), "then the entry is acked"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_a_returned_member_of_a_complete_entry_is_never_taken_for_acked() -> None:
+    """With an ack timeout (always_guard) a returned message's copy is delivered again: its
+    entry is complete (every member nacked), but a member in a nack set was not acked."""
+    acked: list[Any] = []
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0, always_guard=True)
+    core = NackingCore(Recorder(), [T], settings, acknowledge=acked.append)
+    members = [Member(11, 7, i, 2) for i in range(2)]
+    assert all(core.admit(m) for m in members)
+    for member in members:
+        core.nack(member, delay_ms=0)
+    assert len(core._complete) == 1
+    assert wait_for(lambda: len(core._handed) == 2, 10)
+    assert core.admit(Member(11, 7, 0, 2)) and core.admit(Member(11, 7, 1, 2))  # returned
+    assert core.admit(Member(11, 7, 0, 2)), "an ack timeout's copy of an unsettled message must be delivered"
+    assert not acked, "nothing the application did not ack may be acked"
     core._check()
     core.close(redeliver_pending=False)

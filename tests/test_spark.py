@@ -225,7 +225,7 @@ def test_config_is_validated_and_pickles():
         ConsumerConfig("pulsar://h:1", "t", "s", consumer_options={"negative_ack_redelivery_delay_ms": 5})
     with pytest.raises(ValueError):
         TaskBudget(max_messages=0)
-    assert dead_letter_topic("persistent://p/n/t-partition-3", "s") == "persistent://p/n/t-s-DLQ"
+    assert dead_letter_topic("persistent://p/n/t-partition-3", "s") == "persistent://p/n/t-partition-3-s-DLQ"
 
 
 def test_registry_reuses_the_consumer_and_rebuilds_after_fork_or_close(url, topic):
@@ -494,12 +494,14 @@ def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
                 _, stderr = demo.communicate()
             pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{stderr[-6000:]}")
     assert demo.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1]), stderr
+    assert len(stdout.splitlines()) == 1, f"stdout holds more than the JSON line: {stdout[:2000]}"
+    return json.loads(stdout), stderr
 
 
 def test_demo_runs_quietly_and_loses_nothing():
     summary, stderr = run_demo("--messages", "small")
     assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["ok"]
+    assert summary["result"].startswith("OK: nothing lost")
     assert summary["produced"] == 10_000 and summary["acked"] >= 10_000
     assert summary["nacked"] == summary["handler_errors"]["TransientError"] > 0
     assert summary["redelivery_lateness_ms"]["count"] == summary["nacked"]

@@ -11,9 +11,11 @@ stand-ins.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Any
+
+from ..core.accel import load_optional
+from ..core.keys import message_key as py_message_key
 
 __all__ = [
     "ACKED",
@@ -111,16 +113,6 @@ def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
     if seen != 3:
         raise ValueError("not a serialized Pulsar message id")
     return fields[0], fields[1], fields[2], fields[3], fields[4]
-
-
-def py_message_key(message: Any) -> tuple[str, int, int, int]:
-    """``(topic, ledger, entry, batch_index)`` of a received ``_pulsar.Message``: four id reads. O(1).
-
-    The stand-in for the C ``message_key`` of ``pulsar_nack.consumer._msgid``, which reads the same
-    fields from one ``serialize()`` of the id (about 0.3 µs less per call: ``bench/client.py``).
-    """
-    message_id = message.message_id()
-    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
 
 
 class _Record:
@@ -320,21 +312,14 @@ class PyEntryTable:
             self._ring.clear()
 
 
-EntryTable: Any = PyEntryTable
+_c = load_optional("pulsar_nack.consumer._msgid")
+MSGID = _c is not None
+"""Whether the C reader is in use."""
+EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable
 """``EntryTable(settled_capacity)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
-message_key: Any = py_message_key
-"""``message_key(message)``: the C reader of ``pulsar_nack.consumer._msgid``, or :func:`py_message_key`."""
-parse_id: Any = py_parse_id
+message_key: Any = py_message_key if _c is None else _c.message_key
+"""``message_key(message)``: ``(topic, ledger, entry, batch_index)`` of a message, read from one
+``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
+getters; about 0.3 µs more per call: ``bench/client.py``)."""
+parse_id: Any = py_parse_id if _c is None else _c.parse_id
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
-MSGID = False
-
-if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
-    try:
-        from ._msgid import EntryTable as _CEntryTable
-        from ._msgid import message_key as _c_message_key
-        from ._msgid import parse_id as _c_parse_id
-
-        message_key, parse_id, EntryTable = _c_message_key, _c_parse_id, _CEntryTable
-        MSGID = True
-    except ImportError:  # built without a C compiler: pure Python
-        pass

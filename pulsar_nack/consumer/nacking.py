@@ -10,7 +10,10 @@
 * the handoff: due keys become one entry-level ``_pulsar.MessageId`` per entry, passed
   to the ``hand_off`` callable the consumer supplies (the sync consumer calls
   ``consumer.negative_acknowledge(id)`` for each);
-* **admission**: which copies of a message reach the application.
+* **admission**: which copies of a message reach the application;
+* with a dead-letter policy, how often the application saw each unsettled message, and
+  which messages go to the dead-letter topic (sent by the route the consumer supplies,
+  :class:`~pulsar_nack.consumer.dead_letter.DeadLetterRoute`).
 
 Admission
     The broker redelivers whole entries, and after any reconnect (topic unload, broker
@@ -42,9 +45,9 @@ Guarding, and its cost
     15 % of a receive and acknowledge. So the core *guards* (reads the id of every
     received message and records every ack) only from the start, while any nack is
     pending, handed off or returned, and for ``guard_messages`` deliveries after the last
-    one; then it is *quiet* (``quiet`` is True) and receive and acknowledge cost what they
-    cost in the plain client, until the next nack. See ``docs/consumer.md`` for what a
-    quiet consumer does not catch.
+    one (``START_GUARD_MESSAGES`` at the start); then it is *quiet* (``quiet`` is True) and
+    receive and acknowledge cost what they cost in the plain client, until the next nack.
+    See ``docs/consumer.md`` for what a quiet consumer does not catch.
 
 A consumer built on it calls :meth:`NackingCore.admit` on every received message,
 :meth:`NackingCore.nack` for a negative acknowledgement, :meth:`NackingCore.before_ack`
@@ -58,29 +61,33 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import _pulsar
 from pyroaring import BitMap64
 
-from .._validate import check_int, check_topics
-from ..core.backoff import RedeliveryBackoff
+from .._validate import check_int, check_ms, check_topics
 from ..core.base import DueKeys
-from ..core.buckets import DEFAULT_PRECISION_BITS
-from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
+from ..core.buckets import MAX_PRECISION_BITS, bucket_ms
+from ..core.keys import BATCH_BITS, MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, full_topic_name, redelivery_count_of
 from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
+from ..errors import ClosedError
 from . import msgid as _msgid
+from .settings import COALESCE_MS, HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
     "COALESCE_MS",
+    "DEAD_LETTER_RETRY_MS",
     "GUARD_MESSAGES",
     "HANDOFF_DELAY_MS",
     "PARTITION_SUFFIX",
     "SETTLED_CAPACITY",
     "STALE_MS",
+    "START_GUARD_MESSAGES",
+    "AgingSet",
+    "DeadLetterCallback",
     "EntrySet",
     "HandOff",
     "NackingCore",
@@ -94,12 +101,12 @@ __all__ = [
     "raw_id",
 ]
 
-HANDOFF_DELAY_MS = 100
-"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
-COALESCE_MS = 50
-"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+DEAD_LETTER_RETRY_MS = 1_000
+"""A message whose dead letter was not stored comes back (to be routed again) after this long."""
 GUARD_MESSAGES = 10_000
-"""Deliveries a consumer keeps guarding after its last nack state ended (and at the start)."""
+"""Deliveries a consumer keeps guarding after its last nack state ended."""
+START_GUARD_MESSAGES = 1_000
+"""Deliveries a new consumer guards before it goes quiet (if it nacks nothing meanwhile)."""
 SETTLED_CAPACITY = 8192
 """Settled entries (and acked non-batched messages) remembered while guarding: the client
 drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
@@ -107,8 +114,8 @@ them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,
 second; about 500 kB when full."""
 STALE_MS = 60_000
 """A handed-off message that has not come back, or a returned one the application has not
-settled, is forgotten after this long (its entry's knowledge with it: copies of its
-siblings are then delivered, never filtered)."""
+settled, is forgotten after 1 to 2 times this long (its entry's knowledge with it: copies
+of its siblings are then delivered, never filtered)."""
 
 def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
     """How long the C++ client takes to redeliver an id nacked into an idle tracker.
@@ -131,37 +138,39 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
     """How early buckets fire: the client's full latency only where it is exact.
 
     A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
-    that holds while bursts are at least 165 ms apart, true for buckets of 256 ms and
-    more. Below 8 precision bits, and with ``never_early``, buckets fire early by only
-    the client's delay, so a message is never early.
+    that holds while bursts are at least one client tick more than that apart (165 ms at
+    the default delay): buckets of 256 ms (8 precision bits) and more. With smaller
+    buckets, and with ``never_early``, buckets fire early by only the client's delay, so a
+    message is never early. O(1).
+
+    >>> handoff_lead_ms(HANDOFF_DELAY_MS, 8, False), handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)
+    (132, 100)
     """
-    exact = isinstance(precision_bits, int) and precision_bits >= 8 and not never_early
-    return client_handoff_latency_ms(handoff_delay_ms) if exact else handoff_delay_ms
+    latency = client_handoff_latency_ms(handoff_delay_ms)
+    tick = max(handoff_delay_ms, HANDOFF_DELAY_MS) // 3
+    spaced = (
+        isinstance(precision_bits, int)
+        and 0 <= precision_bits <= MAX_PRECISION_BITS
+        and bucket_ms(precision_bits) >= latency + tick
+    )
+    return latency if spaced and not never_early else handoff_delay_ms
 
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
+DeadLetterCallback = Callable[[Any, bool], None]
+"""What a consumer does with a message for the dead-letter topic: ``route(message, stored)``."""
+Item = tuple[int, int, int]
+"""``(ledger_id, entry_id, batch_index)``: a message, whatever its topic (ledger ids are unique)."""
 
-_BATCH_BITS = 10
+_ROUTE = 5
+"""admit() verdict: send the copy to the dead-letter topic."""
+_ROUTE_STORED = 6
+"""admit() verdict: a copy of a stored dead letter; acknowledge it again."""
+_BATCH_BITS = BATCH_BITS
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
 _UNTITLED = ""  # the tracker topic of a key whose id object carries the real topic
-
-
-def full_topic_name(topic: str) -> str:
-    """``persistent://public/default/x`` for a short name ``x``, as the client does.
-
-    >>> full_topic_name("orders")
-    'persistent://public/default/orders'
-    >>> full_topic_name("t/ns/orders")
-    'persistent://t/ns/orders'
-    """
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    return f"persistent://{topic}"
 
 
 def raw_id(obj: Any) -> _pulsar.MessageId:
@@ -189,6 +198,10 @@ def raw_id(obj: Any) -> _pulsar.MessageId:
 
 def _is_message(obj: Any) -> bool:
     return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+
+
+def _item_of(message_id: _pulsar.MessageId) -> Item:
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
 _STASH = "_pulsar_nack_id"
@@ -276,39 +289,44 @@ class PendingNacks:
     messages of consecutive entries share Roaring containers. Values that do not pack
     (a batch index of 1023 or more, an entry id of ``2**54`` or more) go to a plain set.
 
-    Not thread-safe: :class:`NackingCore` holds its lock around every call.
+    Not thread-safe: :class:`NackingCore` holds its lock around every call. ``count``
+    (the number of messages) may be read without it, as a hint.
 
     >>> p = PendingNacks()
-    >>> p.add(7, 100, 3); (7, 100, 3) in p, (7, 100, 4) in p, len(p)
-    (True, False, 1)
+    >>> p.add(7, 100, 3), p.add(7, 100, 3), (7, 100, 3) in p, (7, 100, 4) in p, len(p)
+    (True, False, True, False, 1)
     >>> p.discard(7, 100, 3); len(p)
     0
     """
 
-    __slots__ = ("_by_ledger", "_count", "_wide")
+    __slots__ = ("_by_ledger", "_wide", "count")
 
     _by_ledger: dict[int, BitMap64]
     _wide: set[tuple[int, int, int]]
-    _count: int
+    count: int
+    """How many messages it holds (read-only: an attribute, for the receive path's one check)."""
 
     def __init__(self) -> None:
         self._by_ledger = {}
         self._wide = set()
-        self._count = 0
+        self.count = 0
 
-    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
-        """Add a message. O(log n) in the ledger's bitmap."""
+    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> bool:
+        """Add a message; False if it was there already. O(log n) in the ledger's bitmap."""
         if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
             bitmap = self._by_ledger.get(ledger_id)
             if bitmap is None:
                 bitmap = self._by_ledger[ledger_id] = BitMap64()
             value = entry_id << _BATCH_BITS | (batch_index + 1)
-            if value not in bitmap:
-                bitmap.add(value)
-                self._count += 1
+            if value in bitmap:
+                return False
+            bitmap.add(value)
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
-            self._count += 1
+        else:
+            return False
+        self.count += 1
+        return True
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a message if present. O(log n)."""
@@ -317,12 +335,12 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if bitmap is not None and value in bitmap:
                 bitmap.discard(value)
-                self._count -= 1
+                self.count -= 1
                 if not bitmap:
                     del self._by_ledger[ledger_id]
         elif (ledger_id, entry_id, batch_index) in self._wide:
             self._wide.discard((ledger_id, entry_id, batch_index))
-            self._count -= 1
+            self.count -= 1
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         ledger_id, entry_id, batch_index = item
@@ -332,12 +350,12 @@ class PendingNacks:
         return item in self._wide
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
         self._wide.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus the dict and set slots (an estimate). O(ledgers)."""
@@ -363,7 +381,7 @@ class PendingNacks:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored values; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert self.count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
         assert all(self._by_ledger.values())
 
 
@@ -372,21 +390,22 @@ class EntrySet:
 
     Keyed by ledger id, then one :class:`pyroaring.BitMap64` of entry ids (consecutive
     entries share a container, runs compress). A member of such an entry that is in no
-    nack set was acked. Not thread-safe: :class:`NackingCore` holds its lock.
+    nack set was acked. Not thread-safe: :class:`NackingCore` holds its lock; ``count``
+    may be read without it, as a hint.
 
     >>> e = EntrySet()
     >>> e.add(7, 100); (7, 100) in e, (7, 101) in e, len(e)
     (True, False, 1)
     """
 
-    __slots__ = ("_by_ledger", "_count")
+    __slots__ = ("_by_ledger", "count")
 
     _by_ledger: dict[int, BitMap64]
-    _count: int
+    count: int
 
     def __init__(self) -> None:
         self._by_ledger = {}
-        self._count = 0
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int) -> None:
         """Add an entry. O(log n)."""
@@ -395,14 +414,14 @@ class EntrySet:
             bitmap = self._by_ledger[ledger_id] = BitMap64()
         if entry_id not in bitmap:
             bitmap.add(entry_id)
-            self._count += 1
+            self.count += 1
 
     def discard(self, ledger_id: int, entry_id: int) -> None:
         """Remove an entry if present. O(log n)."""
         bitmap = self._by_ledger.get(ledger_id)
         if bitmap is not None and entry_id in bitmap:
             bitmap.discard(entry_id)
-            self._count -= 1
+            self.count -= 1
             if not bitmap:
                 del self._by_ledger[ledger_id]
 
@@ -411,11 +430,11 @@ class EntrySet:
         return bitmap is not None and item[1] in bitmap
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus 64 bytes per ledger (an estimate). O(ledgers)."""
@@ -424,17 +443,89 @@ class EntrySet:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored entries; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values())
+        assert self.count == sum(len(b) for b in self._by_ledger.values())
         assert all(self._by_ledger.values())
 
 
-def _counter_value(counter: itertools.count[int]) -> int:
-    """How many times ``next`` was called on a counter started at 0 (read without advancing)."""
-    return int(repr(counter)[6:-1])
+class AgingSet:
+    """A :class:`PendingNacks` whose members are forgotten 1 to 2 *periods* after they joined.
+
+    Two generations: members join the young one; :meth:`age` drops the old one (and
+    returns its members) and makes the young one old. Nothing is kept per member
+    beyond its bit, so a burst of a million handoffs costs what the pending set costs.
+    Not thread-safe: :class:`NackingCore` holds its lock.
+
+    >>> a = AgingSet()
+    >>> a.add(1, 2, 3); a.age(); (1, 2, 3) in a
+    []
+    True
+    >>> a.age()
+    [(1, 2, 3)]
+    """
+
+    __slots__ = ("_old", "_young", "count")
+
+    count: int
+    """The number of members (read without the lock, as a hint)."""
+
+    def __init__(self) -> None:
+        self._young, self._old = PendingNacks(), PendingNacks()
+        self.count = 0
+
+    def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Add a member (to the young generation). O(log n)."""
+        if self._old.count:
+            self._old.discard(ledger_id, entry_id, batch_index)
+        self._young.add(ledger_id, entry_id, batch_index)
+        self.count = self._young.count + self._old.count
+
+    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
+        """Remove a member if present. O(log n)."""
+        if self.count:
+            self._young.discard(ledger_id, entry_id, batch_index)
+            self._old.discard(ledger_id, entry_id, batch_index)
+            self.count = self._young.count + self._old.count
+
+    def __contains__(self, item: tuple[int, int, int]) -> bool:
+        return bool(self.count) and (item in self._young or item in self._old)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """True if some message of the entry is in the set."""
+        return self._young.has_entry(ledger_id, entry_id) or self._old.has_entry(ledger_id, entry_id)
+
+    def items(self) -> list[tuple[int, int, int]]:
+        """Every member. O(n)."""
+        return self._young.items() + self._old.items()
+
+    def age(self) -> list[tuple[int, int, int]]:
+        """Forget the old generation and return its members; the young one becomes old. O(old)."""
+        expired = self._old.items()
+        self._old, self._young = self._young, PendingNacks()
+        self.count = self._old.count
+        return expired
+
+    def clear(self) -> None:
+        self._young.clear()
+        self._old.clear()
+        self.count = 0
+
+    def memory_bytes(self) -> int:
+        return self._young.memory_bytes() + self._old.memory_bytes()
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        # Both generations are sound, a member is in one of them only, and count is right.
+        self._young._check()
+        self._old._check()
+        assert self.count == self._young.count + self._old.count
+        assert not set(self._young.items()) & set(self._old.items())
 
 
 class NackingCore:
-    """Tracker, nack sets, entry knowledge, keys and handoff of one consumer; no client calls.
+    """Tracker, nack sets, entry knowledge, keys, handoff and dead-letter counts of one consumer; no client calls.
 
     Parameters
     ----------
@@ -443,107 +534,136 @@ class NackingCore:
         entry-level ids to redeliver; it must ``negative_acknowledge`` each on the
         client. No lock is held during the call. If it raises, the tracker logs the
         error and retries the keys after ``retry_delay_ms``.
-    topics : list of str, str, or re.Pattern
+    topics : list of str, str, re.Pattern, or TopicMatcher
         What the consumer reads; messages of other topics are refused.
+    settings : ConsumerSettings, optional
+        The tracker's settings, the handoff's and the dead-letter policy (defaults:
+        ``ConsumerSettings()``).
     acknowledge : callable, optional
         ``acknowledge(message_or_id)`` on the client, without waiting: for the copies
         filtered because the application acked them (acked again, so that a broker
         without batch-index acks can settle the entry), the held copies of a returned
         message, and an entry-level ack when a member was acked through a made-up id.
         None: nothing is acked again (unit tests).
-    negative_ack_redelivery_delay_ms, negative_ack_precision_bit_cnt, redelivery_backoff, never_early
-        The tracker's settings (see :class:`~pulsar_nack.consumer.NackingConsumer`).
-    handoff_delay_ms, coalesce_ms : int
-        The client's own nack delay (we hand off that much early) and the minimum gap
-        between handoff bursts.
     guard_messages : int
-        Deliveries to keep guarding after the last nack state ended, and at the start.
-    always_guard : bool
-        Guard all the time (set when the client's ack timeout redelivers messages).
-    count_deliveries : bool
-        Count the nacks and the swallowed copies of each message until it is settled, so
-        that :meth:`deliveries` can tell how often the application saw it (the broker
-        counts redeliveries per entry, swallowed copies included, and forgets the count
-        when a sibling is acked). For a dead-letter policy; costs a dict entry per
-        pending nack.
+        Deliveries to keep guarding after the last nack state ended (at the start, at
+        most ``START_GUARD_MESSAGES``).
+
+    Dead letters
+        With a dead-letter policy of ``max_redeliver_count`` N, the core counts how
+        often the application saw each unsettled message: the larger of its own count
+        of nacks of it and the broker's ``redelivery_count()`` minus the copies of it
+        that were swallowed (the broker counts per entry, swallowed copies included,
+        and forgets the count when a sibling is acked; neither figure is ever above the
+        true count). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
+        routed to the dead-letter topic when the application nacks it, and a message
+        that arrives after that (brought back by an ack timeout, by
+        ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
+        broker in any other way) is routed there instead of being delivered. The route is the
+        callable given to :meth:`route_dead_letters`, called outside the lock; it
+        reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
     """
 
     tracker: NegativeAcksTracker
     topics: TopicMatcher
+    settings: ConsumerSettings
     quiet: bool
+    always_guard: bool
+    max_redeliver_count: int | None
+    counting: bool
+    pending: PendingNacks
+    """The nacked messages whose delay is not over (read-only; changed under the core's lock)."""
     _hand_off_ids: HandOff
     _acknowledge: Callable[[Any], None] | None
-    _pending: PendingNacks
-    _handed: PendingNacks
-    _returned: PendingNacks
+    _route: DeadLetterCallback | None
+    _handed: AgingSet
+    _returned: AgingSet
     _complete: EntrySet
     _entries: Any  # msgid.EntryTable
-    _held: dict[tuple[int, int, int], Any]
-    _since: dict[tuple[int, int, int], int]
-    _stale: deque[tuple[int, list[tuple[int, int, int]]]]
+    _atomic_table: bool
+    _held: dict[Item, Any]
+    _aged_at: int
     _after_ack: list[Any]
     _bare: dict[tuple[int, int], _pulsar.MessageId]
-    _copies: dict[tuple[int, int, int], int] | None
-    _nacks: dict[tuple[int, int, int], int]
+    _copies: dict[Item, int]
+    _nacks: dict[Item, int]
+    _last: dict[Item, Any]
+    _sending: set[Item]
+    _stored: PendingNacks
     _lock: threading.Lock
     _counts: dict[str, int]
+    _reads: dict[str, int]
 
     def __init__(
         self,
         hand_off: HandOff,
-        topics: Iterable[str] | re.Pattern[str],
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None = None,
         *,
         acknowledge: Callable[[Any], None] | None = None,
-        negative_ack_redelivery_delay_ms: int = 60_000,
-        negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
-        redelivery_backoff: RedeliveryBackoff | None = None,
-        never_early: bool = False,
-        handoff_delay_ms: int = HANDOFF_DELAY_MS,
-        coalesce_ms: int = COALESCE_MS,
         guard_messages: int = GUARD_MESSAGES,
-        always_guard: bool = False,
-        count_deliveries: bool = False,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
         if acknowledge is not None and not callable(acknowledge):
             raise TypeError("acknowledge must be callable or None")
-        check_int("handoff_delay_ms", handoff_delay_ms, 0)
-        check_int("coalesce_ms", coalesce_ms, 0)
+        if settings is None:
+            settings = ConsumerSettings()
+        elif not isinstance(settings, ConsumerSettings):
+            raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
         self._guard_messages = check_int("guard_messages", guard_messages, 0)
-        if not isinstance(always_guard, bool):
-            raise TypeError(f"always_guard must be bool, not {type(always_guard).__name__}")
-        self.topics = TopicMatcher(topics)
-        self._always_guard = always_guard
+        self.settings = settings
+        self.topics = topics if isinstance(topics, TopicMatcher) else TopicMatcher(topics)
+        self.always_guard = settings.always_guard
+        self.max_redeliver_count = settings.max_redeliver_count
+        self.counting = self.max_redeliver_count is not None
         self._hand_off_ids = hand_off
         self._acknowledge = acknowledge
-        self._pending, self._handed, self._returned = PendingNacks(), PendingNacks(), PendingNacks()
+        self._route = None
+        self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
-        self._held, self._since, self._stale, self._bare = {}, {}, deque(), {}
+        self._atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
+        self._held, self._bare = {}, {}
+        self._aged_at = monotonic_ms()
         self._after_ack = []
-        self._copies = {} if count_deliveries else None
-        self._nacks = {}
+        self._copies, self._nacks, self._last = {}, {}, {}
+        self._sending = set()
+        self._stored = PendingNacks()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
         )
+        # Lock-free counters: any thread steps one with next() (one C call). counts() reads
+        # one with next() too and takes off the reads it made before (_reads, under the lock).
         self.received = itertools.count()
         self.acked = itertools.count()
         self._nacked = itertools.count()
+        self._reads = {"received": 0, "acked": 0, "nacked": 0}
         self.quiet = False
-        self._guard_left = self._guard_messages
+        self._guard_left = min(self._guard_messages, START_GUARD_MESSAGES)
+        bits, never_early = settings.negative_ack_precision_bit_cnt, settings.never_early
         self.tracker = NegativeAcksTracker(
             self._on_due,
-            delay_ms=negative_ack_redelivery_delay_ms,
-            precision_bits=negative_ack_precision_bit_cnt,
+            delay_ms=settings.negative_ack_redelivery_delay_ms,
+            precision_bits=bits,
             round_up=never_early,
-            backoff=redelivery_backoff,
-            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
-            coalesce_ms=coalesce_ms,
+            backoff=settings.redelivery_backoff,
+            lead_ms=handoff_lead_ms(settings.handoff_delay_ms, bits, never_early),
+            coalesce_ms=settings.coalesce_ms,
             default_topic=self.topics.single or "",
         )
-        self.handoff_delay_ms = handoff_delay_ms
+        self.handoff_delay_ms = settings.handoff_delay_ms
+
+    def route_dead_letters(self, route: DeadLetterCallback) -> None:
+        """Set where messages for the dead-letter topic go: ``route(message, stored)``.
+
+        ``stored`` is False for a message to send (then acknowledge), True for a copy of
+        one whose dead letter is already stored (to acknowledge again).
+        """
+        if not callable(route):
+            raise TypeError("route must be callable")
+        self._route = route
 
     # ------------------------------------------------------------------ receiving
 
@@ -553,88 +673,130 @@ class NackingCore:
         *message* is the received ``_pulsar.Message`` (or a ``pulsar.Message``, whose
         inner message is used); *wrapper*, the ``pulsar.Message`` to hand to the
         application, keeps the id read here for its acknowledgement. See the module
-        docstring for the verdicts. A filtered copy is acked again, a returned one held.
+        docstring for the verdicts: a filtered copy is acked again, a returned one held;
+        with a dead-letter policy, a message seen often enough is routed to the
+        dead-letter topic.
 
         Runtime complexity: O(1): nothing while quiet; else one id read and a table
         lookup, plus bitmap lookups for a nacked member or an entry seen complete.
         """
         next(self.received)
-        if self.quiet:
+        if self.quiet and not self.counting:
             return True
         raw = _inner_message(message)
+        if self.quiet and self._quiet_count(raw):
+            return True
         if wrapper is None and raw is not message:
             wrapper = message
-        with self._lock:
+        if self._atomic_table:  # one C call, atomic under the GIL: no lock for the common verdict
             verdict, data = self._entries.admit(raw)
-            if verdict != _msgid.DELIVER:
-                verdict = self._screen(raw, verdict, data)
-        if verdict == _msgid.ACKED:
-            self._ack_again(raw)
-            return False
+            if verdict != _msgid.DELIVER or self.counting:
+                with self._lock:
+                    verdict = self._screen(raw, verdict, data)
+        else:
+            with self._lock:
+                verdict, data = self._entries.admit(raw)
+                if verdict != _msgid.DELIVER or self.counting:
+                    verdict = self._screen(raw, verdict, data)
         if verdict != _msgid.DELIVER:
+            if verdict == _msgid.ACKED:
+                self._ack_again(raw)
+            elif verdict != _msgid.NACKED:
+                self._send_dead_letter(raw, verdict == _ROUTE_STORED)
             return False
-        self._tick()
+        self._guard_left -= 1  # a guarded delivery; after guard_messages of them with no nack state, go quiet
+        if self._guard_left <= 0:
+            self._maybe_quiet()
         if wrapper is not None:
             _stash(wrapper, data)
         return True
 
-    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
-        """admit() under the lock, for a member the table calls nacked or does not know.
+    def _quiet_count(self, raw: Any) -> bool:
+        """While quiet with a dead-letter policy: True if *raw* needs no count (the common path)."""
+        limit = self.max_redeliver_count
+        assert limit is not None
+        return bool(raw.redelivery_count() < limit and not (self._nacks or self._sending or self._stored.count))
 
-        Returns DELIVER, ACKED (filter it) or NACKED (swallow it).
+    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
+        """admit() under the lock, for a member the table calls nacked or does not know (or any, counting).
+
+        Returns DELIVER, ACKED (filter it), NACKED (swallow it), or a route to the
+        dead-letter topic (``_ROUTE``, ``_ROUTE_STORED``).
         """
         ledger, entry, _, index, size = _msgid.parse_id(data)
         item = (ledger, entry, index)
-        if item in self._pending or item in self._returned:
+        if self._sending and item in self._sending:  # its dead letter is on the way
             self._counts["swallowed"] += 1
-            if self._copies is not None:
-                self._copies[item] = self._copies.get(item, 0) + 1
-            if item in self._returned:
-                self._held[item] = raw  # acked with the application's ack (the latest copy)
             return _msgid.NACKED
-        if item in self._handed:  # its handoff (or anything after it) brought it back
+        if self.counting and item in self._stored:
+            self._counts["swallowed"] += 1
+            return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+        returned = item in self._returned
+        if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
+            self._counts["swallowed"] += 1
+            if returned:
+                self._held[item] = raw  # acked with the application's ack (the latest copy)
+            if self.counting:
+                self._copies[item] = self._copies.get(item, 0) + 1
+            return _msgid.NACKED
+        handed = item in self._handed  # its handoff (or anything after it) brought it back
+        settled = not handed and not returned  # in no nack set
+        if settled and (
+            verdict == _msgid.ACKED
+            or (verdict == _msgid.FRESH and index >= 0 and size > 0 and self._complete.count
+                and (ledger, entry) in self._complete)
+        ):
+            self._counts["filtered"] += 1  # acked (a complete entry's member in no nack set was acked)
+            return _msgid.ACKED
+        if self.counting and self._counted_over(raw, item):
+            self._handed.discard(*item)
+            self._returned.discard(*item)
+            self._held.pop(item, None)
+            self._counts["swallowed"] += 1
+            return _ROUTE
+        if handed:
             self._handed.discard(*item)
             self._returned.add(*item)
-            self._enter_state(item, monotonic_ms())
             self._guard_left = self._guard_messages
-            return _msgid.DELIVER
-        if verdict == _msgid.FRESH and index >= 0 and size > 0:
-            if (ledger, entry) in self._complete:  # every member acked or nacked; not nacked now
-                self._counts["filtered"] += 1
-                return _msgid.ACKED
+        elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
-        elif verdict == _msgid.ACKED:
-            self._counts["filtered"] += 1
-            return _msgid.ACKED
         return _msgid.DELIVER
 
-    def _enter_state(self, item: tuple[int, int, int], now: int) -> None:
-        """Under the lock: *item* was just handed off or returned; it goes stale ``STALE_MS`` after *now*."""
-        self._since[item] = now
-        if self._stale and self._stale[-1][0] == now:
-            self._stale[-1][1].append(item)
-        else:
-            self._stale.append((now, [item]))
+    def _returned_copy_counts(self, raw: Any, item: Item) -> bool:
+        """Under the lock: True if a copy of a returned, unsettled message is a delivery after all.
 
-    def _leave_state(self, item: tuple[int, int, int]) -> None:
-        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
-        self._handed.discard(*item)
-        self._returned.discard(*item)
-        self._held.pop(item, None)
-        self._since.pop(item, None)
+        It is, with an ack timeout (``always_guard``: redelivering unsettled messages is
+        what the application asked for), and, with a dead-letter policy, when the
+        plain client would dead-letter it (it goes there, not to the application).
+        Otherwise it is swallowed: a message comes back once per nack.
+        """
+        if self.always_guard:
+            return True
+        if not self.counting:
+            return False
+        limit = self.max_redeliver_count
+        assert limit is not None
+        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0)) > limit
 
-    def _tick(self) -> None:
-        """Count a guarded delivery; after ``guard_messages`` of them with no nack state, go quiet."""
-        self._guard_left -= 1
-        if self._guard_left <= 0:
-            self._maybe_quiet()
+    def _counted_over(self, raw: Any, item: Item) -> bool:
+        """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
+        limit = self.max_redeliver_count
+        assert limit is not None
+        seen = max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0))
+        if seen > limit:
+            self._sending.add(item)
+            self._last.pop(item, None)
+            return True
+        if seen == limit:  # its last delivery: a nack or a redelivery sends it
+            self._last[item] = raw
+        return False
 
     def _maybe_quiet(self) -> None:
         """Go quiet if no nack state is left (forgetting stale ones first); else guard on."""
         with self._lock:
             self._expire(monotonic_ms())
             self._guard_left = self._guard_messages
-            if self._always_guard or self._pending or self._handed or self._returned or self._held:
+            if self.always_guard or self.pending.count or self._handed.count or self._returned.count or self._held:
                 return
             self._entries.forget_settled()
             if len(self._entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
@@ -647,42 +809,59 @@ class NackingCore:
         self._guard_left = self._guard_messages
 
     def _ack_again(self, message: Any) -> None:
-        """Acknowledge a copy (or an id) the application will not see; errors are logged by the caller's client."""
+        """Acknowledge a copy (or an id) the application will not see."""
         if self._acknowledge is not None:
             self._acknowledge(message)
 
-    def deliveries(self, message: Any) -> int:
-        """How many times the application received *message* before this delivery.
+    def _send_dead_letter(self, message: Any, stored: bool) -> None:
+        route = self._route
+        if route is None:
+            raise RuntimeError("a dead-letter policy without a route: call route_dead_letters() first")
+        route(message, stored)
 
-        The larger of the nacks it made of it and the broker's ``redelivery_count()``
-        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
-        the broker's count). The broker counts per entry and forgets the count when a
-        sibling is acked, so neither figure alone is right for batch messages; both are
-        never above the true count. O(1).
-        """
-        count = redelivery_count_of(message)
-        if self._copies is None:
-            return count
+    def dead_letter_stored(self, message: Any) -> None:
+        """The route stored the dead letter of *message*: count it, remember it, forget its counts."""
         message_id = raw_id(message)
-        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        item = _item_of(message_id)
+        size = batch_size_of(message_id) if item[2] >= 0 else 0
         with self._lock:
-            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
-
-    def dead_lettered(self, message: Any) -> None:
-        """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
-        self.forget(message)
-        next(self._nacked)
-        with self._lock:
+            self._sending.discard(item)
+            self._stored.add(*item)
+            self._copies.pop(item, None)
+            self._nacks.pop(item, None)
+            self._last.pop(item, None)
             self._counts["dead_lettered"] += 1
+            self._note_ack(item[0], item[1], item[2], size)  # the route acks it: its entry may settle
+
+    def dead_letter_failed(self, message: Any) -> None:
+        """The route could not store the dead letter of *message*: it comes back and is tried again.
+
+        The message stays unacknowledged; it is handed to the client after
+        ``DEAD_LETTER_RETRY_MS``, and when it arrives it is routed again.
+        """
+        item = _item_of(raw_id(message))
+        limit = self.max_redeliver_count
+        with self._lock:
+            self._sending.discard(item)
+            if limit is not None:  # the next arrival is routed, whatever the broker counts
+                self._nacks[item] = max(self._nacks.get(item, 0), limit + 1)
+            self._guard()
+        try:
+            self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
+        except ClosedError:
+            pass  # closing: the broker redelivers it when this consumer is gone
 
     def forget(self, message: Any) -> None:
-        """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies is not None and (self._copies or self._nacks):
-            message_id = raw_id(message)
-            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
+        if self._copies or self._nacks or self._last:
+            item = _item_of(raw_id(message))
             with self._lock:
-                self._copies.pop(item, None)
-                self._nacks.pop(item, None)
+                self._forget_counts(item)
+
+    def _forget_counts(self, item: Item) -> None:
+        self._copies.pop(item, None)
+        self._nacks.pop(item, None)
+        self._last.pop(item, None)
 
     # ------------------------------------------------------------------ settling
 
@@ -699,11 +878,10 @@ class NackingCore:
         """
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
-            raw = inner.message_id()
-            topic = inner.topic_name()
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
-            return (topic, raw.ledger_id(), raw.entry_id(), raw.batch_index()), raw
+            key = _msgid.message_key(inner)
+            if key[0] not in self.topics.names and key[0] not in self.topics:
+                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
+            return key, inner.message_id()
         raw = raw_id(message)
         batch_index = raw.batch_index()
         if _is_message(message):
@@ -729,29 +907,35 @@ class NackingCore:
         """Track a negative acknowledgement: the message comes back after its delay.
 
         Every nacked message is remembered in the pending set until its handoff, so that
-        no copy reaches the application before it is due. Runtime complexity: O(1) (the
-        tracker's add, a bitmap insert, and a table update for a batch member).
+        no copy reaches the application before it is due. With a dead-letter policy, a
+        message at its last delivery goes to the dead-letter topic instead (see the
+        class notes). Runtime complexity: O(1) (the tracker's add, a bitmap insert, and
+        a table update for a batch member).
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
+        if delay_ms is not None:
+            check_ms("delay_ms", delay_ms)
         key, raw, size = self._nack_key(message)
+        if self.counting and self._last and self._nack_to_dead_letter(key):
+            next(self._nacked)
+            return
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
         item = (key[1], key[2], key[3])
         with self._lock:
-            if item in self._pending:
+            if not self._remember_nack(item, size):
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            self._remember_nack(item, size)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
             self.tracker.add(key, delay_ms, count)
         except BaseException:
             with self._lock:
-                self._pending.discard(*item)
+                self.pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
-                if self._copies is not None:
+                if self.counting:
                     self._nacks[item] -= 1
             raise
         next(self._nacked)
@@ -760,12 +944,16 @@ class NackingCore:
         """The key, raw id (None for a received message) and batch size of a message to nack."""
         inner = getattr(message, "_message", None)
         if isinstance(inner, _pulsar.Message):  # a received pulsar.Message: the common call
-            topic = inner.topic_name()
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
             data = _stashed(message)
-            ledger, entry, _, index, size = _msgid.parse_id(data if data is not None else inner.message_id().serialize())
-            key: MessageKey = (topic, ledger, entry, index)
+            if data is None:
+                key: MessageKey = _msgid.message_key(inner)  # topic and id in one C call
+                index = key[3]
+                size = batch_size_of(inner.message_id()) if index >= 0 else 0
+            else:
+                ledger, entry, _, index, size = _msgid.parse_id(data)
+                key = (inner.topic_name(), ledger, entry, index)
+            if key[0] not in self.topics.names and key[0] not in self.topics:
+                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
             raw = None
         else:
             key, raw = self.key_of(message)
@@ -775,16 +963,41 @@ class NackingCore:
             size = int(self._entries.size_of(key[1], key[2]))
         return key, raw, int(size)
 
-    def _remember_nack(self, item: tuple[int, int, int], size: int) -> None:
-        """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones)."""
-        if self._copies is not None:
+    def _nack_to_dead_letter(self, key: MessageKey) -> bool:
+        """Route a message at its last delivery to the dead-letter topic; False if it is not there."""
+        item = (key[1], key[2], key[3])
+        with self._lock:
+            last = self._last.pop(item, None)
+            if last is None:
+                return False
+            self._sending.add(item)
+            self._leave_state(item)
+        self._send_dead_letter(last, False)
+        return True
+
+    def _remember_nack(self, item: Item, size: int) -> bool:
+        """Under the lock: *item* joins the pending set (and leaves the handed-off and returned ones).
+
+        False, and nothing changes, if its nack is pending already.
+        """
+        if not self.pending.add(*item):
+            return False
+        if self.counting:
             self._nacks[item] = self._nacks.get(item, 0) + 1
-        self._leave_state(item)
-        self._pending.add(*item)
-        in_flight = item[2] >= 0 and size > 0 and (item[0], item[1]) not in self._complete
+        if self._handed.count or self._returned.count:
+            self._leave_state(item)
+        in_flight = item[2] >= 0 and size > 0 and not (self._complete.count and (item[0], item[1]) in self._complete)
         if in_flight and self._entries.nack(item[0], item[1], item[2], size) == _msgid.COMPLETE:
             self._complete.add(item[0], item[1])
-        self._guard()
+        self.quiet = False
+        self._guard_left = self._guard_messages
+        return True
+
+    def _leave_state(self, item: Item) -> None:
+        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
+        self._handed.discard(*item)
+        self._returned.discard(*item)
+        self._held.pop(item, None)
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
@@ -801,11 +1014,16 @@ class NackingCore:
         """
         data = _stashed(message)
         if data is not None:
-            fields = _msgid.parse_id(data)
             with self._lock:
-                self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+                if (self.pending.count or self._handed.count or self._returned.count or self._complete.count
+                        or self._copies or self._nacks or self._last):
+                    fields = _msgid.parse_id(data)
+                    self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+                elif self._entries.ack_data(data) == _msgid.COMPLETE:  # the common path: one C call
+                    fields = _msgid.parse_id(data)
+                    self._complete.add(fields[0], fields[1])
             return _inner_message(message)
-        if self.quiet and not self._nacks and not self._copies and _is_message(message):
+        if self.quiet and not (self._nacks or self._copies or self._last) and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
         topic, ledger, entry, index = key
@@ -826,20 +1044,22 @@ class NackingCore:
     ) -> None:
         """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
         item = (ledger, entry, index)
-        if self._pending or self._handed or self._returned:
-            self._pending.discard(*item)
+        if self.pending.count or self._handed.count or self._returned.count:
+            self.pending.discard(*item)
             held = self._held.get(item)
             if held is not None:
                 self._after_ack.append(held)
             self._leave_state(item)
+        if self._copies or self._nacks or self._last:
+            self._forget_counts(item)
         if data is not None:
-            outcome = self._entries.ack_data(data, create=not self._complete)
+            outcome = self._entries.ack_data(data, create=not self._complete.count)
             if outcome == _msgid.MISSING:
                 if index >= 0 and (ledger, entry) in self._complete:
                     self._ack_complete_member(ledger, entry, foreign, topic)
                     return
                 outcome = self._entries.ack_data(data)
-        elif index >= 0 and self._complete and (ledger, entry) in self._complete:
+        elif index >= 0 and self._complete.count and (ledger, entry) in self._complete:
             self._ack_complete_member(ledger, entry, foreign, topic)
             return
         elif (self.quiet and not foreign) or (index >= 0 and size <= 0):
@@ -853,7 +1073,7 @@ class NackingCore:
 
     def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
         """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
-        if not (self._pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
+        if not (self.pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
                 or self._returned.has_entry(ledger, entry)):
             self._complete.discard(ledger, entry)
             self._entries.settle(ledger, entry)
@@ -896,51 +1116,52 @@ class NackingCore:
         with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
             now = monotonic_ms()
             for item in released:
-                if item in self._pending:
-                    self._pending.discard(*item)
+                if item in self.pending:
+                    self.pending.discard(*item)
                     self._handed.add(*item)
-                    self._enter_state(item, now)
             self._expire(now)
 
     def _expire(self, now: int) -> None:
-        """Under the lock: forget handed-off and returned messages older than ``STALE_MS``.
+        """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.
 
         Their entries leave the complete set: copies of their siblings are then delivered
         (the knowledge is incomplete), never filtered.
         """
-        while self._stale and now - self._stale[0][0] >= STALE_MS:
-            for item in self._stale.popleft()[1]:
-                since = self._since.get(item)
-                if since is not None and now - since >= STALE_MS:
-                    self._leave_state(item)
-                    self._complete.discard(item[0], item[1])
+        if now - self._aged_at < STALE_MS:
+            return
+        self._aged_at = now
+        for item in self._handed.age() + self._returned.age():
+            self._held.pop(item, None)
+            self._complete.discard(item[0], item[1])
 
     # ------------------------------------------------------------------ resets
 
-    def reset(self, keep_acks: bool = False) -> DueKeys:
-        """Forget every pending nack (before ``seek`` or redelivering everything); return them.
+    def reset(self, forget_counts: bool = True) -> DueKeys:
+        """Forget every pending nack; return them.
 
-        With *keep_acks* (redelivering everything), acked members of entries still being
-        processed stay known, so their copies are filtered; before a seek everything is
-        forgotten, since the broker delivers acked messages again after a seek back.
+        Before ``redeliver_unacknowledged_messages`` (``forget_counts=False``: the
+        messages come back now, their delivery counts still hold, and acked members of
+        entries still being processed stay known, so their copies are filtered) or
+        ``seek`` (``True``: the subscription starts afresh, acked messages and dead
+        letters included, since the broker delivers acked messages again after a seek
+        back).
         """
         with self._lock:
             dropped = self.tracker.drain()
-            for nack_set in (self._pending, self._handed, self._returned):
+            for nack_set in (self.pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
-            self._since.clear()
-            self._stale.clear()
             self._complete.clear()
             self._bare.clear()
             self._after_ack.clear()
-            if keep_acks:
-                self._entries.clear_nacks()
-            else:
+            if forget_counts:
                 self._entries.clear()
-            if self._copies is not None:
                 self._copies.clear()
-            self._nacks.clear()
+                self._nacks.clear()
+                self._last.clear()
+                self._stored.clear()
+            else:
+                self._entries.clear_nacks()
             self._guard()
         return dropped
 
@@ -948,28 +1169,33 @@ class NackingCore:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
         with self._lock:
-            for nack_set in (self._pending, self._handed, self._returned):
+            for nack_set in (self.pending, self._handed, self._returned):
                 nack_set.clear()
             self._held.clear()
-            self._since.clear()
-            self._stale.clear()
             self._complete.clear()
             self._entries.clear()
             self._bare.clear()
+            self._copies.clear()
+            self._nacks.clear()
+            self._last.clear()
+            self._stored.clear()
 
     # ------------------------------------------------------------------ counters
 
     def counts(self) -> dict[str, int]:
-        """Counters: received, delivered, swallowed, filtered, acked, nacked, handoffs, pending nacks."""
+        """Counters: received, delivered, swallowed, filtered, acked, nacked, dead-lettered, handoffs, pending nacks."""
         with self._lock:
             counts = dict(self._counts)
-            pending = len(self._pending)
-        received = _counter_value(self.received)
+            pending = len(self.pending)
+            steps = {}
+            for name, counter in (("received", self.received), ("acked", self.acked), ("nacked", self._nacked)):
+                steps[name] = next(counter) - self._reads[name]
+                self._reads[name] += 1
         return {
-            "received": received,
-            "delivered": received - counts["swallowed"] - counts["filtered"],
-            "acked": _counter_value(self.acked),
-            "nacked": _counter_value(self._nacked),
+            "received": steps["received"],
+            "delivered": steps["received"] - counts["swallowed"] - counts["filtered"],
+            "acked": steps["acked"],
+            "nacked": steps["nacked"],
             **counts,
             "pending_guarded": pending,
         }
@@ -977,20 +1203,23 @@ class NackingCore:
     def memory_bytes(self) -> int:
         """Bytes of the admission structures (nack sets, complete entries, entry table): an estimate."""
         with self._lock:
-            return (self._pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
+            return (self.pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
                     + self._complete.memory_bytes() + int(self._entries.memory_bytes()))
 
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            for nack_set in (self._pending, self._handed, self._returned):
-                nack_set._check()
+            self.pending._check()
+            self._handed._check()
+            self._returned._check()
+            self._stored._check()
             self._complete._check()
             self._entries._check()
             # A message is in one nack set at most; a held copy is of a returned message.
-            pending, handed, returned = (set(s.items()) for s in (self._pending, self._handed, self._returned))
+            pending, handed, returned = (set(s.items()) for s in (self.pending, self._handed, self._returned))
             assert not (pending & handed or pending & returned or handed & returned)
             assert set(self._held) <= returned
-            assert set(self._since) == handed | returned
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
+            # A message is at most one of: at its last delivery, on its way to the DLQ.
+            assert not (set(self._last) & self._sending)

@@ -22,6 +22,7 @@ from .config import ConsumerConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..consumer import NackingConsumer
+    from ..consumer.dead_letter import DeadLetter
 
 __all__ = ["close_executor_consumers", "executor_consumer"]
 
@@ -33,7 +34,7 @@ _RECONNECT_GRACE_S = 2.0
 class _Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
-    __slots__ = ("client", "consumer", "pid", "producers", "settings", "tasks", "uid")
+    __slots__ = ("client", "consumer", "dead_letter", "pid", "settings", "tasks", "uid")
 
     settings: tuple[Any, ...]
     pid: int
@@ -41,20 +42,22 @@ class _Entry:
     consumer: NackingConsumer | BuiltinNackConsumer
     uid: str
     tasks: int
-    producers: dict[str, Any]
+    dead_letter: DeadLetter | None  # created by the first dead letter
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close consumer, dead-letter producers and client; log, never raise."""
+        dead_letter, self.dead_letter = self.dead_letter, None
         for closer in (
             lambda: self.consumer.close(redeliver_pending=redeliver_pending),
-            *(producer.close for producer in self.producers.values()),
+            dead_letter.close if dead_letter is not None else None,
             self.client.close,
         ):
+            if closer is None:
+                continue
             try:
                 closer()
             except Exception:  # a broken connection: nothing more to do
                 _log.debug("closing %s failed", self.uid, exc_info=True)
-        self.producers.clear()
 
 
 _REGISTRY: dict[tuple[str, tuple[str, ...], str], _Entry] = {}
@@ -83,10 +86,20 @@ def _new_client(config: ConsumerConfig) -> Any:
         return config.client_factory(config.service_url)
     import pulsar
 
-    level = {"debug": "Debug", "info": "Info", "warn": "Warn", "error": "Error"}[config.log_level.lower()]
     options = dict(config.client_options)
-    options.setdefault("logger", pulsar.ConsoleLogger(getattr(pulsar.LoggerLevel, level)))
+    options.setdefault("logger", _client_logger(config.log_level))
     return pulsar.Client(config.service_url, **options)
+
+
+def _client_logger(level: str) -> logging.Logger:
+    """The Python logger a task's client logs to, at *level*.
+
+    Not ``pulsar.ConsoleLogger``: that one writes to stdout, which in local mode is the
+    driver's stdout. Python's logging prints warnings and errors on stderr by default.
+    """
+    logger = logging.getLogger(f"pulsar_nack.spark.client.{level.lower()}")
+    logger.setLevel({"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}[level.lower()])
+    return logger
 
 
 def _build(config: ConsumerConfig) -> _Entry:
@@ -129,7 +142,7 @@ def _build(config: ConsumerConfig) -> _Entry:
     entry.consumer = consumer
     entry.uid = f"{os.getpid()}-{next(_CONSUMERS_BUILT)}-{uuid.uuid4().hex[:6]}"
     entry.tasks = 0
-    entry.producers = {}
+    entry.dead_letter = None
     return entry
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
-from .config import ConsumerConfig, TaskBudget, dead_letter_topic
+from ..core.keys import message_key
+from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
 from .stats import TaskStats
@@ -34,12 +35,6 @@ _HOUSEKEEPING_S = 0.2
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
 Key = tuple[str, int, int, int]
-
-
-def _message_key(message: Any) -> Key:
-    """``(topic, ledger, entry, batch index)`` of a message."""
-    mid = message.message_id()
-    return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
 
 def _tracker_sample(tracker: Any) -> tuple[int | None, int | None]:
@@ -79,25 +74,16 @@ def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float
 
 
 def _dead_letter(entry: _Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
-    """Produce *message* to its dead-letter topic (synchronously)."""
-    topic = config.dead_letter_topic or dead_letter_topic(message.topic_name(), config.subscription)
-    producer = entry.producers.get(topic)
-    if producer is None:
-        producer = entry.producers[topic] = entry.client.create_producer(topic, batching_enabled=False)
-    properties = dict(message.properties())
-    properties.update(
-        {
-            "REAL_TOPIC": message.topic_name(),
-            "ORIGIN_MESSAGE_ID": str(message.message_id()),
-            "PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000],
-        }
+    """Send *message* to its dead-letter topic and wait until it is stored (the one sender, as the consumers)."""
+    from ..consumer.dead_letter import DeadLetter
+
+    if entry.dead_letter is None:
+        entry.dead_letter = DeadLetter(entry.client, config.subscription)
+    entry.dead_letter.send(
+        message,
+        topic=config.dead_letter_topic,
+        properties={"PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000]},
     )
-    kwargs: dict[str, Any] = {"properties": properties}
-    if message.partition_key():
-        kwargs["partition_key"] = message.partition_key()
-    if message.event_timestamp():
-        kwargs["event_timestamp"] = message.event_timestamp()
-    producer.send(message.data(), **kwargs)
 
 
 def _task_context() -> tuple[int, int]:
@@ -178,7 +164,7 @@ class _TaskRun:
         import pulsar
 
         budget, receive_timeout = self.budget, self.config.receive_timeout_ms
-        last_busy = self.start
+        last_busy = time.monotonic()  # idle from here: subscribing (in __init__) may take seconds
         while True:
             now = time.monotonic()
             self._housekeeping(now)
@@ -213,7 +199,7 @@ class _TaskRun:
         if count:
             self.counts["redelivered"] += 1
             if self.record_timings:
-                self.arrivals.append((_message_key(message), time.time() * 1000, count))
+                self.arrivals.append((message_key(message), time.time() * 1000, count))
         try:
             self.handler(message)
         except BaseException as error:
@@ -252,7 +238,7 @@ class _TaskRun:
         self.counts["nacked"] += 1
         if self.record_timings:
             now_ms = time.time() * 1000
-            self.nacks.append((_message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
+            self.nacks.append((message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
         if self.tracker is not None:
             self.peak_pending = _peak(self.peak_pending, len(self.tracker))
 

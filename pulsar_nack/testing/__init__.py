@@ -25,5 +25,6 @@ __all__ = ["BrokerError", "PulsarCluster", "PulsarStandalone", "quiet_client", "
 
 
 def start_broker() -> PulsarStandalone:
-    """Start Apache Pulsar standalone on loopback; the caller stops it."""
-    return PulsarStandalone().start()
+    """Start Apache Pulsar standalone on loopback (the newest release an installed JDK runs,
+    batch-index acknowledgement on); the caller stops it."""
+    return PulsarStandalone(batch_index_ack=True).start()

@@ -1,7 +1,8 @@
 """A small client of Apache Pulsar's admin REST API (``/admin/v2``), for tests and benchmarks.
 
 Only what the tests need: namespaces, partitioned topics, topic and subscription stats,
-topic lookups, and unloading topics, bundles and namespaces (to move them between brokers).
+topic lookups, unloading topics, bundles and namespaces (to move them between brokers),
+and the broker's version and runtime configuration.
 Topic names may be short (``orders``) or full (``persistent://public/default/orders``);
 namespaces are ``tenant/namespace``.
 """
@@ -15,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from .._validate import check_int
+from ..core.keys import split_topic
 from ..errors import BrokerError
 
 __all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
@@ -24,18 +26,8 @@ _MAX_REDIRECTS = 3
 
 
 def topic_path(topic: str) -> str:
-    """``persistent/public/default/orders`` for ``orders`` or its full name."""
-    if not isinstance(topic, str) or not topic:
-        raise TypeError("topic must be a non-empty str")
-    domain, sep, rest = topic.partition("://")
-    if not sep:
-        domain, rest = "persistent", topic
-    parts = rest.split("/")
-    if len(parts) == 1:
-        parts = ["public", "default", *parts]
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"not a topic name: {topic!r}")
-    return "/".join([domain, *parts])
+    """``persistent/public/default/orders`` for ``orders`` or its full name (:func:`~pulsar_nack.core.keys.split_topic`)."""
+    return "/".join(split_topic(topic))
 
 
 def namespace_path(namespace: str) -> str:
@@ -93,8 +85,20 @@ class PulsarAdmin:
             return answer_text.strip()
         return json.loads(answer_text) if answer_text.strip() else None
 
+    def request_text(self, method: str, path: str, body: Any = None) -> str:
+        """One call on ``/admin/v2/{path}``; the answer as text (some answers, like the version, are not JSON)."""
+        return str(self._send(method, f"admin/v2/{path}", body, text=True))
+
     def namespaces(self, tenant: str) -> list[str]:
         return list(self.request("GET", f"namespaces/{tenant}"))
+
+    def broker_version(self) -> str:
+        """The Pulsar version the broker reports (``brokers/version``), e.g. ``"4.0.8"``."""
+        return self.request_text("GET", "brokers/version").strip()
+
+    def runtime_configuration(self) -> dict[str, str]:
+        """Every broker setting as the broker runs with it (``brokers/configuration/runtime``), as strings."""
+        return {str(key): str(value) for key, value in dict(self.request("GET", "brokers/configuration/runtime")).items()}
 
     def create_partitioned_topic(self, topic: str, partitions: int) -> str:
         """Create *topic* with *partitions* partitions (1-10,000); return its full name."""
