@@ -21,14 +21,13 @@ Run: ``python -m bench.faults [--threads-runs N] [--demo-messages N] [--no-spark
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._common import print_table, start_context, write_result
+from ._common import finish, parser, print_table, start_context
 
 ARMS = ("ours", "builtin")
 
@@ -74,12 +73,12 @@ def _spark_demos(cluster: Any, messages: int) -> list[dict[str, Any]]:
     return demos
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads-runs", type=int, default=3, help="runs of the eight-thread scenario (default 3)")
-    parser.add_argument("--demo-messages", type=int, default=20_000, help="events of each demo run (default 20,000)")
-    parser.add_argument("--no-spark", action="store_true", help="skip the Spark demo runs")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> None:
+    args_parser = parser(__doc__, "bench.faults")
+    args_parser.add_argument("--threads-runs", type=int, default=3, help="runs of the eight-thread scenario (default 3)")
+    args_parser.add_argument("--demo-messages", type=int, default=20_000, help="events of each demo run (default 20,000)")
+    args_parser.add_argument("--no-spark", action="store_true", help="skip the Spark demo runs")
+    args = args_parser.parse_args(argv)
 
     from pulsar_nack.testing import PulsarCluster
     from pulsar_nack.testing.faults import EARLY_MS, LATE_S, PRECISION_BITS, QUIET_S
@@ -102,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_spark:
             demos = _spark_demos(cluster, args.demo_messages)
     payload = {
+        "method": __doc__,
         "broker": f"Apache Pulsar {version}, PulsarCluster (ZooKeeper, one bookie, two brokers)",
         "precision_bits": PRECISION_BITS,
         "early_ms": EARLY_MS,
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         "faults": runs,
         "spark_demo": demos,
     }
-    path = write_result("faults", payload, start)
-    print(f"wrote {path}")
-    return 0
+    from .report import faults_table
+
+    finish(args, "faults", payload, start, table=faults_table)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
