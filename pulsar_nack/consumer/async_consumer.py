@@ -37,7 +37,7 @@ from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from .common import ConsumerBase
-from .nacking import TopicMatcher
+from .nacking import TopicMatcher, raw_id
 from .retry import RetryLetter, retry_topics_for
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
@@ -90,20 +90,24 @@ class AsyncNackingConsumer(ConsumerBase):
     async def receive(self) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Early copies of messages whose nack is still pending (a batch sibling's
-        redelivery, an ack timeout) are swallowed here, left unacked: their own handoff
-        brings them back. With a dead-letter policy, a message the application has seen
-        ``max_redeliver_count + 1`` times goes to the dead-letter topic instead.
-        Cancelling a receive (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``.
-        Runtime complexity: O(1) per received message.
+        Copies the application must not see (of a message whose nack is pending, of a
+        message that came back and is not settled yet, of an acked message) are dropped
+        here: see :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit`. With a
+        dead-letter policy, a message the application has seen ``max_redeliver_count +
+        1`` times goes to the dead-letter topic instead. Cancelling a receive
+        (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``. Runtime complexity:
+        O(1) per received message.
         """
         self._check_open()
         if self._retry is not None:
             return await self._receive_retrying(self._retry)
-        admit = self._core.admit
+        core = self._core
         while True:
             message = await self._consumer.receive()
-            if admit(message._message):
+            if core.quiet and not core.counting:
+                next(core.received)
+                return message
+            if core.admit(message):
                 return message
 
     async def _receive_retrying(self, retry: RetryLetter) -> pulsar.Message:
@@ -134,7 +138,7 @@ class AsyncNackingConsumer(ConsumerBase):
             if self._main_receive in done:
                 main, self._main_receive = self._main_receive, None
                 message = main.result()
-                if admit(message._message):
+                if admit(message):
                     return message
 
     def _drop_main_receive(self) -> None:
@@ -168,7 +172,9 @@ class AsyncNackingConsumer(ConsumerBase):
             self._retry.acknowledge(message)
         else:
             raw = self._core.before_ack(message)
-            await self._consumer.acknowledge(raw)
+            if raw is not None:  # None: recorded, acked with its entry
+                await self._consumer.acknowledge(raw)
+            self._core.after_ack()
         next(self._core.acked)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
@@ -177,7 +183,8 @@ class AsyncNackingConsumer(ConsumerBase):
         if self._retry is not None and self._retry.owns(message):
             raise ValueError("a retry copy cannot be acknowledged cumulatively (its subscription is Shared)")
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw)
+        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.

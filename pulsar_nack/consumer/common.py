@@ -10,6 +10,7 @@ that block or are awaited.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any, TypedDict
@@ -25,6 +26,8 @@ from .settings import ConsumerSettings
 
 __all__ = ["DEAD_LETTER_DRAIN_S", "ConsumerBase", "ConsumerStats"]
 
+_log = logging.getLogger(__name__)
+
 DEAD_LETTER_DRAIN_S = 5.0
 """``close()`` waits this long for dead letters in flight, so their originals get acknowledged."""
 
@@ -35,6 +38,7 @@ class _ConsumerCounts(TypedDict):
     received: int
     delivered: int
     swallowed: int
+    filtered: int
     acked: int
     nacked: int
     dead_lettered: int
@@ -105,7 +109,7 @@ class ConsumerBase:
         raw = getattr(consumer, "_consumer", None)
         self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
         self._consumer = consumer
-        core = NackingCore(self._hand_off, topics, settings)
+        core = NackingCore(self._hand_off, topics, settings, acknowledge=self._ack_quietly)
         self._route = None
         if core.counting:
             try:
@@ -132,6 +136,20 @@ class ConsumerBase:
         nack = self._raw.negative_acknowledge if self._raw is not None else self._consumer.negative_acknowledge
         for message_id in ids:
             nack(message_id)
+
+    def _ack_quietly(self, message: Any) -> None:
+        """Core callback: acknowledge a copy the application does not see (or a whole entry).
+
+        ``acknowledge`` only queues the ack in the client's ack group; it never waits.
+        Not counted as an acknowledgement of the application.
+        """
+        try:
+            if self._raw is not None:
+                self._raw.acknowledge(message)
+            else:
+                self._consumer.acknowledge(message)
+        except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
+            _log.warning("could not acknowledge a filtered copy", exc_info=True)
 
     def _acknowledge_async(self, message_id: _pulsar.MessageId) -> None:
         """Acknowledge without waiting (dead letters: runs on a client thread)."""

@@ -267,8 +267,10 @@ def check_retry_args(topics: object, retry_letter_topic: object, subscribe_kwarg
     """
     if not isinstance(topics, list):
         raise ValueError("retry_enable=True needs topic names, not a pattern (the retry topic is named after the first topic)")
-    if retry_letter_topic is not None and (not isinstance(retry_letter_topic, str) or not retry_letter_topic):
-        raise TypeError("retry_letter_topic must be a non-empty str or None")
+    if retry_letter_topic is not None and not isinstance(retry_letter_topic, str):
+        raise TypeError(f"retry_letter_topic must be a str or None, not {type(retry_letter_topic).__name__}")
+    if retry_letter_topic == "":
+        raise ValueError("retry_letter_topic must not be empty")
     kind = subscribe_kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive)
     name = getattr(kind, "name", kind)
     if name not in _CONSUMER_TYPES:

@@ -65,10 +65,11 @@ class ConsumerSettings:
         made that much early. Leave the default unless you subscribed it yourself.
     coalesce_ms : int
         Minimum gap between two handoff bursts.
-    guard_unbatched : bool
-        Also swallow early copies of nacked non-batched messages (the client's ack
-        timeout would redeliver them before their delay). ``subscribe`` sets it when
-        ``unacked_messages_timeout_ms`` is given.
+    always_guard : bool
+        Check every received message all the time, not only from the start, around
+        nacks and for a while after (see ``docs/consumer.md``, "Reconnects").
+        ``subscribe`` sets it when ``unacked_messages_timeout_ms`` is given: the
+        client's ack timeout then redelivers messages at any moment.
     retry_enable : bool
         Durable retries through a retry letter topic (``reconsume_later``), as the Java
         client's ``enableRetry`` (see :mod:`~pulsar_nack.consumer.retry`).
@@ -90,7 +91,7 @@ class ConsumerSettings:
     dead_letter_policy: pulsar.ConsumerDeadLetterPolicy | None = None
     handoff_delay_ms: int = HANDOFF_DELAY_MS
     coalesce_ms: int = COALESCE_MS
-    guard_unbatched: bool = False
+    always_guard: bool = False
     retry_enable: bool = False
     retry_letter_topic: str | None = None
 
@@ -107,11 +108,13 @@ class ConsumerSettings:
             raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
         check_ms("handoff_delay_ms", self.handoff_delay_ms)
         check_ms("coalesce_ms", self.coalesce_ms)
-        check_bool("guard_unbatched", self.guard_unbatched)
+        check_bool("always_guard", self.always_guard)
         check_bool("retry_enable", self.retry_enable)
         topic = self.retry_letter_topic
-        if topic is not None and (not isinstance(topic, str) or not topic):
-            raise TypeError("retry_letter_topic must be a non-empty str or None")
+        if topic is not None and not isinstance(topic, str):
+            raise TypeError(f"retry_letter_topic must be a str or None, not {type(topic).__name__}")
+        if topic == "":
+            raise ValueError("retry_letter_topic must not be empty")
         if topic is not None and not self.retry_enable:
             raise ValueError("retry_letter_topic needs retry_enable=True")
 
@@ -139,7 +142,7 @@ def subscribe_settings(
     """The settings of a ``subscribe`` call; adjusts the keywords passed on to the client.
 
     Takes ``dead_letter_policy`` out of *subscribe_kwargs* (the wrapper sends dead
-    letters itself, counting deliveries to the application), guards unbatched nacks when
+    letters itself, counting deliveries to the application), guards all the time when
     an ack timeout is set (``unacked_messages_timeout_ms``, 0 meaning none as in
     pulsar), and defaults ``batch_index_ack_enabled`` to True. Validates everything it
     reads before changing anything.
@@ -151,7 +154,7 @@ def subscribe_settings(
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
         dead_letter_policy=subscribe_kwargs.get("dead_letter_policy"),
-        guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+        always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
     )

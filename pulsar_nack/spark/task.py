@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
+from ..core.keys import message_key
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
@@ -50,8 +51,7 @@ def _message_key(message: Any) -> Key:
         key = origin_key(message)
         if key is not None:
             return key
-    mid = message.message_id()
-    return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
+    return message_key(message)
 
 
 def _tracker_sample(tracker: Any) -> tuple[int | None, int | None]:
@@ -201,6 +201,8 @@ class _TaskRun:
                 now = time.monotonic()
                 if budget.drain_pending and self._pending_retries(now):
                     last_busy = now
+                elif not self.consumer.is_connected():
+                    last_busy = now  # its broker is away (a failover): not idle, the messages are still there
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
                     return
