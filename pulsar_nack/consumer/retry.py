@@ -460,6 +460,7 @@ class RetryLetter:
             self._hand_off,
             [topics.retry_letter_topic],
             ConsumerSettings(negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS, never_early=True),
+            acknowledge=self._ack_copy,
         )
         self._own_dead_letter = dead_letter is None
         self._dead_letter = dead_letter or DeadLetter(
@@ -552,8 +553,15 @@ class RetryLetter:
     def acknowledge(self, message: Any) -> None:
         """Acknowledge a retry copy on the retry topic's consumer (and forget its hold state)."""
         raw_id = self._hold.before_ack(message)
-        if self._consumer is not None:
-            self._consumer.acknowledge(raw_id)
+        if raw_id is not None:  # None: recorded, acked with its entry (by after_ack)
+            self._ack_copy(raw_id)
+        self._hold.after_ack()
+
+    def _ack_copy(self, message: Any) -> None:
+        """Acknowledge a copy or id on the retry topic's consumer (also the hold's acks of copies of acked copies)."""
+        consumer = self._consumer
+        if consumer is not None:
+            consumer.acknowledge(message)
 
     def nack(self, message: Any, delay_ms: int | None) -> None:
         """Negative acknowledgement of a retry copy: tracked never-early; the delay as :meth:`delay_for`."""
