@@ -408,9 +408,9 @@ class RetryLetter:
 
     Built by ``subscribe(..., retry_enable=True)``; the blocking and the asyncio consumer
     both use it. As in the Java client, the retry topic is read by a Shared subscription
-    of the consumer's subscription name, here a consumer of its own (a single-topic
-    consumer costs the C++ client a third to a half of the CPU per message of a
-    multi-topic one: the ``receive`` part of ``bench/results/retry.json``). Its copies
+    of the consumer's subscription name, here a consumer of its own, so the consumer's
+    own topics stay on a single-topic consumer and its fast receive path (the cost per
+    message: the ``receive`` part of ``bench/results/retry.json``). Its copies
     arrive on the client's listener thread (:meth:`_on_copy`): one due now is queued
     for the application, one due within :data:`MEMORY_HOLD_MS` is kept here until due,
     one due later is nacked into a never-early tracker of its own. :meth:`submit` never blocks: it returns a
