@@ -204,3 +204,14 @@ def test_a_copy_due_within_150_ms_is_kept_in_memory_until_due_and_a_later_one_is
     finally:
         retry.close(redeliver_pending=False)
         client.close()
+
+
+def test_retry_stages_split_the_time_after_due_into_broker_and_consumer():
+    from pulsar_nack.spark.stats import retry_stages
+
+    task: dict = {"retry_stages": [(1_000, 950, 1_010.0), (2_000, 2_300, 2_305.0), (3_000, None, 3_020.0), (None, 5, 6.0)]}
+    stages = retry_stages([task])
+    assert stages["after_due"] == {"count": 3, "min": 10.0, "p50": 20.0, "p99": 305.0, "max": 305.0}
+    assert (stages["broker"]["min"], stages["broker"]["max"]) == (-50.0, 300.0)  # 50 ms early (held), 300 ms late
+    assert (stages["consumer"]["min"], stages["consumer"]["max"]) == (5.0, 10.0)
+    assert retry_stages([{"retry_stages": []}]) == {}  # type: ignore[list-item, typeddict-item]

@@ -592,6 +592,7 @@ def _summarize(
         "failure_rate": args.failure_rate,
         "redelivery_lateness_ms": {k: stats["lateness_ms"][k] for k in ("count", "min", "p50", "p99", "max")},
         "retry_wait_ms": _retry_wait(stats["retries"]),
+        "retry_stages_ms": stats["retry_stages_ms"],
         "peak_pending_nacks": stats["peak_pending_nacks"],
         "peak_tracker_memory_bytes": stats["peak_tracker_memory_bytes"],
         "tasks": stats["tasks"],

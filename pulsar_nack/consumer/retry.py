@@ -335,7 +335,13 @@ class RetryMessage(pulsar.Message):
     - ``redelivery_count()`` is ``RECONSUMETIMES``, how many times it was reconsumed (the
       broker's count of the copy itself also counts the times it was held, and says
       nothing about the message).
+
+    ``arrived_at_ms`` is when the retry topic's consumer received the copy (epoch ms: the
+    broker's delivery, or the hold's redelivery of a copy that came more than
+    :data:`MEMORY_HOLD_MS` early), None when not known (a ``message_listener``'s copies).
     """
+
+    arrived_at_ms: int | None = None
 
     def topic_name(self) -> str:
         """The original topic (``REAL_TOPIC``), or the retry topic if the property is missing."""
@@ -353,6 +359,10 @@ class RetryMessage(pulsar.Message):
     def redelivery_count(self) -> int:
         """How many times the message came back: its ``RECONSUMETIMES``."""
         return reconsume_times(self._message)
+
+    def due_at_ms(self) -> int | None:
+        """When this copy was due (epoch ms): its publish time + ``DELAY_TIME``."""
+        return due_time_ms(self._message)
 
 
 def origin_key(message: Any) -> tuple[str, int, int, int] | None:
@@ -470,7 +480,8 @@ class RetryLetter:
         self._deliver: Callable[[_pulsar.Message], None] | None = None
         self._wake: Callable[[], None] | None = None
         self._producer_future = None
-        self._in_memory: list[tuple[int, int, _pulsar.Message]] = []  # (due epoch ms, sequence, copy)
+        self._in_memory: list[tuple[int, int, _pulsar.Message, int]] = []  # (due epoch ms, sequence, copy, arrival)
+        self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
         self._sequence = itertools.count()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held", "retry_delivered"), 0)
@@ -572,6 +583,7 @@ class RetryLetter:
         self._hold.reset()
         with self._lock:
             self._in_memory.clear()
+            self._arrived.clear()
         if self._consumer is not None:
             self._consumer.redeliver_unacknowledged_messages()
 
@@ -736,7 +748,8 @@ class RetryLetter:
         if in_memory and left <= MEMORY_HOLD_MS:
             with self._lock:
                 if not self._closed:
-                    heapq.heappush(self._in_memory, (self._clock_ms() + max(left, 0), next(self._sequence), raw))
+                    now = self._clock_ms()
+                    heapq.heappush(self._in_memory, (now + max(left, 0), next(self._sequence), raw, now))
             wake = self._wake
             if wake is not None:
                 wake()
@@ -751,7 +764,9 @@ class RetryLetter:
         with self._lock:
             if self._in_memory and self._in_memory[0][0] <= self._clock_ms():
                 self._counts["retry_delivered"] += 1
-                return heapq.heappop(self._in_memory)[2]
+                _due, _sequence, raw, arrived = heapq.heappop(self._in_memory)
+                self._arrived[id(raw)] = arrived
+                return raw
         return None
 
     def ms_to_next_due(self) -> int | None:
@@ -764,8 +779,9 @@ class RetryLetter:
             return max(self._in_memory[0][0] - self._clock_ms(), 0)
 
     def message(self, raw: _pulsar.Message, schema: Any) -> RetryMessage:
-        """The :class:`RetryMessage` the application gets for the copy *raw*."""
+        """The :class:`RetryMessage` the application gets for the copy *raw* (with its arrival, if queued here)."""
         wrapped = RetryMessage()
+        wrapped.arrived_at_ms = self._arrived.pop(id(raw), None)
         wrapped._message = raw
         wrapped._schema = schema if schema is not None else pulsar.schema.BytesSchema()
         return wrapped
@@ -794,6 +810,7 @@ class RetryLetter:
             self._closed = True
             producer, self._producer_future = self._producer_future, None
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
+            self._arrived.clear()
         self._hold.close(redeliver_pending)
         consumer, self._consumer = self._consumer, None
         for closer in (

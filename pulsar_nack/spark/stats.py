@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-__all__ = ["RunStats", "TaskStats", "aggregate_task_stats"]
+__all__ = ["RunStats", "TaskStats", "aggregate_task_stats", "retry_stages"]
 
 
 class TaskStats(TypedDict):
@@ -48,6 +48,7 @@ class TaskStats(TypedDict):
     first_received_at_ms: float | None  # wall-clock ms of this task's first message; None: none came
     nacks: list[tuple[tuple[str, int, int, int], float, float]]  # (key, nacked_at, requested_at)
     arrivals: list[tuple[tuple[str, int, int, int], float, int]]  # (key, arrived_at, count)
+    retry_stages: list[tuple[int | None, int | None, float]]  # durable: (due, at its consumer, handed over)
     collected: list[Any]
 
 
@@ -74,6 +75,7 @@ class RunStats(TypedDict):
     retries: list[tuple[tuple[str, int, int, int], float, float, float]]  # (key, nacked_at, requested_at, arrived_at)
     unmatched_nacks: int  # nacks with no later arrival recorded (e.g. its task attempt failed)
     lateness_ms: dict[str, float | None]  # arrival - requested: count, min, p50, p99, max
+    retry_stages_ms: dict[str, dict[str, float | None]]  # durable retries: where the time after the due time went
     wall_ms: float
     messages_per_s: float
     collected: list[Any]
@@ -125,6 +127,38 @@ def _match_retries(
             position += 1
     retries.sort(key=lambda r: r[1])
     return retries, unmatched
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    """count, min, p50, p99, max of *values* (sorted here), rounded to 0.1."""
+    values.sort()
+    if not values:
+        return {"count": 0, "min": None, "p50": None, "p99": None, "max": None}
+    return {"count": len(values), "min": round(values[0], 1), "p50": round(_percentile(values, 0.50), 1),
+            "p99": round(_percentile(values, 0.99), 1), "max": round(values[-1], 1)}  # fmt: skip
+
+
+def retry_stages(tasks: Sequence[TaskStats]) -> dict[str, dict[str, float | None]]:
+    """Durable retries: where the time went after each copy was due (ms; empty without durable retries).
+
+    ``broker``: arrival at the retry topic's consumer minus the due time (publish time +
+    ``DELAY_TIME``; negative: delivered early, then held); ``consumer``: handed to the
+    handler minus the later of the two (held until due, queued, or waiting for the task's
+    next receive); ``after_due``: handed over minus the due time. The demo's lateness also
+    counts the produce, from the reconsume call to the copy's publish time.
+    """
+    broker, consumer, after_due = [], [], []
+    for task in tasks:
+        for due, arrived, handed in task.get("retry_stages", ()):
+            if due is None:
+                continue
+            after_due.append(handed - due)
+            if arrived is not None:
+                broker.append(float(arrived - due))
+                consumer.append(handed - max(arrived, due))
+    if not after_due:
+        return {}
+    return {"broker": _spread(broker), "consumer": _spread(consumer), "after_due": _spread(after_due)}
 
 
 def aggregate_task_stats(tasks: Sequence[TaskStats], *, wall_ms: float | None = None, rounds: int = 1) -> RunStats:
@@ -187,6 +221,7 @@ def aggregate_task_stats(tasks: Sequence[TaskStats], *, wall_ms: float | None = 
             "p99": round(_percentile(lateness, 0.99), 1) if lateness else None,
             "max": round(lateness[-1], 1) if lateness else None,
         },
+        retry_stages_ms=retry_stages(tasks),
         wall_ms=round(wall_ms, 1),
         messages_per_s=round(total["acked"] / (wall_ms / 1000), 1) if wall_ms > 0 else 0.0,
         collected=collected,

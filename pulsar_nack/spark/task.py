@@ -148,6 +148,7 @@ class _TaskRun:
         self.handler_errors: dict[str, int] = {}
         self.nacks: list[tuple[Key, float, float]] = []
         self.arrivals: list[tuple[Key, float, int]] = []
+        self.retry_stages: list[tuple[int | None, int | None, float]] = []  # durable: (due, at the consumer, handed over)
         self.collected: list[Any] = []
         self.peak_pending: int | None = None if self.tracker is None else len(self.tracker)
         self.peak_memory: int | None = None if self.tracker is None else 0
@@ -219,7 +220,10 @@ class _TaskRun:
         if count:
             self.counts["redelivered"] += 1
             if self.record_timings:
-                self.arrivals.append((_message_key(message), time.time() * 1000, count))
+                arrived = time.time() * 1000
+                self.arrivals.append((_message_key(message), arrived, count))
+                if self.durable and callable(getattr(message, "due_at_ms", None)):
+                    self.retry_stages.append((message.due_at_ms(), message.arrived_at_ms, arrived))
         try:
             self.handler(message)
         except BaseException as error:
@@ -363,6 +367,7 @@ class _TaskRun:
             first_received_at_ms=self.first_received_at_ms,
             nacks=self.nacks,
             arrivals=self.arrivals,
+            retry_stages=self.retry_stages,
             collected=self.collected,
         )
 
