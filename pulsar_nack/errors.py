@@ -6,7 +6,8 @@
     ├── ClosedError (also a RuntimeError)
     │   ├── TrackerClosedError    a tracker used after close()
     │   └── ConsumerClosedError   a NackingConsumer used after close()
-    └── BrokerError (also a RuntimeError)   a test broker failed
+    ├── BrokerError (also a RuntimeError)   a test broker failed
+    └── UnsupportedClientError (also an ImportError)   pulsar-client lacks what we use
 
 The closed errors and :class:`BrokerError` subclass ``RuntimeError`` too, as the bare
 ``RuntimeError`` they replace, so existing ``except RuntimeError`` clauses still work.
@@ -16,7 +17,14 @@ Bad arguments are not errors of this family: they raise the built-in ``TypeError
 
 from __future__ import annotations
 
-__all__ = ["BrokerError", "ClosedError", "ConsumerClosedError", "PulsarNackError", "TrackerClosedError"]
+__all__ = [
+    "BrokerError",
+    "ClosedError",
+    "ConsumerClosedError",
+    "PulsarNackError",
+    "TrackerClosedError",
+    "UnsupportedClientError",
+]
 
 
 class PulsarNackError(Exception):
@@ -40,4 +48,14 @@ class BrokerError(PulsarNackError, RuntimeError):
 
     The message says what is missing or what failed, with the tail of the broker's log
     where there is one.
+    """
+
+
+class UnsupportedClientError(PulsarNackError, ImportError):
+    """The installed ``pulsar-client`` lacks a name the consumers use.
+
+    Raised when :mod:`pulsar_nack.consumer` (or :mod:`pulsar_nack.asyncio`) is imported,
+    or by ``subscribe`` for a consumer built differently than expected. The message
+    names the pulsar-client version found, the range pulsar-nack supports and what is
+    missing. An ``ImportError`` too: the failure is that of importing the consumer layer.
     """

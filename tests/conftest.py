@@ -6,6 +6,7 @@ for it and stops at the session's end.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -28,9 +29,41 @@ def broker_pool() -> Iterator[dict[str, Any]]:
             pool.popitem()[1].stop()
 
 
+class RunningBroker:
+    """A broker this session did not start (``PULSAR_NACK_TEST_BROKER``): only its URLs.
+
+    ``tools/client_matrix.py`` runs the consumer tests of several pulsar-client versions
+    against one broker this way. A test that restarts the broker is skipped.
+    """
+
+    def __init__(self, url: str, admin_url: str) -> None:
+        from pulsar_nack.testing.admin import PulsarAdmin
+
+        self.url, self.admin_url = url, admin_url
+        self.admin = PulsarAdmin(admin_url)
+        self.pid = None
+
+    def create_partitioned_topic(self, topic: str, partitions: int) -> str:
+        return str(self.admin.create_partitioned_topic(topic, partitions))
+
+    def restart(self, timeout_s: float = 30.0) -> None:
+        pytest.skip("the broker is shared (PULSAR_NACK_TEST_BROKER): not restarted")
+
+    def stop(self) -> None:
+        """Not ours to stop."""
+
+
 @pytest.fixture(scope="session")
 def session_broker(broker_pool: dict[str, Any]) -> Any:
-    """Apache Pulsar standalone, shared by the session."""
+    """Apache Pulsar standalone, shared by the session.
+
+    ``PULSAR_NACK_TEST_BROKER="pulsar://HOST:PORT http://HOST:PORT"`` uses a broker that
+    is already running instead (see :class:`RunningBroker`).
+    """
+    running = os.environ.get("PULSAR_NACK_TEST_BROKER")
+    if running:
+        url, admin_url = running.split()
+        return RunningBroker(url, admin_url)
     if "apache" not in broker_pool:
         from pulsar_nack.testing import PulsarStandalone
 

@@ -1,0 +1,332 @@
+"""The one seam between pulsar-nack and pulsar-client's private surface.
+
+Every use of a private name of ``pulsar`` or ``_pulsar`` lives here and nowhere else
+(``tests/test_client_seam.py`` greps the package for it): the ``_pulsar`` extension
+module and its ``Message``, ``MessageId`` and ``Consumer`` types, the wrappers' inner
+objects (``pulsar.Message._message``, ``pulsar.MessageId._msg_id``,
+``pulsar.Consumer._consumer`` and ``._schema``, ``pulsar.asyncio.Consumer._consumer``)
+and the body of ``pulsar.Consumer.receive``, which :func:`wrap_message` repeats.
+
+Why reach in at all
+    The consumers receive, acknowledge and hand off ids on the ``_pulsar.Consumer``
+    directly (a wrapper call less per message, and the timer thread never enters
+    ``pulsar.asyncio``), and the handoff needs an entry-level id with its topic set
+    (``_pulsar.MessageId(partition, ledger, entry, -1)`` and its ``topic_name(str)``
+    setter), which the public API cannot build.
+
+Supported clients
+    :data:`SUPPORTED` (also ``pulsar-client`` in ``pyproject.toml``). Importing this
+    module checks that the client has every name used here (:func:`missing_names`)
+    and raises :class:`~pulsar_nack.errors.UnsupportedClientError` otherwise, naming
+    the version found and the range. The oldest supported release is where the
+    handoff id's topic setter arrived (3.8.0; 3.3.0 brought ``batch_index_ack_enabled``);
+    :func:`load_asyncio` needs 3.10.0, the first ``pulsar.asyncio.Consumer`` with the
+    whole surface the asyncio consumer mirrors. ``tools/client_matrix.py`` runs the
+    consumer tests on the oldest and the newest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import operator
+import warnings
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+import pulsar
+
+from ..errors import UnsupportedClientError
+
+try:
+    import _pulsar
+except ImportError:  # pragma: no cover (every pulsar-client has it; check_client says what is missing)
+    _pulsar = None
+
+__all__ = [
+    "ASYNCIO_MIN_VERSION",
+    "MESSAGE_ID_TYPES",
+    "MIN_VERSION",
+    "RECEIVED_TYPES",
+    "SUPPORTED",
+    "RawConsumer",
+    "RawMessage",
+    "RawMessageId",
+    "check_client",
+    "client_version",
+    "consumer_schema",
+    "entry_id",
+    "inner_message",
+    "inner_message_id",
+    "load_asyncio",
+    "missing_asyncio_names",
+    "missing_names",
+    "raw_async_consumer",
+    "raw_consumer",
+    "received",
+    "unwrap_message",
+    "wrap_message",
+]
+
+MIN_VERSION = (3, 8, 0)
+"""The oldest pulsar-client the blocking consumer supports: ``_pulsar.MessageId.topic_name(str)``."""
+ASYNCIO_MIN_VERSION = (3, 10, 0)
+"""The oldest for :mod:`pulsar_nack.asyncio`: ``pulsar.asyncio.Consumer`` with its whole surface."""
+NEXT_MAJOR = 4
+"""The first major release not supported (not released when this was written)."""
+SUPPORTED = f">={'.'.join(map(str, MIN_VERSION))},<{NEXT_MAJOR}"
+"""The supported range, as in ``pyproject.toml``."""
+
+# Names that must exist, per owner. Instance attributes (``_consumer``, ``_message``, ...)
+# are set inside the client's methods, so they are looked for in those methods' code.
+_RAW_NAMES = {
+    "Message": ("message_id", "topic_name", "redelivery_count"),
+    "MessageId": ("ledger_id", "entry_id", "batch_index", "partition", "serialize", "topic_name"),
+    "Consumer": ("receive", "acknowledge", "negative_acknowledge"),
+}
+_SUBSCRIBE_KEYWORDS = ("negative_ack_redelivery_delay_ms", "batch_index_ack_enabled", "message_listener")
+_ASYNC_CONSUMER_METHODS = (
+    "receive", "acknowledge", "acknowledge_cumulative", "seek", "get_last_message_id",
+    "redeliver_unacknowledged_messages", "unsubscribe", "close", "topic", "subscription_name", "consumer_name",
+)  # fmt: skip
+
+
+def client_version(module: ModuleType | None = None) -> str:
+    """The installed pulsar-client's version, or *module*'s ``__version__`` (a stand-in's).
+
+    >>> client_version().count(".") >= 2
+    True
+    """
+    if module is not None:
+        return str(getattr(module, "__version__", "unknown"))
+    try:
+        return importlib.metadata.version("pulsar-client")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(pulsar, "__version__", "unknown"))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """``(3, 13, 0)`` for ``"3.13.0"``; non-numeric parts end it (``"4.0.0rc1"`` -> ``(4, 0)``)."""
+    parts: list[int] = []
+    for part in version.split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def _missing_attrs(owner: Any, label: str, names: Iterable[str]) -> list[str]:
+    """``label.name`` for each of *names* that *owner* lacks; none for a missing owner (reported once, by its parent)."""
+    return [] if owner is None else [f"{label}.{name}" for name in names if not hasattr(owner, name)]
+
+
+def _member(owner: Any, name: str) -> Any:
+    """``owner.name``, or None if *owner* is None or lacks it."""
+    return None if owner is None else getattr(owner, name, None)
+
+
+def _missing_in_code(function: Any, label: str, names: Iterable[str]) -> list[str]:
+    """The instance attributes among *names* that *function*'s code does not use (none for a missing function)."""
+    if function is None:
+        return []
+    code = getattr(function, "__code__", None)
+    used = set(code.co_names) if code is not None else set()
+    return [f"{label} using .{name}" for name in names if name not in used]
+
+
+def _missing_keywords(function: Any, label: str, names: Iterable[str]) -> list[str]:
+    if function is None:
+        return []
+    try:
+        parameters: Iterable[str] = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        parameters = ()
+    return [f"{label}({name}=...)" for name in names if name not in parameters]
+
+
+def _missing_entry_id(raw_module: Any) -> list[str]:
+    """Build an entry-level id with its topic set, as :func:`entry_id` does; what fails, if anything."""
+    if not hasattr(getattr(raw_module, "MessageId", None), "topic_name"):
+        return []  # reported as missing already
+    try:
+        message_id = raw_module.MessageId(-1, 0, 0, -1)
+        message_id.topic_name("persistent://public/default/probe")
+    except Exception:
+        return ["_pulsar.MessageId(partition, ledger, entry, batch).topic_name(str)"]
+    return []
+
+
+def missing_names(pulsar_module: Any, raw_module: Any) -> list[str]:
+    """What the blocking consumer uses and *pulsar_module* / *raw_module* lack; empty if none.
+
+    Parameters
+    ----------
+    pulsar_module, raw_module : module or None
+        ``pulsar`` and ``_pulsar`` (None if it cannot be imported), or the unit tests' stand-ins.
+    """
+    if raw_module is None:
+        return ["_pulsar"]
+    missing = _missing_attrs(raw_module, "_pulsar", _RAW_NAMES)
+    for name, methods in _RAW_NAMES.items():
+        missing += _missing_attrs(getattr(raw_module, name, None), f"_pulsar.{name}", methods)
+    missing += _missing_attrs(pulsar_module, "pulsar", ("Client", "Consumer", "Message", "MessageId"))
+    consumer = getattr(pulsar_module, "Consumer", None)
+    missing += _missing_attrs(consumer, "pulsar.Consumer", ("receive",))
+    missing += _missing_in_code(_member(consumer, "receive"), "pulsar.Consumer.receive", ("_consumer", "_message", "_schema"))
+    message_id = getattr(pulsar_module, "MessageId", None)
+    missing += _missing_in_code(_member(message_id, "__init__"), "pulsar.MessageId.__init__", ("_msg_id",))
+    client = getattr(pulsar_module, "Client", None)
+    missing += _missing_attrs(client, "pulsar.Client", ("subscribe",))
+    missing += _missing_keywords(_member(client, "subscribe"), "pulsar.Client.subscribe", _SUBSCRIBE_KEYWORDS)
+    return missing + _missing_entry_id(raw_module)
+
+
+def missing_asyncio_names(asyncio_module: Any) -> list[str]:
+    """What the asyncio consumer uses and *asyncio_module* (``pulsar.asyncio``) lacks; empty if none."""
+    consumer = getattr(asyncio_module, "Consumer", None)
+    client = getattr(asyncio_module, "Client", None)
+    missing = _missing_attrs(asyncio_module, "pulsar.asyncio", ("Client", "Consumer"))
+    missing += _missing_attrs(client, "pulsar.asyncio.Client", ("subscribe",))
+    missing += _missing_attrs(consumer, "pulsar.asyncio.Consumer", _ASYNC_CONSUMER_METHODS)
+    missing += _missing_in_code(_member(consumer, "__init__"), "pulsar.asyncio.Consumer.__init__", ("_consumer",))
+    missing += _missing_in_code(_member(consumer, "receive"), "pulsar.asyncio.Consumer.receive", ("_message",))
+    return missing
+
+
+def _unsupported(version: str, missing: list[str], what: str, minimum: tuple[int, ...]) -> UnsupportedClientError:
+    oldest = ".".join(map(str, minimum))
+    return UnsupportedClientError(
+        f"pulsar-client {version} is not supported by {what}: it needs pulsar-client >={oldest},<{NEXT_MAJOR} "
+        f"(missing: {', '.join(missing)}). Install a supported one: pip install 'pulsar-client>={oldest},<{NEXT_MAJOR}'"
+    )
+
+
+def check_client(pulsar_module: Any, raw_module: Any, version: str) -> None:
+    """Raise :class:`~pulsar_nack.errors.UnsupportedClientError` if the client lacks a name we use.
+
+    A client with every name but outside :data:`SUPPORTED` (a new major release) gets a
+    ``RuntimeWarning``: it was not tested.
+    """
+    missing = missing_names(pulsar_module, raw_module)
+    if missing:
+        raise _unsupported(version, missing, "pulsar_nack", MIN_VERSION)
+    release = _version_tuple(version)
+    if release and not MIN_VERSION <= release < (NEXT_MAJOR,):
+        warnings.warn(
+            f"pulsar-client {version} is outside the range pulsar-nack was tested with ({SUPPORTED})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def load_asyncio(version: str | None = None, importer: Callable[[str], ModuleType] = importlib.import_module) -> ModuleType:
+    """``pulsar.asyncio``, checked; :class:`~pulsar_nack.errors.UnsupportedClientError` if it lacks a name we use.
+
+    *importer* and *version* are for tests with a stand-in module.
+    """
+    version = client_version() if version is None else version
+    try:
+        module = importer("pulsar.asyncio")
+    except ImportError as exc:
+        raise _unsupported(version, ["pulsar.asyncio"], "pulsar_nack.asyncio", ASYNCIO_MIN_VERSION) from exc
+    missing = missing_asyncio_names(module)
+    if missing:
+        raise _unsupported(version, missing, "pulsar_nack.asyncio", ASYNCIO_MIN_VERSION)
+    return module
+
+
+check_client(pulsar, _pulsar, client_version())
+
+RawMessage = _pulsar.Message
+"""The C++ client's message type (what ``pulsar.Message`` wraps)."""
+RawMessageId = _pulsar.MessageId
+"""The C++ client's message id type (what ``pulsar.Message.message_id()`` returns)."""
+RawConsumer = _pulsar.Consumer
+"""The C++ client's consumer type (what ``pulsar.Consumer`` wraps)."""
+RECEIVED_TYPES = (pulsar.Message, _pulsar.Message)
+"""A received message, wrapped or raw: for ``isinstance``."""
+MESSAGE_ID_TYPES = (pulsar.MessageId, _pulsar.MessageId)
+"""A message id, wrapped or raw: for ``isinstance``."""
+
+_Message = pulsar.Message
+
+unwrap_message: Callable[[Any], Any] = operator.attrgetter("_message")
+"""The ``_pulsar.Message`` inside a ``pulsar.Message`` (no checks: the caller knows the type). O(1)."""
+
+
+def inner_message(obj: Any) -> Any:
+    """The ``_pulsar.Message`` inside a ``pulsar.Message``, or None for anything else. O(1)."""
+    inner = getattr(obj, "_message", None)
+    return inner if isinstance(inner, _pulsar.Message) else None
+
+
+def inner_message_id(obj: Any) -> Any:
+    """The ``_pulsar.MessageId`` inside a ``pulsar.MessageId``, or None for anything else. O(1)."""
+    inner = getattr(obj, "_msg_id", None)
+    return inner if isinstance(inner, _pulsar.MessageId) else None
+
+
+def received(message: Any) -> Any:
+    """What the consumers' core records for a received message: the raw message inside a
+    ``pulsar.Message``, else *message* itself (raw already, or a unit test's stand-in). O(1).
+    """
+    return getattr(message, "_message", message)
+
+
+def wrap_message(raw: Any, schema: Any) -> pulsar.Message:
+    """A ``pulsar.Message`` around a received ``_pulsar.Message``, as ``pulsar.Consumer.receive`` builds it. O(1)."""
+    message = _Message()
+    message._message = raw
+    message._schema = schema
+    return message
+
+
+def raw_consumer(consumer: pulsar.Consumer) -> Any:
+    """The ``_pulsar.Consumer`` inside *consumer*; None for a subclass without one (a unit test's stand-in).
+
+    Raises
+    ------
+    UnsupportedClientError
+        For a ``pulsar.Consumer`` itself without one: the client builds its consumers differently.
+    """
+    raw = getattr(consumer, "_consumer", None)
+    if isinstance(raw, _pulsar.Consumer):
+        return raw
+    if type(consumer) is pulsar.Consumer:
+        raise _unsupported(client_version(), ["pulsar.Consumer._consumer"], "pulsar_nack", MIN_VERSION)
+    return None
+
+
+def consumer_schema(consumer: pulsar.Consumer) -> Any:
+    """The schema *consumer* decodes values with (None for a stand-in). O(1)."""
+    return getattr(consumer, "_schema", None)
+
+
+def raw_async_consumer(consumer: Any) -> Any:
+    """The ``_pulsar.Consumer`` inside a ``pulsar.asyncio.Consumer``.
+
+    Raises
+    ------
+    UnsupportedClientError
+        If it has none.
+    """
+    raw = getattr(consumer, "_consumer", None)
+    if not isinstance(raw, _pulsar.Consumer):
+        raise _unsupported(client_version(), ["pulsar.asyncio.Consumer._consumer"], "pulsar_nack.asyncio", ASYNCIO_MIN_VERSION)
+    return raw
+
+
+def entry_id(partition: int, ledger_id: int, entry: int, topic: str) -> Any:
+    """The entry-level ``_pulsar.MessageId`` the client redelivers, with its topic set (if any). O(1).
+
+    The multi-topic C++ consumer routes ids by topic name and silently drops ids without one.
+
+    >>> entry_id(2, 7, 9, "persistent://public/default/t-partition-2").ledger_id()
+    7
+    """
+    message_id = _pulsar.MessageId(partition, ledger_id, entry, -1)
+    if topic:
+        message_id.topic_name(topic)
+    return message_id
