@@ -7,6 +7,7 @@ Usage (from a checkout, with a venv that has the project installed, e.g. ``.ci/v
     python tools/client_matrix.py --all               # every supported release on the index
     python tools/client_matrix.py --versions 3.10.0,3.12.0
     python tools/client_matrix.py -- -x               # arguments after -- go to pytest
+    python tools/client_matrix.py --out bench/results/client_matrix.json
 
 Each release gets ``.ci/client-matrix/pulsar-client-X/`` (kept for the next run; pip makes
 it match again): the checkout installed editable with its ``test`` extra, and
@@ -21,7 +22,10 @@ broker are left out (the broker is shared). Exit status 1 if any run failed.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -32,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSUMER_TESTS = [
     "tests/test_consumer.py",
     "tests/test_consumer_surface.py",
+    "tests/test_consumer_fidelity.py",
     "tests/test_apache_pulsar.py",
     "tests/test_client_seam.py",
 ]
@@ -118,6 +123,29 @@ def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> 
     return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start
 
 
+def write_json(path: Path, rows: list[tuple[str, str, str, str, float]], broker: str, pytest_args: list[str]) -> None:
+    """The matrix's results, with the commit and the machine, as ``bench/results`` keeps them."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout
+    document = {
+        "tool": "tools/client_matrix.py",
+        "commit": commit + (" + uncommitted changes" if dirty.strip() else ""),
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "broker": broker,
+        "tests": CONSUMER_TESTS + ASYNCIO_TESTS,
+        "deselected": DESELECT,
+        "pytest_args": pytest_args,
+        "runs": [
+            {"pulsar_client": v, "asyncio": door, "result": result, "pytest": summary, "wall_s": round(seconds, 1)}
+            for v, door, result, summary, seconds in rows
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     choice = parser.add_mutually_exclusive_group()
@@ -126,12 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venvs", type=Path, default=ROOT / ".ci" / "client-matrix", help="where the venvs live")
     parser.add_argument("--python", default=sys.executable, help="the interpreter the venvs are made from")
     parser.add_argument("--broker", help='"pulsar://HOST:PORT http://HOST:PORT" of a running broker')
+    parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
     versions = choose_versions(args)
     _, asyncio_min, _ = _seam()
     print(f"client matrix: pulsar-client {', '.join(versions)}", flush=True)
     standalone = None
+    broker_version = "given by --broker"
     if args.broker:
         broker = args.broker
     else:
@@ -139,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
         standalone = PulsarStandalone().start()
         broker = f"{standalone.url} {standalone.admin_url}"
-        print(f"broker: Apache Pulsar {standalone.version} at {standalone.url}", flush=True)
+        broker_version = f"Apache Pulsar {standalone.version} standalone"
+        print(f"broker: {broker_version} at {standalone.url}", flush=True)
     rows = []
     try:
         for version in versions:
@@ -156,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for version, door, result, summary, seconds in rows:
         print(f"| {version} | {door} | {result} | {summary} | {seconds:.0f} s |")
+    if args.out is not None:
+        write_json(args.out, rows, broker_version, pytest_args)
     return 0 if all(row[2] == "ok" for row in rows) else 1
 
 
