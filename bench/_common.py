@@ -35,6 +35,7 @@ __all__ = [
     "metadata",
     "percentile",
     "print_table",
+    "results_dir",
     "rss_anon_bytes",
     "rss_bytes",
     "start_context",
@@ -46,7 +47,9 @@ __all__ = [
 REPO = Path(__file__).resolve().parent.parent
 """The repository root (the parent of ``bench/``)."""
 RESULTS = REPO / "bench" / "results"
-"""Where result JSON files go."""
+"""Where the full runs' result JSON files go (committed)."""
+OUT_ENV = "PULSAR_NACK_BENCH_OUT"
+"""Environment variable: a directory for every result file of this run (``pulsar-nack bench --out``)."""
 
 _PACKAGES = ("pyroaring", "sortedcontainers", "pulsar-client", "pyspark", "tqdm", "numpy")
 _CORE_MODULES = (
@@ -199,20 +202,39 @@ def run_worker(
 
 
 def broker_label(broker: Any) -> str:
-    """What a result records as its broker: "Apache Pulsar 4.0.8 standalone" or "pulsar-lite"."""
+    """What a result records as its broker, e.g. "Apache Pulsar 4.0.8 standalone"."""
     version = getattr(broker, "version", None)
-    return f"Apache Pulsar {version} standalone" if version else "pulsar-lite"
+    return f"Apache Pulsar {version} standalone" if version else "a Pulsar cluster (--service-url)"
+
+
+def results_dir(name: str) -> Path:
+    """Where :func:`write_result` puts ``<name>.json``.
+
+    ``$PULSAR_NACK_BENCH_OUT`` when set; else a quick run's result (a name ending in
+    ``-quick``) goes to the user's cache, ``$XDG_CACHE_HOME/pulsar-nack/bench`` or
+    ``~/.cache/pulsar-nack/bench``, never into the tracked ``bench/results/``; else
+    ``bench/results/``.
+    """
+    explicit = os.environ.get(OUT_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    if name.endswith("-quick"):
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "pulsar-nack" / "bench"
+    return RESULTS
 
 
 def write_result(name: str, payload: dict[str, Any], start: dict[str, Any] | None = None) -> Path:
-    """Write ``bench/results/<name>.json`` (overwriting it), with :func:`metadata` added.
+    """Write ``<name>.json`` into :func:`results_dir` (overwriting it), with :func:`metadata` added.
 
     File names are stable so that the full runs are committed and overwritten by the
-    next run; ``--quick`` runs use a ``-quick`` suffix. Pass the run's
-    :func:`start_context` as *start* to record whether the code changed during the run.
+    next run; ``--quick`` runs use a ``-quick`` suffix and a directory outside the
+    checkout. Pass the run's :func:`start_context` as *start* to record whether the
+    code changed during the run.
     """
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    directory = results_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     document = {"benchmark": name, "meta": metadata(start), **payload}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")

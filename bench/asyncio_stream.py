@@ -92,7 +92,7 @@ async def _async_case(url: str, producer_client: pulsar.Client, delay_ms: int, n
 
 def run(messages: int, delay_ms: int) -> dict[str, Any]:
     cases = []
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         client = quiet_client(broker.url)
         try:
             cases.append(asyncio.run(_async_case(broker.url, client, delay_ms, messages)))

@@ -181,7 +181,7 @@ def run(n: int, call_reps: int) -> dict[str, Any]:
     from pulsar_nack.testing import PulsarStandalone
 
     results = []
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         for system in ("built-in", "pulsar-nack"):
             results.append(run_worker("bench.client", broker.url, system, str(n), str(call_reps)))
     built_in, ours = results

@@ -319,7 +319,7 @@ def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
 def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     from pulsar_nack.testing import PulsarStandalone
 
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         version = broker.version

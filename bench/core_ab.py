@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     context = start_context()
     payload = {"method": __doc__, **run(args.ref, args.reps)}
     path = write_result(args.out, payload, start=context)
-    print(f"wrote {path.relative_to(REPO)}")
+    print(f"wrote {path}")
     return 0
 
 

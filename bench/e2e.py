@@ -134,7 +134,7 @@ def run(
     messages: int, delays: list[int], modes: list[str], subscriptions: tuple[str, ...] = ("Shared",)
 ) -> dict[str, Any]:
     results = []
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         client = quiet_client(broker.url)
         try:
             for delay_ms in delays:

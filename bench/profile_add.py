@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         {"method": __doc__, "parameters": {"messages": args.messages, "rate_hz": 500}, "cases": cases},
         start=context,
     )
-    print(f"wrote {path.relative_to(REPO)}")
+    print(f"wrote {path}")
     return 0
 
 

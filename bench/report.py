@@ -24,10 +24,11 @@ DOCS = {
     "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
+    "docs/brokers.md": ["cluster"],
 }
 
-DEMO_RESULTS = ("demo-apache", "demo-lite")
-"""The demo's result files, written by one ``python -m bench.demo`` run."""
+DEMO_RESULTS = ("demo-apache",)
+"""The demo's result files, written by one ``python -m bench.demo`` run (Apache Pulsar)."""
 
 # Space model constants (bytes), from CPython 3.11, the roaring portable format and
 # pulsar_nack/core/pages.py.
@@ -68,8 +69,14 @@ def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str, subscription: 
 
 
 def _broker(result: dict[str, Any]) -> str:
-    """Which broker a result came from (older results predate the label: pulsar-lite)."""
-    return str(result.get("broker", "pulsar-lite 0.2.0 (embedded)"))
+    """Which broker a result came from, e.g. "Apache Pulsar 4.0.8 standalone".
+
+    Raises
+    ------
+    KeyError
+        For a result without the label: every table with broker numbers shows where they came from.
+    """
+    return str(result["broker"])
 
 
 def _client(client: dict[str, Any], system: str) -> dict[str, Any]:
@@ -452,6 +459,43 @@ def asyncio_lateness_table() -> str:
     return "\n".join(lines)
 
 
+def cluster_table() -> str:
+    """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
+    result = _load("cluster")
+    lines = [
+        "| run | start | ready at: ZooKeeper / metadata / all | RSS at ready: ZooKeeper, bookie, brokers | total RSS "
+        "| lookups moved | first message back | all 500 back | lost | restart | load avg |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in result["runs"]:
+        phases, rss, fail = run["phases_s"], run["rss_mib_at_ready"], run["failover"]
+        brokers = ", ".join(f"{v:.0f}" for k, v in rss.items() if k.startswith("broker"))
+
+        def sec(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1f} s"
+
+        lines.append(
+            f"| {run['run']} | {run['start_s']:.1f} s "
+            f"| {phases['zookeeper']:.1f} / {phases['metadata']:.1f} / {phases['brokers']:.1f} s "
+            f"| {rss['zookeeper']:.0f}, {rss['bookie']:.0f}, {brokers} MiB | {run['rss_mib_total_at_ready']:,.0f} MiB "
+            f"| {sec(fail['lookups_on_survivor_s'])} | {sec(fail['first_message_from_moved_partition_s'])} "
+            f"| {sec(fail['all_sent_after_kill_received_s'])} | {fail['lost']} | {sec(fail['restart_s'])} "
+            f"| {run['load_average_1_5_15_before'][0]:.1f} |"
+        )
+    summary = result["summary"]
+    lines.append("")
+    lines.append(
+        f"Median of {len(result['runs'])} fresh clusters: started in {summary['start_s']['median']:.1f} s "
+        f"({summary['start_s']['min']:.1f}–{summary['start_s']['max']:.1f} s), "
+        f"{summary['rss_mib_total_at_ready']['median']:,.0f} MiB RSS in all when ready; after SIGKILL of a broker "
+        f"(metadata session timeout {result['runs'][0]['session_timeout_ms']:,} ms), lookups moved in "
+        f"{summary['lookups_on_survivor_s']['median']:.1f} s and the consumer had every message sent after the "
+        f"kill in {summary['all_sent_after_kill_received_s']['median']:.1f} s, {summary['lost']} lost. Times are "
+        "from the kill; load avg is the machine's 1-minute load when the run began (2 cores, shared)."
+    )
+    return "\n".join(lines)
+
+
 def consumer_table() -> str:
     """Issue 13 goals A, B, D: NackingConsumer beside the plain consumer (bench/consumer.py)."""
     data = _load("consumer")
@@ -613,6 +657,7 @@ BLOCKS = {
     "meta": meta_table,
     "consumer": consumer_table,
     "consumer-summary": consumer_summary,
+    "cluster": cluster_table,
 }
 
 

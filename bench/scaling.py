@@ -4,7 +4,7 @@ For each N, in a fresh process per (system, N):
 
 * ``tracker`` and ``baseline``: the ``consec-x8-y10`` case of :mod:`bench.memory`
   (every entry nacked, 8 messages per ms, 10 precision bits): RSS delta and add rate;
-* ``built-in``: the pulsar-client consumer of :mod:`bench.client` on the embedded broker
+* ``built-in``: the pulsar-client consumer of :mod:`bench.client` on Apache Pulsar standalone
   (N ``negative_acknowledge(MessageId)`` calls, one-hour delay): RSS delta and call cost.
   Up to 10^6 ids in the full run (10^7 would hold ~4.5 GB for the same curve).
 
@@ -19,7 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from . import memory
-from ._common import fmt_bytes, print_table, run_worker, write_result
+from ._common import broker_label, fmt_bytes, print_table, run_worker, write_result
 
 CASE = "consec-x8-y10"
 
@@ -34,7 +34,7 @@ def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     jobs = [(system, n) for n in sizes for system in ("tracker", "baseline")]
     jobs += [("built-in", n) for n in sizes if n <= built_in_max]
-    with PulsarStandalone() as broker:
+    with PulsarStandalone(batch_index_ack=True) as broker:
         for system, n in tqdm(jobs, desc="scaling", disable=None):
             if system == "built-in":
                 r = _built_in(broker.url, n)
@@ -61,7 +61,8 @@ def run(sizes: list[int], built_in_max: int) -> dict[str, Any]:
                         "add_us_note": "public add(), generator time subtracted",
                     }
                 )
-    return {"case": CASE, "sizes": sizes, "built_in_max": built_in_max, "rows": rows}
+        label = broker_label(broker)
+    return {"case": CASE, "sizes": sizes, "built_in_max": built_in_max, "broker": label, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1,13 +1,19 @@
 """An asyncio consumer whose handler fails sometimes, retried with pulsar-nack.
 
-Runs against an embedded pulsar-lite broker by default, or a real cluster:
+Needs: ``pip install -e .`` (pulsar-client comes with it) and either Java 17+ and Maven,
+to start Apache Pulsar standalone here (:class:`pulsar_nack.testing.PulsarStandalone`;
+the first start fetches about 245 MB from Maven Central into ``~/.cache/pulsar-nack``),
+or a running cluster given with ``--service-url``::
 
-    python examples/asyncio_consumer.py                       # embedded broker
+    python examples/asyncio_consumer.py                       # Apache Pulsar standalone, started here
     python examples/asyncio_consumer.py --service-url pulsar://localhost:6650
 
 Every third message fails on its first delivery and is negatively acknowledged with an
-exponential backoff; it comes back on time, by itself, while the others flow. The
-handlers run as concurrent tasks on one event loop.
+exponential backoff (500 ms, 1 s, ...); it comes back on time, by itself, while the
+others flow. The handlers run as four concurrent tasks on one event loop. The output:
+one line per failure, one per retry that succeeded (about 500 ms after its failure),
+and the consumer's stats, where ``'pending_messages': 0`` means no retry is left
+waiting.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import sys
 import time
 import uuid
 
@@ -23,7 +31,7 @@ import pulsar.asyncio
 
 import pulsar_nack.asyncio
 from pulsar_nack import MultiplierRedeliveryBackoff
-from pulsar_nack.testing import PulsarLite
+from pulsar_nack.testing import PulsarStandalone
 
 
 async def handle(message: pulsar.Message) -> None:
@@ -48,7 +56,7 @@ async def process(consumer: pulsar_nack.asyncio.AsyncNackingConsumer, message: p
 
 
 async def run(url: str, messages: int) -> None:
-    client = pulsar.asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    client = pulsar.asyncio.Client(url, logger=logging.getLogger("pulsar"))  # its warnings on stderr
     topic = f"persistent://public/default/orders-{uuid.uuid4().hex[:8]}"
     consumer = await pulsar_nack.asyncio.subscribe(
         client,
@@ -85,11 +93,13 @@ async def run(url: str, messages: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--service-url", help="pulsar:// URL of a cluster (default: start an embedded broker)")
+    parser.add_argument("--service-url", help="pulsar:// URL of a cluster (default: start Apache Pulsar standalone)")
     parser.add_argument("--messages", type=int, default=30)
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        url = args.service_url or stack.enter_context(PulsarLite()).url
+        if args.service_url is None:
+            print("starting Apache Pulsar standalone (the first time fetches it, about 245 MB) ...", file=sys.stderr)
+        url = args.service_url or stack.enter_context(PulsarStandalone(batch_index_ack=True)).url
         asyncio.run(run(url, args.messages))
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_ms",
+    "check_name",
     "check_number",
     "check_optional_int",
     "check_seconds",
@@ -103,6 +104,23 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {_short(value)}")
     return seconds
+
+
+def check_name(name: str, value: object) -> str:
+    """Return *value* if it is a non-empty str, else raise (a subscription name, say). O(1).
+
+    >>> check_name("subscription_name", "billing")
+    'billing'
+    >>> check_name("subscription_name", "")
+    Traceback (most recent call last):
+    ...
+    ValueError: subscription_name must be a non-empty str, got ''
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty str, got ''")
+    return value
 
 
 def check_topics(name: str, value: object) -> list[str]:

@@ -1,7 +1,13 @@
 """Fixtures: one Apache Pulsar standalone broker for the session's broker tests, a quiet client, topics.
 
-The broker (fetched from Maven Central on first use) starts on the first test that asks
-for it and stops at the session's end.
+The ``apache`` broker (fetched from Maven Central on first use) is the newest release an
+installed JDK runs, with batch-index acknowledgement on; it starts on the first test that
+asks for it and stops at the session's end. Tests marked ``all_brokers`` also run on each
+Apache Pulsar version of ``--pulsar-versions`` (default ``4.0,3.0``) with that version's
+own default settings (batch-index acknowledgement off on both), one shared broker per
+version per session: ``session_broker`` is parametrized as ``apache``, ``apache-4.0.8``,
+``apache-3.0.7``. A version no installed JDK runs is skipped, with the reason, unless
+``--pulsar-versions`` named it.
 """
 
 from __future__ import annotations
@@ -18,9 +24,57 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # for `import helpers`
 
 
+DEFAULT_PULSAR_VERSIONS = "4.0,3.0"
+VERSIONED = "apache-"  # session_broker params "apache-<version>": that version, its default settings
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pulsar-versions",
+        default=None,
+        help=(
+            "comma-separated Apache Pulsar versions ('4.0.8', '4.0', '3.x') that tests marked all_brokers "
+            f"also run on, each with its default settings; 'none' for none (default {DEFAULT_PULSAR_VERSIONS})"
+        ),
+    )
+
+
+def _version_params(config: pytest.Config) -> list[Any]:
+    """One ``apache-<version>`` param per version asked for (deduplicated), or a skipped one
+    for a default version that no installed JDK runs."""
+    from pulsar_nack.errors import BrokerError
+    from pulsar_nack.testing.distribution import choose_release
+
+    asked = config.getoption("--pulsar-versions")
+    specs = (asked or DEFAULT_PULSAR_VERSIONS).split(",")
+    params: dict[str, Any] = {}
+    for spec in (s.strip() for s in specs if s.strip() and s.strip() != "none"):
+        try:
+            release, _ = choose_release(version=spec)
+        except BrokerError as exc:
+            if asked:
+                raise pytest.UsageError(f"--pulsar-versions {spec}: {exc}") from None
+            marks = pytest.mark.skip(reason=f"Apache Pulsar {spec}: {exc}")
+            params.setdefault(spec, pytest.param(f"{VERSIONED}{spec}", marks=marks, id=f"{VERSIONED}{spec}"))
+            continue
+        except ValueError as exc:
+            raise pytest.UsageError(f"--pulsar-versions: {exc}") from None
+        key = f"{VERSIONED}{release.version}"
+        params.setdefault(key, pytest.param(key, id=key))
+    return list(params.values())
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "session_broker" in metafunc.fixturenames:
+        kinds: list[Any] = ["apache"]
+        if metafunc.definition.get_closest_marker("all_brokers") is not None:
+            kinds += _version_params(metafunc.config)
+        metafunc.parametrize("session_broker", kinds, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
 def broker_pool() -> Iterator[dict[str, Any]]:
-    """Brokers shared by the session, started on first use, stopped at the session's end."""
+    """One broker per version per session, started on first use, stopped at the session's end."""
     pool: dict[str, Any] = {}
     try:
         yield pool
@@ -53,28 +107,49 @@ class RunningBroker:
         """Not ours to stop."""
 
 
-@pytest.fixture(scope="session")
-def session_broker(broker_pool: dict[str, Any]) -> Any:
-    """Apache Pulsar standalone, shared by the session.
+def _shared_broker(pool: dict[str, Any], kind: str) -> Any:
+    """``apache``: the newest release, batch-index acks on; ``apache-<version>``: that version, default settings.
 
-    ``PULSAR_NACK_TEST_BROKER="pulsar://HOST:PORT http://HOST:PORT"`` uses a broker that
-    is already running instead (see :class:`RunningBroker`).
+    ``PULSAR_NACK_TEST_BROKER="pulsar://HOST:PORT http://HOST:PORT"`` makes ``apache`` a broker
+    that is already running (see :class:`RunningBroker`).
     """
     running = os.environ.get("PULSAR_NACK_TEST_BROKER")
-    if running:
+    if kind == "apache" and running:
         url, admin_url = running.split()
         return RunningBroker(url, admin_url)
-    if "apache" not in broker_pool:
+    if kind not in pool:
         from pulsar_nack.testing import PulsarStandalone
 
-        broker_pool["apache"] = PulsarStandalone().start()
-    return broker_pool["apache"]
+        if kind.startswith(VERSIONED):
+            pool[kind] = PulsarStandalone(version=kind[len(VERSIONED) :]).start()
+        else:
+            pool[kind] = PulsarStandalone(batch_index_ack=True).start()
+    return pool[kind]
 
 
 @pytest.fixture(scope="session")
-def apache_broker(session_broker: Any) -> Any:
-    """The session's Apache Pulsar standalone (the name older tests use)."""
-    return session_broker
+def session_broker(request: pytest.FixtureRequest, broker_pool: dict[str, Any]) -> Any:
+    """The ``apache`` broker, or for ``all_brokers`` tests also each Apache Pulsar version
+    (parametrized by pytest_generate_tests)."""
+    return _shared_broker(broker_pool, getattr(request, "param", "apache"))
+
+
+@pytest.fixture(scope="session")
+def apache_broker(broker_pool: dict[str, Any]) -> Any:
+    """The ``apache`` broker, whatever ``session_broker`` is parametrized as."""
+    return _shared_broker(broker_pool, "apache")
+
+
+@pytest.fixture(scope="session")
+def pulsar_cluster() -> Iterator[Any]:
+    """A two-broker Apache Pulsar cluster (ZooKeeper, one bookie), started on first use."""
+    from pulsar_nack.testing import PulsarCluster
+
+    cluster = PulsarCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
@@ -108,6 +183,9 @@ def pytest_sessionfinish(session, exitstatus):
     me = psutil.Process(os.getpid())
     patterns = (
         "PulsarStandaloneStarter",
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain",  # PulsarCluster's JVMs
+        "org.apache.bookkeeper.server.Main",
+        "org.apache.pulsar.PulsarBrokerStarter",
         "org.apache.spark.deploy",
         "CoarseGrainedExecutorBackend",
         "pyspark.daemon",

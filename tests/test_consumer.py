@@ -203,6 +203,7 @@ def test_handler_failing_three_times_backs_off_exponentially(pulsar_client, topi
     consumer.close()
 
 
+@pytest.mark.all_brokers
 def test_multi_topic_consumer_redelivers_on_the_right_topic(pulsar_client, topic):
     other = topic + "-other"
     consumer = pulsar_nack.subscribe(pulsar_client, [topic, other], "s", consumer_type=SHARED)
@@ -251,6 +252,7 @@ def test_dead_letter_policy_routes_after_max_redeliveries(pulsar_client, topic):
     dlq.close()
 
 
+@pytest.mark.all_brokers
 @pytest.mark.parametrize("redeliver_pending", [True, False])
 def test_closing_one_of_two_consumers_with_pending_nacks_loses_nothing(pulsar_client, topic, redeliver_pending):
     first = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED, receiver_queue_size=5)
@@ -273,7 +275,7 @@ def test_closing_one_of_two_consumers_with_pending_nacks_loses_nothing(pulsar_cl
 
 
 def test_broker_restart_with_pending_nacks_loses_nothing(tmp_path):
-    with PulsarStandalone(tmp_path / "broker") as broker:
+    with PulsarStandalone(tmp_path / "broker", batch_index_ack=True) as broker:
         client = quiet_client(broker.url, operation_timeout_seconds=10)
         topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
         consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
@@ -298,6 +300,7 @@ def test_broker_restart_with_pending_nacks_loses_nothing(tmp_path):
         client.close()
 
 
+@pytest.mark.all_brokers
 def test_message_listener_gets_the_wrapper_and_retries(pulsar_client, topic):
     seen: list = []
 

@@ -114,3 +114,49 @@ def test_a_bad_topic_list_raises_the_same_error_everywhere(entry, topics, error)
 def test_good_topic_lists_are_accepted(topics):
     _nacking_consumer(topics)
     assert ConsumerConfig("pulsar://127.0.0.1:1", topics, "s").topics == ((topics,) if isinstance(topics, str) else tuple(topics))
+
+
+async def _async_subscribe(subscription: object, **kwargs: object) -> None:
+    import pulsar.asyncio
+
+    import pulsar_nack.asyncio
+
+    client = pulsar.asyncio.Client("pulsar://127.0.0.1:1")  # never connects: validation comes first
+    try:
+        await pulsar_nack.asyncio.subscribe(client, "t", subscription, **kwargs)  # type: ignore[arg-type]
+    finally:
+        await client.close()
+
+
+def _blocking_subscribe(subscription: object, **kwargs: object) -> None:
+    client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: validation comes first
+    try:
+        pulsar_nack.subscribe(client, "t", subscription, **kwargs)  # type: ignore[arg-type]
+    finally:
+        client.close()
+
+
+def _run_subscribe(entry: str, subscription: object, **kwargs: object) -> None:
+    import asyncio
+
+    if entry == "asyncio":
+        asyncio.run(_async_subscribe(subscription, **kwargs))
+    else:
+        _blocking_subscribe(subscription, **kwargs)
+
+
+@pytest.mark.parametrize("entry", ["blocking", "asyncio"])
+@pytest.mark.parametrize(("subscription", "error"), [("", ValueError), (None, TypeError), (b"s", TypeError)])
+def test_a_bad_subscription_name_raises_value_error_when_empty_and_type_error_otherwise(entry, subscription, error):
+    with pytest.raises(error, match="subscription_name"):
+        _run_subscribe(entry, subscription)
+    with pytest.raises(error, match="subscription"):
+        ConsumerConfig("pulsar://127.0.0.1:1", "t", subscription)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry", ["blocking", "asyncio"])
+def test_a_negative_fixed_delay_is_reported_under_its_own_name(entry):
+    with pytest.raises(ValueError, match=r"^negative_ack_redelivery_delay_ms must be >= 0, got -5$"):
+        _run_subscribe(entry, "s", negative_ack_redelivery_delay_ms=-5)
+    with pytest.raises(TypeError, match=r"^negative_ack_redelivery_delay_ms must be int"):
+        _run_subscribe(entry, "s", negative_ack_redelivery_delay_ms=1.5)

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 import zlib
 from collections import Counter
@@ -32,6 +33,7 @@ from pulsar_nack.spark import (
     ConsumerConfig,
     TaskBudget,
     close_executor_consumers,
+    consume_partition,
     consumer_task,
     dead_letter_topic,
     executor_consumer,
@@ -295,6 +297,29 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
     assert all(t["pending_nacks"] == 0 for t in stats["task_stats"])
 
 
+def test_a_task_reports_when_its_first_message_came(url, client):
+    """``first_received_at_ms`` (the demo's ``first_message_s``): after the task began, no
+    later than the handler's first call; None for a task that got nothing."""
+    topic = new_topic()
+    produce(client, topic, 50)
+    calls: list[float] = []
+
+    def handler(_message) -> None:
+        time.sleep(0.002)  # the messages of one task do not share a millisecond
+        calls.append(time.time() * 1000)
+
+    config = make_config(url, topic, "first-message")
+    try:
+        stats = consume_partition(config, handler, TaskBudget(max_time_ms=30_000, idle_timeout_ms=500))
+        empty = consume_partition(config, handler, TaskBudget(max_time_ms=30_000, idle_timeout_ms=300))
+    finally:
+        close_executor_consumers()
+    assert stats["received"] == 50 == len(calls)
+    assert stats["first_received_at_ms"] is not None
+    assert stats["started_at_ms"] <= stats["first_received_at_ms"] <= calls[0] < calls[1]
+    assert empty["received"] == 0 and empty["first_received_at_ms"] is None
+
+
 @pytest.mark.parametrize("action", ["ack", "dead_letter"])
 def test_non_retryable_errors_are_handled_as_configured(spark, url, client, action):
     topic = new_topic()
@@ -469,15 +494,21 @@ def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
                 _, stderr = demo.communicate()
             pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{stderr[-6000:]}")
     assert demo.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1]), stderr
+    assert len(stdout.splitlines()) == 1, f"stdout holds more than the JSON line: {stdout[:2000]}"
+    return json.loads(stdout), stderr
 
 
 def test_demo_runs_quietly_and_loses_nothing():
     summary, stderr = run_demo("--messages", "small")
     assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["ok"]
+    assert summary["result"].startswith("OK: nothing lost")
     assert summary["produced"] == 10_000 and summary["acked"] >= 10_000
     assert summary["nacked"] == summary["handler_errors"]["TransientError"] > 0
     assert summary["redelivery_lateness_ms"]["count"] == summary["nacked"]
+    # The start-up timings (bench/startup.py reads them): broker, then Spark, then the
+    # first message, all within the run.
+    started = summary["broker_start_s"] + summary["spark_start_s"]
+    assert summary["broker_start_s"] >= 0 and started - 0.05 <= summary["first_message_s"] <= summary["wall_s"]
     # Quiet: no log4j / Spark / pulsar client log lines, no Java stack traces.
     noisy = [
         line

@@ -18,6 +18,7 @@ from helpers import wait_for
 from pulsar_nack.errors import BrokerError, PulsarNackError
 from pulsar_nack.testing import PulsarStandalone, quiet_client
 from pulsar_nack.testing import distribution as dist
+from pulsar_nack.testing.standalone import DEFAULT_JVM_OPTIONS
 
 pytestmark = pytest.mark.broker
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -63,38 +64,101 @@ def test_bad_arguments_are_refused_before_anything_starts() -> None:
         PulsarStandalone(startup_timeout_s=0)
     with pytest.raises(BrokerError):
         _ = PulsarStandalone().url  # never started: no port yet
+    with pytest.raises(TypeError, match="jvm_options"):
+        PulsarStandalone(jvm_options="-XX:TieredStopAtLevel=1")  # a str, not a sequence of them
+    with pytest.raises(TypeError, match="jvm_options"):
+        PulsarStandalone(jvm_options=[1])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="jvm_options"):
+        PulsarStandalone(jvm_options=["-Xss1m -Xint"])  # bin/pulsar would split it
+    with pytest.raises(ValueError, match="jvm_options"):
+        PulsarStandalone(jvm_options=[""])
+
+
+def test_the_broker_jvm_runs_the_default_jvm_options(apache_broker: Any) -> None:
+    """C1 only (``DEFAULT_JVM_OPTIONS``): about half the CPU to start (bench/results/startup.json)."""
+    assert DEFAULT_JVM_OPTIONS == ("-XX:TieredStopAtLevel=1",)
+    command = psutil.Process(apache_broker.pid).cmdline()
+    assert command[0].endswith("java") and "org.apache.pulsar.PulsarStandaloneStarter" in command
+    assert set(DEFAULT_JVM_OPTIONS) <= set(command), command
 
 
 def test_missing_maven_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PULSAR_NACK_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.delenv("PULSAR_NACK_PULSAR_HOME", raising=False)
     monkeypatch.setattr(dist.shutil, "which", lambda name: None if name == "mvn" else "/usr/bin/" + name)
-    with pytest.raises(BrokerError, match="needs Maven: `mvn` is not on PATH") as caught:
-        dist.ensure_distribution(dist.RELEASES[0])
-    assert isinstance(caught.value, PulsarNackError)
+    for release in dist.RELEASES:  # the tarball and the classpath kind alike
+        with pytest.raises(BrokerError, match="needs Maven: `mvn` is not on PATH") as caught:
+            dist.ensure_distribution(release)
+        assert isinstance(caught.value, PulsarNackError)
+    assert not [p for p in (tmp_path / "empty-cache").iterdir() if p.name != ".lock"], "left files behind"
 
 
 def test_missing_java_is_a_clear_error() -> None:
     with pytest.raises(BrokerError, match="needs a Java runtime"):
         dist.choose_release({})
-    with pytest.raises(BrokerError, match="needs Java 17 or newer"):
+    with pytest.raises(BrokerError, match=r"no installed JDK runs Apache Pulsar \(4\.0\.8 needs Java 21 or newer; "):
         dist.choose_release({Path("/opt/old-jdk"): 11})
+    # 3.0 supports Java 17 only: a Java 25 machine is told so, naming the JDK it found.
+    with pytest.raises(BrokerError, match=r"Apache Pulsar '3\.x' \(3\.0\.7 needs Java 17\); found only /j25 \(Java 25\)"):
+        dist.choose_release({Path("/j25"): 25}, version="3.x")
+    with pytest.raises(BrokerError, match=r"4\.0\.8 needs Java 21 or newer\); found only /j17"):
+        dist.choose_release({Path("/j17"): 17}, version="4.0.8")
 
 
 def test_release_choice_prefers_the_newest_lts_the_jdks_run() -> None:
     release, home = dist.choose_release({Path("/j17"): 17, Path("/j25"): 25, Path("/j21"): 21})
-    assert (release.version.split(".")[0], home) == ("4", Path("/j25"))
+    assert (release.version, release.kind, home) == ("4.0.8", "distribution", Path("/j25"))
     release, home = dist.choose_release({Path("/j17"): 17})
-    assert (release.version.split(".")[0], home) == ("3", Path("/j17"))
+    assert (release.version, release.kind, home) == ("3.0.7", "classpath", Path("/j17"))
+
+
+@pytest.mark.parametrize("spec", ["3", "3.x", "3.0", "3.0.x", "3.0.7", " 3.0 "])
+def test_a_version_can_be_asked_for_and_gets_a_jdk_that_runs_it(spec: str) -> None:
+    release, home = dist.choose_release({Path("/j17"): 17, Path("/j25"): 25}, version=spec)
+    assert (release.version, home) == ("3.0.7", Path("/j17"))
+    release, home = dist.choose_release({Path("/j17"): 17, Path("/j25"): 25}, version="4.0")
+    assert (release.version, home) == ("4.0.8", Path("/j25"))
+
+
+def test_a_version_we_cannot_run_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match=r"version '3\.3' names no Apache Pulsar release we can run; known: 4\.0\.8, 3\.0\.7"):
+        PulsarStandalone(version="3.3")
+    for bad in ("", "x", "4.0.8-SNAPSHOT", "latest"):
+        with pytest.raises(ValueError, match="version must look like"):
+            PulsarStandalone(version=bad)
+    with pytest.raises(TypeError, match="version must be a str"):
+        PulsarStandalone(version=4.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="batch_index_ack must be a bool or None"):
+        PulsarStandalone(batch_index_ack="true")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config must map str to str"):
+        PulsarStandalone(config={"acknowledgmentAtBatchIndexLevelEnabled": True})  # type: ignore[dict-item]
+
+
+def test_the_pulsar_home_variable_serves_only_the_version_it_holds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    home = tmp_path / "apache-pulsar-4.0.8"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "pulsar").write_text("#!/bin/sh\n")
+    (home / "lib").mkdir()
+    (home / "lib" / "org.apache.pulsar-pulsar-broker-common-4.0.8.jar").touch()
+    (home / "lib" / "org.apache.pulsar-pulsar-broker-4.0.8.jar").touch()
+    monkeypatch.setenv("PULSAR_NACK_PULSAR_HOME", str(home))
+    monkeypatch.setenv("PULSAR_NACK_CACHE", str(tmp_path / "cache"))
+    assert dist.home_version(home) == "4.0.8"
+    assert dist.ensure_distribution(dist.RELEASES[0]) == home
+    # 3.0.7 is not in it: it comes from the cache, here with no mvn, so a clear error.
+    monkeypatch.setattr(dist.shutil, "which", lambda name: None)
+    with pytest.raises(BrokerError, match="needs Maven"):
+        dist.ensure_distribution(dist.matching_releases("3.0")[0])
 
 
 def test_a_failed_download_says_what_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PULSAR_NACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PULSAR_NACK_PULSAR_HOME", raising=False)
-    missing = dist.PulsarRelease("0.0.0-no-such-version", 17)
-    with pytest.raises(BrokerError, match=r"could not fetch Apache Pulsar 0\.0\.0-no-such-version"):
-        dist.ensure_distribution(missing)
-    assert not list((tmp_path / "cache").glob("download-*")), "the failed download left files behind"
+    for kind in ("distribution", "classpath"):
+        missing = dist.PulsarRelease("0.0.0-no-such-version", 17, kind=kind)  # type: ignore[arg-type]
+        with pytest.raises(BrokerError, match=r"could not fetch Apache Pulsar 0\.0\.0-no-such-version"):
+            dist.ensure_distribution(missing)
+        assert not [p for p in (tmp_path / "cache").iterdir() if p.name != ".lock"], f"{kind}: left files behind"
 
 
 _STARTER = textwrap.dedent(
@@ -155,3 +219,46 @@ def test_restart_keeps_messages_and_clients_reconnect(apache_broker: Any) -> Non
         assert wait_for(lambda: consumer.receive(60_000).data() == b"after", 60)
     finally:
         client.close()
+
+
+def _first_index_back_after_acking_index_0(broker: Any) -> int:
+    """Publish one entry of 3 messages, ack index 0 (client batch-index acks on), close,
+    subscribe again: the batch index of the first message back. 1 when the broker keeps
+    batch-index acks, 0 when it redelivers the whole entry."""
+    client = quiet_client(broker.url)
+    try:
+        topic = f"persistent://public/default/batch-index-ack-{broker.pid}"
+        options = {"consumer_type": pulsar.ConsumerType.Shared, "batch_index_ack_enabled": True}
+        consumer = client.subscribe(topic, "s", **options)
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=3, batching_max_publish_delay_ms=10_000
+        )
+        for i in range(3):
+            producer.send_async(b"%d" % i, None)
+        producer.flush()
+        messages = [consumer.receive(10_000) for _ in range(3)]
+        ids = [m.message_id() for m in messages]
+        assert [i.batch_index() for i in ids] == [0, 1, 2] and len({i.entry_id() for i in ids}) == 1
+        consumer.acknowledge(messages[0])
+        consumer.close()  # flushes the grouped ack; 1 and 2 stay unacked
+        again = client.subscribe(topic, "s", **options)
+        return int(again.receive(10_000).message_id().batch_index())
+    finally:
+        client.close()
+
+
+@pytest.mark.all_brokers
+def test_each_version_starts_with_its_own_batch_index_ack_default(session_broker: Any, request: Any) -> None:
+    """``apache`` turns batch-index acks on; ``apache-<version>`` keeps the version's default,
+    as its admin API reports it and as it behaves."""
+    param = request.node.callspec.params["session_broker"]
+    release = session_broker.release
+    assert session_broker.admin.broker_version() == session_broker.version == release.version
+    assert release.runs_on(dist.java_major(session_broker.java_home) or 0)
+    if param == "apache":
+        expected = True
+    else:
+        assert param == f"apache-{release.version}"
+        expected = release.default_batch_index_ack
+    assert session_broker.batch_index_ack is expected
+    assert _first_index_back_after_acking_index_0(session_broker) == (1 if expected else 0)

@@ -109,7 +109,8 @@ def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> 
     _, asyncio_min, _ = _seam()
     tests = CONSUMER_TESTS + (ASYNCIO_TESTS if _parse(version) >= asyncio_min else [])
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-    command += [f"--deselect={test}" for test in DESELECT] + pytest_args
+    # One shared broker: no per-version brokers for the all_brokers tests (tests/conftest.py).
+    command += ["--pulsar-versions=none", *(f"--deselect={test}" for test in DESELECT), *pytest_args]
     env = dict(os.environ, PULSAR_NACK_TEST_BROKER=broker, PYTHONFAULTHANDLER="1")
     env.pop("VIRTUAL_ENV", None)
     start = time.monotonic()
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from pulsar_nack.testing import PulsarStandalone
 
-        standalone = PulsarStandalone().start()
+        standalone = PulsarStandalone(batch_index_ack=True).start()  # as the tests' `apache` broker
         broker = f"{standalone.url} {standalone.admin_url}"
         broker_version = f"Apache Pulsar {standalone.version} standalone"
         print(f"broker: {broker_version} at {standalone.url}", flush=True)

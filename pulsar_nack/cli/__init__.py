@@ -45,23 +45,48 @@ def _import_command(module_name: str) -> ModuleType:
     return importlib.import_module(module_name)
 
 
+def plain(text: str) -> str:
+    """*text* without reStructuredText's double backticks, for ``--help``.
+
+    >>> plain("``pulsar-nack``: the command line (``demo``)")
+    'pulsar-nack: the command line (demo)'
+    """
+    return text.replace("``", "")
+
+
+class _PlainHelpParser(argparse.ArgumentParser):
+    """An ArgumentParser whose description and option help lose RST double backticks."""
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
+
+
+def _unavailable(name: str, error: ImportError) -> str:
+    return (
+        f"pulsar-nack {name} needs a source checkout of pulsar-nack: {name}/ is not part of the installed "
+        f"package ({error}); run it from the root of a checkout, e.g. `cd pulsar-nack && pulsar-nack {name} --quick`"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pulsar-nack`` script; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="pulsar-nack", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _PlainHelpParser(prog="pulsar-nack", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_PlainHelpParser)
     modules = {}
     for name, (module_name, help_text) in _COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         try:
             module = _import_command(module_name)
         except ImportError as error:  # bench/ is not in the wheel: run from a checkout
-            sub.set_defaults(_missing=f"{name} is unavailable ({error}); run it from the root of a checkout")
+            sub.set_defaults(_missing=_unavailable(name, error))
             continue
         module.add_arguments(sub)
         modules[name] = module
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)  # an unavailable command takes any arguments
     missing = getattr(args, "_missing", None)
     if missing:
         print(missing, file=sys.stderr)
         return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(modules[args.command].run(args) or 0)

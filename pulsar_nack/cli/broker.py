@@ -1,8 +1,10 @@
 """``pulsar-nack broker``: start a test broker, print its URLs, run until Ctrl-C, stop it.
 
 For trying the library by hand: Apache Pulsar's own standalone broker
-(:class:`~pulsar_nack.testing.PulsarStandalone`, fetched once from Maven Central). Ctrl-C
-or SIGTERM stops the broker and exits 0; a broker that dies on its own exits 1.
+(:class:`~pulsar_nack.testing.PulsarStandalone`, fetched once from Maven Central; the
+first run says so on stderr). A missing JDK or Maven is one line on stderr and exit
+code 2, before anything starts. Ctrl-C or SIGTERM stops the broker and exits 0; a
+broker that dies on its own exits 1.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import sys
 import threading
 from typing import Any
 
+from ._prepare import SetupError, check_standalone, fetch_standalone
+
 __all__ = ["add_arguments", "run"]
 
+PROG = "pulsar-nack broker"
 _POLL_S = 1.0
 
 
@@ -24,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the broker, print its URLs (stdout, flushed), wait for Ctrl-C, stop it."""
+    from ..errors import BrokerError
     from ..testing import start_broker
 
     stop = threading.Event()
@@ -34,8 +40,13 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker = None
     try:
-        print("starting Apache Pulsar standalone ...", file=sys.stderr, flush=True)
-        broker = start_broker()
+        try:
+            fetch_standalone(check_standalone(), PROG)
+            print(f"{PROG}: starting Apache Pulsar standalone ...", file=sys.stderr, flush=True)
+            broker = start_broker()
+        except (SetupError, BrokerError) as error:
+            print(f"{PROG}: {error}", file=sys.stderr, flush=True)
+            return 2
         print(f"service URL: {broker.url}", flush=True)
         if broker.admin_url is not None:
             print(f"admin URL:   {broker.admin_url}", flush=True)

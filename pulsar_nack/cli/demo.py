@@ -18,10 +18,18 @@ What it does:
    fresh consumer finds the subscription empty;
 5. prints a summary; ``--json`` prints it as one JSON object on the last stdout line.
 
-Progress goes to stderr (a tqdm bar, on a terminal only), fed by the executors over
-UDP on 127.0.0.1. That reaches the driver in local mode only, so with any other
-master the bar is off (a status line says so). The exit code is 1 if anything was
-lost or left behind, else 0.
+Before anything starts, what the demo needs is checked, and a problem is one line on
+stderr with exit code 2: a JDK and (until Apache Pulsar is cached) Maven, a broker
+answering at ``--service-url``, a ``spark://`` master accepting connections. The first
+run fetches Apache Pulsar (about 250 MB) and says so on stderr.
+
+Progress goes to stderr (a tqdm bar of the events acked at least once, on a terminal
+only), fed by the executors over UDP on 127.0.0.1. That reaches the driver in local
+mode only, so with any other master the bar is off (a status line says so).
+
+Exit codes (the summary's result line says which): 0 OK, nothing lost and at most 1 %
+duplicates; 1 an event was lost or left in the subscription; 3 nothing lost but more
+than 1 % of the events reached the handler twice; 2 the demo could not start.
 """
 
 from __future__ import annotations
@@ -38,7 +46,11 @@ import uuid
 import zlib
 from typing import Any
 
-__all__ = ["SIZES", "DemoHandler", "TransientError", "add_arguments", "run"]
+from ._prepare import SetupError, check_master, check_service_url, check_spark_java, check_standalone, fetch_standalone
+
+__all__ = ["SIZES", "DemoHandler", "TransientError", "add_arguments", "result", "run"]
+
+PROG = "pulsar-nack demo"
 
 SIZES: dict[str, int] = {"small": 10_000, "default": 100_000, "large": 1_000_000}
 """Named sizes for ``--messages``. The default takes about 25 s on 2 cores."""
@@ -95,20 +107,76 @@ def event_id(message: Any) -> int:
 
 
 _PROGRESS_SOCKETS: dict[int, socket.socket] = {}
+_ACKED_SINCE_REPORT: dict[int, list[int]] = {}
+"""Per worker pid: the event ids acked since its last progress report (executor side)."""
+_IDS_PER_DATAGRAM = 4000  # about 30 kB of JSON: under a UDP datagram's 64 kB
+
+
+def collect_event(message: Any) -> int:
+    """The demo's ``collect`` (it runs on the executor after each ack): the event id,
+    also remembered for the next progress report, so the bar counts events, not acks."""
+    event = event_id(message)
+    _ACKED_SINCE_REPORT.setdefault(os.getpid(), []).append(event)
+    return event
 
 
 class UdpProgress:
-    """Executor side: send each progress delta as a JSON datagram to the driver."""
+    """Executor side: send each progress delta, with the event ids acked since the last
+    one, as JSON datagrams to the driver."""
 
     def __init__(self, address: tuple[str, int]) -> None:
         self.address = address
 
     def __call__(self, delta: dict[str, int]) -> None:
-        sock = _PROGRESS_SOCKETS.get(os.getpid())
+        pid = os.getpid()
+        sock = _PROGRESS_SOCKETS.get(pid)
         if sock is None:
-            sock = _PROGRESS_SOCKETS[os.getpid()] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        with contextlib.suppress(OSError):
-            sock.sendto(json.dumps(delta).encode(), self.address)
+            sock = _PROGRESS_SOCKETS[pid] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        events = _ACKED_SINCE_REPORT.pop(pid, [])
+        counts = {k: delta.get(k, 0) for k in ("nacked", "redelivered")}
+        for start in range(0, max(len(events), 1), _IDS_PER_DATAGRAM):
+            datagram = {**counts, "events": events[start : start + _IDS_PER_DATAGRAM]}
+            counts = {}
+            with contextlib.suppress(OSError):
+                sock.sendto(json.dumps(datagram, separators=(",", ":")).encode(), self.address)
+
+
+class ProgressCounts:
+    """Driver side: events acked at least once (each counted once), duplicates, nacks.
+
+    >>> counts = ProgressCounts(3)
+    >>> counts.apply({"events": [0, 1, 1, 7], "nacked": 10_000})
+    2
+    >>> counts.apply({"events": [2, 0]}), counts.done, counts.duplicates
+    (1, 3, 2)
+    >>> counts.postfix()
+    {'nacked': '10,000', 'redelivered': '0', 'duplicates': '2'}
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.seen = bytearray(total)
+        self.done = self.duplicates = self.nacked = self.redelivered = 0
+
+    def apply(self, delta: dict[str, Any]) -> int:
+        """Count one datagram; return how many events it acked for the first time."""
+        self.nacked += int(delta.get("nacked", 0))
+        self.redelivered += int(delta.get("redelivered", 0))
+        new = 0
+        for event in delta.get("events", ()):
+            if not 0 <= event < self.total:
+                continue  # not an event of this run
+            if self.seen[event]:
+                self.duplicates += 1
+            else:
+                self.seen[event] = 1
+                new += 1
+        self.done += new
+        return new
+
+    def postfix(self) -> dict[str, str]:
+        """The bar's postfix: whole numbers with thousands separators (never ``1e+4``)."""
+        return {name: f"{getattr(self, name):,}" for name in ("nacked", "redelivered", "duplicates")}
 
 
 class _ProgressListener:
@@ -121,8 +189,8 @@ class _ProgressListener:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.2)
         self.address: tuple[str, int] = self.sock.getsockname()
-        self.counts = {"received": 0, "acked": 0, "nacked": 0, "redelivered": 0}
-        self.bar = tqdm(total=total, unit="msg", desc="acked", file=sys.stderr, disable=None, smoothing=0.1)
+        self.counts = ProgressCounts(total)
+        self.bar = tqdm(total=total, unit="event", desc="acked", file=sys.stderr, disable=None, smoothing=0.1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
         self._thread.start()
@@ -139,15 +207,16 @@ class _ProgressListener:
                 delta = json.loads(data)
             except ValueError:
                 continue
-            for key in self.counts:
-                self.counts[key] += int(delta.get(key, 0))
-            self.bar.update(int(delta.get("acked", 0)))
-            self.bar.set_postfix(nacked=self.counts["nacked"], redelivered=self.counts["redelivered"], refresh=False)
+            self.bar.update(self.counts.apply(delta))
+            self.bar.set_postfix(self.counts.postfix(), refresh=False)
 
-    def close(self) -> None:
+    def close(self, acked_events: int | None = None) -> None:
+        """Stop the thread; show *acked_events* (the run's own count) as the bar's last value."""
         self._stop.set()
         self._thread.join(2)
         self.sock.close()
+        if acked_events is not None and acked_events != self.bar.n:
+            self.bar.update(min(acked_events, self.counts.total) - self.bar.n)
         self.bar.close()
 
 
@@ -213,6 +282,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the consumers' receiver_queue_size (default: pulsar-client's, 1000)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.epilog = (
+        "exit codes: 0 OK (nothing lost, duplicates <= 1 %); 1 an event lost or left in the subscription; "
+        "2 could not start (the line on stderr says what to install or fix); 3 nothing lost but duplicates > 1 %"
+    )
 
 
 def _status(text: str) -> None:
@@ -284,6 +357,20 @@ def _left_in_subscription(client: Any, topic: str) -> int:
     return left
 
 
+def _prepare(args: argparse.Namespace) -> Any:
+    """Check up front what the demo needs, fetch Apache Pulsar on first use; the release to
+    start, or None with ``--service-url``. Raises SetupError (one line) or BrokerError."""
+    check_master(args.master)
+    if args.service_url:
+        check_spark_java()
+        check_service_url(args.service_url)
+        return None
+    release = check_standalone()
+    check_spark_java()
+    fetch_standalone(release, PROG)
+    return release
+
+
 def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
     """(the broker started here or None, the service URL)."""
     if args.service_url:
@@ -319,8 +406,9 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         progress = _ProgressListener(args.messages)
     else:
         _status(f"progress bar off: executors of {args.master} cannot reach the driver's UDP socket")
+    stats = None
     try:
-        return run_consumer_tasks(
+        stats = run_consumer_tasks(
             spark,
             config,
             DemoHandler(args.failure_rate),
@@ -328,23 +416,48 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
             budget,
             until_drained=True,
             record_timings=True,
-            collect=event_id,
+            collect=collect_event,
             progress=None if progress is None else UdpProgress(progress.address),
         )
+        return stats
     finally:
         if progress is not None:
-            progress.close()
+            progress.close(None if stats is None else len(set(stats["collected"])))
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; return the exit code (1 if anything was lost or left behind)."""
+    """Run the demo; return the exit code (see :func:`result`; 2 when it cannot start)."""
+    from ..errors import BrokerError
+
+    started, started_wall = time.monotonic(), time.time()  # a first run's fetch counts too
+    try:
+        _prepare(args)
+        summary = _run(args, started, started_wall)
+    except SetupError as error:
+        print(f"{PROG}: {error}", file=sys.stderr, flush=True)
+        return 2
+    except BrokerError as error:
+        print(f"{PROG}: {error}", file=sys.stderr, flush=True)
+        return 2
+    if args.json:
+        print(json.dumps(summary, sort_keys=False))
+    else:
+        _print_summary(summary)
+    return result(summary)[1]
+
+
+def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[str, Any]:
+    """Start what is needed, produce, consume, check, stop everything; the summary.
+
+    *started* and *started_wall*: when the demo started (monotonic and wall clock).
+    """
     from ..spark import local_session, stop_session
     from ..testing import quiet_client
 
-    started = time.monotonic()
     broker = client = spark = None
     try:
         broker, url = _start_broker(args)
+        broker_start_s = time.monotonic() - started
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
         producer = _Producer(client, topic, args.messages)
@@ -370,13 +483,41 @@ def run(args: argparse.Namespace) -> int:
             client.close()
         if broker is not None:
             broker.stop()
-    times = {"spark_start_s": spark_start_s, "consume_s": consume_s, "wall_s": time.monotonic() - started}
-    summary = _summarize(args, producer, stats, left, times, url if broker is None else "apache-standalone")
-    if args.json:
-        print(json.dumps(summary, sort_keys=False))
-    else:
-        _print_summary(summary)
-    return 0 if summary["ok"] else 1
+    first_at_ms = [t["first_received_at_ms"] for t in stats["task_stats"] if t["first_received_at_ms"] is not None]
+    times = {
+        "broker_start_s": broker_start_s,
+        "spark_start_s": spark_start_s,
+        "first_message_s": min(first_at_ms) / 1000 - started_wall if first_at_ms else None,
+        "consume_s": consume_s,
+        "wall_s": time.monotonic() - started,
+    }
+    return _summarize(args, producer, stats, left, times, url if broker is None else "apache-standalone")
+
+
+MAX_DUPLICATES_PCT = 1.0
+"""Above this share of duplicates (of the events produced) the result is not OK."""
+
+
+def result(summary: dict[str, Any]) -> tuple[str, int]:
+    """The summary's result line and the exit code.
+
+    - 1, ``FAILED``: an event was lost or left in the subscription;
+    - 3, ``DUPLICATES``: nothing lost, but the handler saw more than
+      :data:`MAX_DUPLICATES_PCT` % of the events twice (at-least-once still held);
+    - 0, ``OK``: nothing lost, duplicates within the bound.
+
+    >>> result({"lost": 0, "left_in_subscription": 0, "duplicates": 10, "duplicates_pct": 0.1})
+    ('OK: nothing lost, 10 duplicates (0.10 %)', 0)
+    >>> result({"lost": 2, "left_in_subscription": 0, "duplicates": 0, "duplicates_pct": 0.0})[1]
+    1
+    """
+    lost, left, dups, pct = (summary[k] for k in ("lost", "left_in_subscription", "duplicates", "duplicates_pct"))
+    duplicates = f"{dups:,} duplicates ({pct:.2f} %)"
+    if lost or left:
+        return f"FAILED: {lost:,} events lost, {left:,} left in the subscription; {duplicates}", 1
+    if pct > MAX_DUPLICATES_PCT:
+        return f"DUPLICATES: nothing lost, but {duplicates}, over the {MAX_DUPLICATES_PCT:g} % bound", 3
+    return f"OK: nothing lost, {duplicates}", 0
 
 
 def _retry_wait(retries: list[tuple[Any, float, float, float]]) -> dict[str, float | None]:
@@ -396,7 +537,7 @@ def _retry_wait(retries: list[tuple[Any, float, float, float]]) -> dict[str, flo
 
 
 def _summarize(
-    args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, float], broker: str
+    args: argparse.Namespace, producer: _Producer, stats: Any, left: int, times: dict[str, Any], broker: str
 ) -> dict[str, Any]:
     """The demo's summary: what was produced, handled, lost, duplicated, and how late."""
     consume_s = times["consume_s"]
@@ -404,7 +545,7 @@ def _summarize(
     acked_ids = stats["collected"]
     seen = set(acked_ids)
     lost = len(produced - seen)
-    return {
+    summary: dict[str, Any] = {
         "messages": args.messages,
         "produced": len(produced),
         "produce_failed": producer.failed,
@@ -428,7 +569,11 @@ def _summarize(
         "workers": stats["workers"],
         "consumers": stats["consumers"],
         "max_tasks_per_consumer": stats["max_tasks_per_consumer"],
+        "broker_start_s": round(times["broker_start_s"], 2),
         "spark_start_s": round(times["spark_start_s"], 2),
+        # From the start of the demo (after the interpreter's start and imports) to the
+        # first message handed to a handler on any worker.
+        "first_message_s": None if times["first_message_s"] is None else round(times["first_message_s"], 2),
         "produce_s": round(producer.seconds, 2),
         "consume_s": round(consume_s, 2),
         "wall_s": round(times["wall_s"], 2),
@@ -439,8 +584,10 @@ def _summarize(
         "receiver_queue_size": args.receiver_queue_size,
         "driver_pid": os.getpid(),
         "worker_pids": sorted({t["worker_pid"] for t in stats["task_stats"]}),
-        "ok": lost == 0 and left == 0,
+        "ok": lost == 0 and left == 0,  # nothing lost; "result" also holds the duplicates to their bound
     }
+    summary["result"] = result(summary)[0]
+    return summary
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -468,7 +615,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         ("tasks / rounds / workers", f"{s['tasks']} / {s['rounds']} / {s['workers']}"),
         ("Spark start / consume / total", f"{s['spark_start_s']:.1f} s / {s['consume_s']:.1f} s / {s['wall_s']:.1f} s"),
         ("throughput", f"{s['messages_per_s']:,.0f} messages/s"),
-        ("result", "OK: nothing lost" if s["ok"] else "FAILED: messages lost or left behind"),
+        ("result", result(s)[0]),
     ]
     width = max(len(name) for name, _ in rows)
     print(

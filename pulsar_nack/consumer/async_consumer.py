@@ -32,7 +32,7 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._validate import check_bool
+from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.tracker import NegativeAcksTracker
@@ -274,8 +274,7 @@ async def subscribe(
     """
     if not isinstance(client, pulsar_asyncio.Client):
         raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
-    if not isinstance(subscription_name, str) or not subscription_name:
-        raise TypeError("subscription_name must be a non-empty str")
+    check_name("subscription_name", subscription_name)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")

@@ -51,7 +51,7 @@ from typing import Any, TypedDict
 import _pulsar
 import pulsar
 
-from .._validate import check_bool, check_int, check_ms, check_topics
+from .._validate import check_bool, check_int, check_ms, check_name, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
@@ -454,8 +454,7 @@ def _check_subscribe_args(
     """Validate every argument :func:`subscribe` checks itself; return the topics. Changes nothing."""
     if not isinstance(client, pulsar.Client):
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
-    if not isinstance(subscription_name, str) or not subscription_name:
-        raise TypeError("subscription_name must be a non-empty str")
+    check_name("subscription_name", subscription_name)
     topics: list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:

@@ -21,7 +21,7 @@ before ``seek`` or ``redeliver_unacknowledged_messages``, and :meth:`NackingCore
 
 State is kept only while a nack is pending. Acknowledgements of batch messages rely on
 batch-index acknowledgement (``batch_index_ack_enabled=True`` with a broker that has
-``acknowledgmentAtBatchIndexLevelEnabled``, the default since Apache Pulsar 4.0): the
+``acknowledgmentAtBatchIndexLevelEnabled=true``, off by default in Pulsar 3.0 and 4.0): the
 broker's ack set tells the client which siblings of a redelivered entry were acked, and
 the client skips them. No per-entry object exists for batches in flight.
 """
@@ -37,7 +37,7 @@ from typing import Any
 import _pulsar
 from pyroaring import BitMap64
 
-from .._validate import check_int, check_topics
+from .._validate import check_int, check_ms, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.base import DueKeys
 from ..core.buckets import DEFAULT_PRECISION_BITS
@@ -345,6 +345,7 @@ class NackingCore:
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
+        check_ms("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)  # the tracker's delay_ms
         check_int("handoff_delay_ms", handoff_delay_ms, 0)
         check_int("coalesce_ms", coalesce_ms, 0)
         self.topics = TopicMatcher(topics)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._validate import MAX_DELAY_MS, check_int, check_ms, check_optional_int, check_topics
+from .._validate import MAX_DELAY_MS, check_int, check_ms, check_name, check_optional_int, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
 from ..core.keys import PARTITION_SUFFIX
@@ -162,11 +162,9 @@ class ConsumerConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.service_url, str) or not self.service_url:
-            raise TypeError("service_url must be a non-empty str")
+        check_name("service_url", self.service_url)
         set_(self, "topics", tuple(check_topics("topics", self.topics)))
-        if not isinstance(self.subscription, str) or not self.subscription:
-            raise TypeError("subscription must be a non-empty str")
+        check_name("subscription", self.subscription)
         set_(self, "subscription_type", _enum_name("subscription_type", self.subscription_type, _CONSUMER_TYPES))
         set_(self, "initial_position", _enum_name("initial_position", self.initial_position, _INITIAL_POSITIONS))
         check_ms("nack_delay_ms", self.nack_delay_ms)

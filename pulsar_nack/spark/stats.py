@@ -45,6 +45,7 @@ class TaskStats(TypedDict):
     flush_ms: float
     wall_ms: float
     started_at_ms: float
+    first_received_at_ms: float | None  # wall-clock ms of this task's first message; None: none came
     nacks: list[tuple[tuple[str, int, int, int], float, float]]  # (key, nacked_at, requested_at)
     arrivals: list[tuple[tuple[str, int, int, int], float, int]]  # (key, arrived_at, count)
     collected: list[Any]

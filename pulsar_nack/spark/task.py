@@ -130,6 +130,7 @@ class _TaskRun:
         self.progress_every = options.get("progress_interval_ms", 500) / 1000
         self.partition, self.attempt = _task_context()
         self.started_at_ms = time.time() * 1000
+        self.first_received_at_ms: float | None = None
         self.start = time.monotonic()
         self.entry, self.created = _acquire(config)
         self.entry.tasks += 1
@@ -177,7 +178,7 @@ class _TaskRun:
         import pulsar
 
         budget, receive_timeout = self.budget, self.config.receive_timeout_ms
-        last_busy = self.start
+        last_busy = time.monotonic()  # idle from here: subscribing (in __init__) may take seconds
         while True:
             now = time.monotonic()
             self._housekeeping(now)
@@ -203,6 +204,8 @@ class _TaskRun:
 
     def _handle(self, message: Any) -> None:
         """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
+        if not self.counts["received"]:
+            self.first_received_at_ms = time.time() * 1000
         self.counts["received"] += 1
         count = message.redelivery_count()
         if count:
@@ -302,6 +305,7 @@ class _TaskRun:
             flush_ms=round(self.flush_ms, 3),
             wall_ms=round((time.monotonic() - self.start) * 1000, 3),
             started_at_ms=self.started_at_ms,
+            first_received_at_ms=self.first_received_at_ms,
             nacks=self.nacks,
             arrivals=self.arrivals,
             collected=self.collected,

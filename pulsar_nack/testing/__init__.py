@@ -3,7 +3,10 @@
 - :class:`PulsarStandalone`: Apache Pulsar's own standalone broker, fetched from Maven
   Central once. The integration tests, the benchmarks, the examples and
   ``pulsar-nack demo`` run on it.
-- :class:`SparkStandaloneCluster`: a Spark standalone master and workers on loopback.
+- :class:`PulsarCluster`: the same Apache Pulsar as separate JVMs (ZooKeeper, one bookie,
+  two brokers by default), for tests that kill, freeze, restart a broker or move topics
+  between brokers. ``url`` names every broker; ``brokers[i]`` has each one's ``url``,
+  ``admin_url`` and ``pid``.
 - :func:`quiet_client`: a ``pulsar.Client`` whose log goes to Python's logging.
 
 A broker is a context manager with ``url``, ``admin_url``, ``start()``, ``stop()``,
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 from ..errors import BrokerError
 from .client import quiet_client
+from .cluster import PulsarCluster
 from .standalone import PulsarStandalone
 
-__all__ = ["BrokerError", "PulsarStandalone", "quiet_client", "start_broker"]
+__all__ = ["BrokerError", "PulsarCluster", "PulsarStandalone", "quiet_client", "start_broker"]
 
 
 def start_broker() -> PulsarStandalone:
-    """Start Apache Pulsar standalone on loopback; the caller stops it."""
-    return PulsarStandalone().start()
+    """Start Apache Pulsar standalone on loopback (the newest release an installed JDK runs,
+    batch-index acknowledgement on); the caller stops it."""
+    return PulsarStandalone(batch_index_ack=True).start()

@@ -1,11 +1,15 @@
 """A small client of Apache Pulsar's admin REST API (``/admin/v2``), for tests and benchmarks.
 
-Only what the tests need: namespaces, partitioned topics, topic and subscription stats.
-Topic names may be short (``orders``) or full (``persistent://public/default/orders``).
+Only what the tests need: namespaces, partitioned topics, topic and subscription stats,
+topic lookups, unloading topics, bundles and namespaces (to move them between brokers),
+and the broker's version and runtime configuration.
+Topic names may be short (``orders``) or full (``persistent://public/default/orders``);
+namespaces are ``tenant/namespace``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.error
 import urllib.request
@@ -14,9 +18,10 @@ from typing import Any
 from .._validate import check_int
 from ..errors import BrokerError
 
-__all__ = ["PulsarAdmin", "topic_path"]
+__all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
 
 _TIMEOUT_S = 30.0
+_MAX_REDIRECTS = 3
 
 
 def topic_path(topic: str) -> str:
@@ -34,6 +39,25 @@ def topic_path(topic: str) -> str:
     return "/".join([domain, *parts])
 
 
+def namespace_path(namespace: str) -> str:
+    """``public/default`` for ``public/default``; anything else than ``tenant/namespace`` is refused."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+    parts = namespace.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"namespace must look like 'tenant/namespace', got {namespace!r}")
+    return namespace
+
+
+def _check_bundle(bundle: str) -> str:
+    if not isinstance(bundle, str):
+        raise TypeError(f"bundle must be a str, got {type(bundle).__name__}")
+    low, sep, high = bundle.partition("_")
+    if not (sep and low.startswith("0x") and high.startswith("0x")):
+        raise ValueError(f"bundle must look like '0x00000000_0x40000000', got {bundle!r}")
+    return bundle
+
+
 class PulsarAdmin:
     """Calls on ``http://127.0.0.1:PORT/admin/v2``; errors become :class:`BrokerError`."""
 
@@ -43,20 +67,47 @@ class PulsarAdmin:
         self.admin_url = admin_url.rstrip("/")
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        """One REST call; the decoded JSON answer, or None for an empty one."""
+        """One call on ``/admin/v2/{path}``; the decoded JSON answer, or None for an empty one."""
+        return self._send(method, f"admin/v2/{path}", body)
+
+    def _send(self, method: str, path: str, body: Any = None, *, text: bool = False) -> Any:
+        """One call; follows a broker's 307 to the broker that owns the topic or bundle."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.admin_url}/admin/v2/{path}", data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as answer:
-                text = answer.read().decode()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise BrokerError(f"{method} {path}: HTTP {exc.code} {detail}") from None
-        return json.loads(text) if text.strip() else None
+        url = f"{self.admin_url}/{path}"
+        for _ in range(_MAX_REDIRECTS + 1):
+            req = urllib.request.Request(url, data=data, method=method)
+            req.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as answer:
+                    answer_text = answer.read().decode()
+                break
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location")
+                if exc.code in (307, 308) and location:
+                    url = location  # urllib follows no redirect of a PUT, POST or DELETE
+                    continue
+                detail = exc.read().decode(errors="replace")[:500]
+                raise BrokerError(f"{method} {path}: HTTP {exc.code} {detail}") from None
+        else:
+            raise BrokerError(f"{method} {path}: more than {_MAX_REDIRECTS} redirects")
+        if text:
+            return answer_text.strip()
+        return json.loads(answer_text) if answer_text.strip() else None
+
+    def request_text(self, method: str, path: str, body: Any = None) -> str:
+        """One call on ``/admin/v2/{path}``; the answer as text (some answers, like the version, are not JSON)."""
+        return str(self._send(method, f"admin/v2/{path}", body, text=True))
 
     def namespaces(self, tenant: str) -> list[str]:
         return list(self.request("GET", f"namespaces/{tenant}"))
+
+    def broker_version(self) -> str:
+        """The Pulsar version the broker reports (``brokers/version``), e.g. ``"4.0.8"``."""
+        return self.request_text("GET", "brokers/version").strip()
+
+    def runtime_configuration(self) -> dict[str, str]:
+        """Every broker setting as the broker runs with it (``brokers/configuration/runtime``), as strings."""
+        return {str(key): str(value) for key, value in dict(self.request("GET", "brokers/configuration/runtime")).items()}
 
     def create_partitioned_topic(self, topic: str, partitions: int) -> str:
         """Create *topic* with *partitions* partitions (1-10,000); return its full name."""
@@ -80,3 +131,40 @@ class PulsarAdmin:
         if subscription not in subs:
             raise BrokerError(f"no subscription {subscription!r} on {topic}")
         return int(subs[subscription]["msgBacklog"])
+
+    # ------------------------------------------------------- where topics live
+
+    def brokers(self, cluster: str) -> list[str]:
+        """The active brokers of *cluster*, as ``host:web_port`` ids."""
+        return list(self.request("GET", f"brokers/{cluster}"))
+
+    def lookup(self, topic: str) -> dict[str, Any]:
+        """Which broker serves *topic* (``brokerUrl``, ``httpUrl``); assigns it if nobody does."""
+        return dict(self._send("GET", f"lookup/v2/topic/{topic_path(topic)}"))
+
+    def topic_bundle(self, topic: str) -> str:
+        """The namespace bundle that holds *topic*, such as ``0x40000000_0x80000000``."""
+        return str(self._send("GET", f"lookup/v2/topic/{topic_path(topic)}/bundle", text=True))
+
+    def bundles(self, namespace: str) -> list[str]:
+        """The bundles of *namespace*, in hash order."""
+        boundaries = self.request("GET", f"namespaces/{namespace_path(namespace)}/bundles")["boundaries"]
+        return [f"{low}_{high}" for low, high in itertools.pairwise(boundaries)]
+
+    def unload_topic(self, topic: str) -> None:
+        """Unload *topic* (every partition of a partitioned one); clients reconnect."""
+        self.request("PUT", f"{topic_path(topic)}/unload")
+
+    def unload_namespace(self, namespace: str) -> None:
+        """Unload every bundle of *namespace*; the load manager places them again on lookup."""
+        self.request("PUT", f"namespaces/{namespace_path(namespace)}/unload")
+
+    def unload_bundle(self, namespace: str, bundle: str, destination_broker: str | None = None) -> None:
+        """Unload one bundle; with *destination_broker* (a ``host:web_port`` id), place it there."""
+        query = "" if destination_broker is None else f"?destinationBroker={destination_broker}"
+        self.request("PUT", f"namespaces/{namespace_path(namespace)}/{_check_bundle(bundle)}/unload{query}")
+
+    def split_bundle(self, namespace: str, bundle: str) -> None:
+        """Split one bundle in two halves (``range_equally_divide``) and unload both."""
+        path = f"namespaces/{namespace_path(namespace)}/{_check_bundle(bundle)}/split"
+        self.request("PUT", f"{path}?unload=true&splitAlgorithmName=range_equally_divide")

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pulsar
 
-__all__ = ["quiet_client"]
+__all__ = ["CLIENT_LOGGER", "quiet_client"]
+
+CLIENT_LOGGER = "pulsar_nack.testing.client"
+"""The name of the Python logger that :func:`quiet_client`'s clients log to."""
 
 
 def quiet_client(url: str, **kwargs: Any) -> pulsar.Client:
-    """Create a ``pulsar.Client`` that logs only warnings and errors.
+    """Create a ``pulsar.Client`` whose log goes to Python's :mod:`logging`, warnings and up.
 
-    The C++ client logs several INFO lines per connection, producer and
-    consumer to stderr. ``pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)``
-    drops them (checked with pulsar-client 3.13). Works for any URL.
+    The C++ client logs several INFO lines per connection, producer and consumer, and
+    ``pulsar.ConsoleLogger`` writes them to **stdout** (checked with pulsar-client 3.13),
+    where they would mix with a program's output. Here they go to the logger named
+    :data:`CLIENT_LOGGER`: below WARNING they are dropped, and without a logging setup
+    Python prints warnings and errors on stderr. Works for any URL.
 
     Parameters
     ----------
@@ -45,6 +51,8 @@ def quiet_client(url: str, **kwargs: Any) -> pulsar.Client:
 
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
-    kwargs.setdefault("logger", pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    logger = logging.getLogger(CLIENT_LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    kwargs.setdefault("logger", logger)
     return pulsar.Client(url, **kwargs)
-

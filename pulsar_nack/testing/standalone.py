@@ -1,13 +1,13 @@
 """Apache Pulsar's own standalone broker on loopback, for tests, benchmarks and the demo.
 
-:class:`PulsarStandalone` runs ``org.apache.pulsar.PulsarStandaloneStarter`` (through the
-distribution's ``bin/pulsar standalone``) from the distribution that
-:mod:`~pulsar_nack.testing.distribution` fetches from Maven Central: one JVM with the
-broker, one in-process bookie and a RocksDB metadata store, without the functions
-worker or stream storage. What a started broker looks like::
+:class:`PulsarStandalone` runs ``org.apache.pulsar.PulsarStandaloneStarter`` from the
+release that :mod:`~pulsar_nack.testing.distribution` fetches from Maven Central (through
+the distribution's ``bin/pulsar standalone``, or ``java -cp`` for a release served only as
+jars): one JVM with the broker, one in-process bookie and a RocksDB metadata store,
+without the functions worker or stream storage. What a started broker looks like::
 
     data_dir/
-        standalone.conf        the distribution's, with our overrides appended
+        standalone.conf        the release's, with our overrides appended
         broker.log             the JVM's stdout and stderr
         logs/                  log4j's own files
         metadata/  bookkeeper/ RocksDB metadata and the bookie's ledgers (kept by restart())
@@ -16,9 +16,11 @@ worker or stream storage. What a started broker looks like::
     127.0.0.1:HTTP_PORT        the admin REST API   (admin_url)
     127.0.0.1:*                the bookie (a port the JVM picks)
 
-Every socket is bound to 127.0.0.1. Batch-index acknowledgement is on
-(``acknowledgmentAtBatchIndexLevelEnabled=true``). The JVM gets its own ``JAVA_HOME``
-(the newest installed JDK the release needs) and a bounded heap.
+Every socket is bound to 127.0.0.1. Batch-index acknowledgement
+(``acknowledgmentAtBatchIndexLevelEnabled``) is the version's own default, unless
+``batch_index_ack`` says otherwise: off in both 3.0.7 and 4.0.8 (read back from their
+admin API). The JVM gets its own ``JAVA_HOME`` (the newest installed JDK that runs the
+release) and a bounded heap.
 
 Example, from a plain Python shell (the first call fetches about 250 MB)::
 
@@ -38,6 +40,7 @@ import tempfile
 import time
 import urllib.error
 import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -53,12 +56,29 @@ from ._process import (
     terminate_process,
 )
 from .admin import PulsarAdmin
-from .distribution import PulsarRelease, choose_release, ensure_distribution
+from .distribution import (
+    CLASSPATH_JVM_FLAGS,
+    STANDALONE_STARTER,
+    PulsarRelease,
+    choose_release,
+    ensure_distribution,
+    matching_releases,
+)
 
-__all__ = ["DEFAULT_HEAP", "PulsarStandalone"]
+__all__ = ["DEFAULT_HEAP", "DEFAULT_JVM_OPTIONS", "PulsarStandalone"]
 
+_BATCH_INDEX_ACK = "acknowledgmentAtBatchIndexLevelEnabled"
 DEFAULT_HEAP = "768m"
 """The broker JVM's ``-Xmx``: enough for the tests and benchmarks, small beside Spark."""
+DEFAULT_JVM_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+"""The JVM options of a broker that is given none: the C1 compiler only.
+
+With the JVM's default tiered compilation, the C2 compiler's threads take about half
+the CPU a start needs (median 10.5 s of CPU to ready, against 5.4 s with C1 only;
+``broker_phases`` in ``bench/results/startup.json``) and keep taking it while the demo
+or a test runs beside the broker on a 2-core machine. A broker used for tests and demos
+never runs long enough to repay C2. Pass ``jvm_options=()`` for tiered compilation.
+"""
 _TEMP_PREFIX = "pulsar-nack-standalone-"
 _POLL_INTERVAL_S = 0.25
 
@@ -81,6 +101,16 @@ class PulsarStandalone:
         How long :meth:`start` waits for the admin API to list ``public/default``.
     config : mapping, optional
         Extra ``standalone.conf`` settings, appended after ours (so they win).
+    jvm_options : sequence of str, optional
+        JVM options after ours; none may contain whitespace (``bin/pulsar`` splits
+        them on it). None: :data:`DEFAULT_JVM_OPTIONS`.
+    version : str, optional
+        Which Apache Pulsar: ``"4.0.8"``, ``"4.0"``, ``"3.x"``... (see
+        :func:`~pulsar_nack.testing.distribution.matching_releases`). None: the newest
+        release an installed JDK runs.
+    batch_index_ack : bool, optional
+        ``acknowledgmentAtBatchIndexLevelEnabled``. None (default): the version's own
+        default (off in 3.0.7 and in 4.0.8). A ``config`` entry for the same key wins.
 
     Cleanup, so that no broker outlives its test: :meth:`stop` and the context manager
     stop it by PID (SIGTERM, then SIGKILL after a timeout); a :func:`weakref.finalize`
@@ -89,9 +119,11 @@ class PulsarStandalone:
 
     Raises
     ------
+    TypeError, ValueError
+        For a bad argument, naming it (a *version* we cannot run is a ValueError).
     BrokerError
-        From :meth:`start`: no JDK, no ``mvn``, a failed download, or a broker that
-        exits or is not ready in time (with the tail of its log).
+        From :meth:`start`: no JDK that runs the version, no ``mvn``, a failed download,
+        or a broker that exits or is not ready in time (with the tail of its log).
     """
 
     def __init__(
@@ -100,7 +132,10 @@ class PulsarStandalone:
         *,
         heap: str = DEFAULT_HEAP,
         startup_timeout_s: float = 180.0,
-        config: dict[str, str] | None = None,
+        config: Mapping[str, str] | None = None,
+        jvm_options: Sequence[str] | None = None,
+        version: str | None = None,
+        batch_index_ack: bool | None = None,
     ) -> None:
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise TypeError(f"data_dir must be a str, os.PathLike or None, got {type(data_dir).__name__}")
@@ -108,12 +143,26 @@ class PulsarStandalone:
             raise TypeError(f"heap must be a str such as '768m', got {type(heap).__name__}")
         if not heap[:-1].isdigit() or heap[-1:].lower() not in ("m", "g"):
             raise ValueError(f"heap must look like '768m' or '1g', got {heap!r}")
-        if config is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        if config is not None and not (
+            isinstance(config, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in config.items())
+        ):
             raise TypeError("config must map str to str")
+        if jvm_options is None:
+            jvm_options = DEFAULT_JVM_OPTIONS
+        if isinstance(jvm_options, str) or not all(isinstance(o, str) for o in jvm_options):
+            raise TypeError("jvm_options must be a sequence of str or None")
+        if any(not o or any(c.isspace() for c in o) for o in jvm_options):
+            raise ValueError(f"jvm_options must be non-empty and hold no whitespace, got {list(jvm_options)!r}")
+        if batch_index_ack is not None and not isinstance(batch_index_ack, bool):
+            raise TypeError(f"batch_index_ack must be a bool or None, got {type(batch_index_ack).__name__}")
+        matching_releases(version)  # TypeError / ValueError now, not at start()
         self._data_dir_arg = None if data_dir is None else Path(os.fspath(data_dir)).absolute()
         self._heap = heap
         self._startup_timeout_s = check_seconds("startup_timeout_s", startup_timeout_s, allow_zero=False)
-        self._extra_config = dict(config or {})
+        self._version_spec = version
+        self._extra_config = {} if batch_index_ack is None else {_BATCH_INDEX_ACK: str(batch_index_ack).lower()}
+        self._extra_config.update(config or {})
+        self._extra_jvm_options = tuple(jvm_options)
         self._data_dir: Path | None = self._data_dir_arg
         self._ports: tuple[int, int] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -148,6 +197,18 @@ class PulsarStandalone:
         return self.release.version
 
     @property
+    def batch_index_ack(self) -> bool:
+        """Whether the running broker acknowledges at batch-index level, as it reports it.
+
+        Read from the admin API (``acknowledgmentAtBatchIndexLevelEnabled`` in
+        ``/admin/v2/brokers/configuration/runtime``) on each call.
+        """
+        value = self.admin.runtime_configuration().get(_BATCH_INDEX_ACK)
+        if value not in ("true", "false"):
+            raise BrokerError(f"the broker reports {_BATCH_INDEX_ACK}={value!r}")
+        return value == "true"
+
+    @property
     def pid(self) -> int | None:
         """PID of the broker JVM while it runs, else None."""
         process = self._process
@@ -173,7 +234,8 @@ class PulsarStandalone:
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running() else "stopped"
-        return f"PulsarStandalone(ports={self._ports}, data_dir={self._data_dir!s}, {state})"
+        version = self.release.version if self.release is not None else self._version_spec
+        return f"PulsarStandalone(version={version}, ports={self._ports}, data_dir={self._data_dir!s}, {state})"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -181,7 +243,7 @@ class PulsarStandalone:
         """Fetch the distribution if needed, start the broker and wait until it is ready."""
         if self.is_running():
             raise BrokerError(f"already running: {self!r}")
-        self.release, self.java_home = choose_release()
+        self.release, self.java_home = choose_release(version=self._version_spec)
         home = ensure_distribution(self.release)
         self._ensure_data_dir()
         if self._ports is None:
@@ -255,7 +317,6 @@ class PulsarStandalone:
             # The in-process bookie reads this file too: bind it to loopback as well.
             "listeningInterface": "lo",
             "allowLoopback": "true",
-            "acknowledgmentAtBatchIndexLevelEnabled": "true",
             **self._extra_config,
         }
         base = (home / "conf" / "standalone.conf").read_text(encoding="utf-8")
@@ -264,31 +325,41 @@ class PulsarStandalone:
         path.write_text(f"{base.rstrip()}\n\n# pulsar-nack overrides (later keys win)\n{lines}", encoding="utf-8")
         return path
 
+    def _jvm_options(self) -> tuple[str, str]:
+        """(memory, GC) options of the broker JVM."""
+        memory = f"-Xms128m -Xmx{self._heap} -XX:MaxDirectMemorySize={self._heap}"
+        return memory, "-XX:+UseG1GC -XX:+PerfDisableSharedMem"
+
     def _environment(self, config_path: Path) -> dict[str, str]:
         assert self.java_home is not None
         env = dict(os.environ)
         for name in ("PULSAR_MEM", "PULSAR_GC", "PULSAR_EXTRA_OPTS", "PULSAR_LOG_CONF", "PULSAR_PREFIX_"):
             env.pop(name, None)
+        memory, gc = self._jvm_options()
         env.update(
             JAVA_HOME=str(self.java_home),
-            PULSAR_MEM=f"-Xms128m -Xmx{self._heap} -XX:MaxDirectMemorySize={self._heap}",
-            PULSAR_GC="-XX:+UseG1GC -XX:+PerfDisableSharedMem",
+            PULSAR_MEM=memory,
+            PULSAR_GC=gc,
             PULSAR_GC_LOG=" ",  # non-empty: no GC log files
+            PULSAR_EXTRA_OPTS=" ".join(self._extra_jvm_options),
             PULSAR_LOG_DIR=str(self.data_dir / "logs"),
             PULSAR_STANDALONE_CONF=str(config_path),
         )
         return env
 
-    def _launch(self, home: Path) -> None:
-        config_path = self._write_config(home)
-        port, http_port = self._started_ports()
-        for taken in (port, http_port):
-            if accepts_connections(taken):
-                raise BrokerError(f"port {taken} on {LOOPBACK} is already in use by another process")
+    def _command(self, home: Path, config_path: Path) -> list[str]:
+        """``bin/pulsar standalone ...``, or for a classpath release the ``java`` line it would run."""
+        assert self.release is not None and self.java_home is not None
+        if self.release.kind == "classpath":
+            memory, gc = self._jvm_options()
+            classpath = f"{home / 'conf'}{os.pathsep}{home / 'lib' / '*'}"
+            head = [str(self.java_home / "bin" / "java"), *memory.split(), *gc.split(), *self._extra_jvm_options, *CLASSPATH_JVM_FLAGS]
+            head += ["-cp", classpath, STANDALONE_STARTER, "--config", str(config_path)]
+        else:
+            head = [str(home / "bin" / "pulsar"), "standalone"]
         data = self.data_dir
-        argv = [
-            str(home / "bin" / "pulsar"),
-            "standalone",
+        return [
+            *head,
             "--no-functions-worker",
             "--no-stream-storage",
             "--metadata-dir",
@@ -296,6 +367,14 @@ class PulsarStandalone:
             "--bookkeeper-dir",
             str(data / "bookkeeper"),
         ]
+
+    def _launch(self, home: Path) -> None:
+        config_path = self._write_config(home)
+        port, http_port = self._started_ports()
+        for taken in (port, http_port):
+            if accepts_connections(taken):
+                raise BrokerError(f"port {taken} on {LOOPBACK} is already in use by another process")
+        argv = self._command(home, config_path)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by terminate_process
         offset = log_file.tell()
         try:
@@ -304,7 +383,7 @@ class PulsarStandalone:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                cwd=str(data),
+                cwd=str(self.data_dir),
                 env=self._environment(config_path),
                 close_fds=True,
                 preexec_fn=parent_death_signal_preexec(),  # noqa: PLW1509 - see its docstring
