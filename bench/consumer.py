@@ -260,7 +260,7 @@ def _memory_worker(url: str, admin_url: str, system: str, topic: str, n: int, na
     if system == "pulsar-nack":
         stats = consumer.stats()
         result["tracker_memory_bytes"] = stats["tracker"]["memory_bytes"]
-        result["pending_set_bytes"] = consumer._core._pending.memory_bytes()
+        result["pending_set_bytes"] = consumer._core.pending.memory_bytes()
         result["structures_bytes_per_pending_nack"] = (
             result["tracker_memory_bytes"] + result["pending_set_bytes"]
         ) / max(nacked, 1)

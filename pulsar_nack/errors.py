@@ -6,10 +6,11 @@
     ├── ClosedError (also a RuntimeError)
     │   ├── TrackerClosedError    a tracker used after close()
     │   └── ConsumerClosedError   a NackingConsumer used after close()
+    ├── DeadLetterError (also a RuntimeError)   a dead letter was not stored
     ├── BrokerError (also a RuntimeError)   a test broker failed
     └── UnsupportedClientError (also an ImportError)   pulsar-client lacks what we use
 
-The closed errors and :class:`BrokerError` subclass ``RuntimeError`` too, as the bare
+The closed errors, :class:`DeadLetterError` and :class:`BrokerError` subclass ``RuntimeError`` too, as the bare
 ``RuntimeError`` they replace, so existing ``except RuntimeError`` clauses still work.
 Bad arguments are not errors of this family: they raise the built-in ``TypeError``
 (wrong type) or ``ValueError`` (bad value), as Python does.
@@ -21,6 +22,7 @@ __all__ = [
     "BrokerError",
     "ClosedError",
     "ConsumerClosedError",
+    "DeadLetterError",
     "PulsarNackError",
     "TrackerClosedError",
     "UnsupportedClientError",
@@ -41,6 +43,14 @@ class TrackerClosedError(ClosedError):
 
 class ConsumerClosedError(ClosedError):
     """Raised by calls on a closed :class:`~pulsar_nack.consumer.NackingConsumer`."""
+
+
+class DeadLetterError(PulsarNackError, RuntimeError):
+    """A dead letter could not be stored: its producer was not created or its send failed.
+
+    The message names the dead-letter topic and the client's result. The original
+    message stays unacknowledged.
+    """
 
 
 class BrokerError(PulsarNackError, RuntimeError):

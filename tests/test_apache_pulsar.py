@@ -141,6 +141,35 @@ def test_failover_and_exclusive_lose_nothing_and_return_acked_never(client: Any,
         assert late <= LATE_MS, f"{payload!r} came back {late:.0f} ms late"
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
+@pytest.mark.parametrize("consumer_type", ["Failover", "Exclusive"])
+def test_failover_and_exclusive_per_call_delays_hold(client: Any, consumer_type: str, batched: bool) -> None:
+    """a nacked for 3,000 ms, then b for 500 ms (issue 22 saw b back after about 2,800 ms).
+
+    b comes back at its time: no earlier than its bucket floor allows (``BITS`` precision
+    bits, where handoffs are never early), no later than ``LATE_MS`` after it. b's
+    handoff makes the client ask for every unacked message, so a comes back then too:
+    early if it is a message of its own (documented), swallowed until its own time if it
+    shares b's batch. Three rounds, each on a topic of its own."""
+    for round_ in range(3):
+        topic = new_topic()
+        consumer = pulsar_nack.subscribe(
+            client, topic, "s", consumer_type=getattr(pulsar.ConsumerType, consumer_type), negative_ack_precision_bit_cnt=BITS
+        )
+        try:
+            produce(client, topic, [b"a", b"b"], batch_size=2 if batched else 0)
+            recorder = Recorder(consumer, {b"a": 3_000, b"b": 500})
+            assert recorder.pump(recorder.all_back, 15), f"round {round_}: a or b never came back"
+        finally:
+            consumer.close(redeliver_pending=False)
+        late = recorder.lateness_ms()
+        assert -EARLY_MS <= late[b"b"] <= LATE_MS, f"round {round_}: b came back {late[b'b']:.0f} ms after its time"
+        if batched:
+            assert -EARLY_MS <= late[b"a"] <= LATE_MS, f"round {round_}: a came back {late[b'a']:.0f} ms after its time"
+        else:  # early, with b
+            assert abs(recorder.deliveries[b"a"][1] - recorder.deliveries[b"b"][1]) < 1.0, f"round {round_}"
+
+
 # ---------------------------------------------------------------- partitioned topics
 
 

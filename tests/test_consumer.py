@@ -18,6 +18,7 @@ import pytest
 import pulsar_nack
 from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
+from pulsar_nack.consumer import ConsumerSettings
 from pulsar_nack.errors import ConsumerClosedError
 from pulsar_nack.testing import PulsarStandalone, quiet_client
 
@@ -373,7 +374,7 @@ def test_subscribe_rejects_bad_arguments(pulsar_client, topic):
         pulsar_nack.subscribe("not a client", topic, "s")
     with pytest.raises(TypeError):
         pulsar_nack.subscribe(pulsar_client, 5, "s")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):
         pulsar_nack.subscribe(pulsar_client, topic, "")
     with pytest.raises(ValueError):
         pulsar_nack.subscribe(pulsar_client, topic, "s", negative_ack_precision_bit_cnt=40)
@@ -386,7 +387,9 @@ def test_wrap_warns_when_the_handoff_delay_is_unknown_or_too_long(pulsar_client,
     wrapped.close()
     raw = pulsar_client.subscribe(topic, "s2", consumer_type=SHARED)
     with pytest.warns(RuntimeWarning, match="late"):
-        wrapped = NackingConsumer.wrap(raw, [topic], handoff_delay_ms=60_000, negative_ack_redelivery_delay_ms=1000)
+        wrapped = NackingConsumer.wrap(
+            raw, [topic], ConsumerSettings(negative_ack_redelivery_delay_ms=1000), handoff_delay_ms=60_000
+        )
     wrapped.close()
 
 

@@ -8,15 +8,19 @@ deadlines; timing bounds are behaviour bounds, generous for a loaded 2-core mach
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import time
 import uuid
 from typing import Any
 
 import pulsar
+import pulsar.asyncio
 import pytest
 
 import pulsar_nack
+import pulsar_nack.asyncio
 from helpers import out_of_batch_id, produce, wait_for
 from pulsar_nack.testing import quiet_client
 
@@ -226,8 +230,52 @@ def test_gap5_seek_resets_pending_batch_state_and_get_last_message_id(client: An
     again = drain(consumer, 5, 15)
     assert sorted(m.data() for m in again) == payloads, "a message stayed swallowed after seek"
     with pytest.raises(TypeError):
-        consumer.seek("earliest")
+        consumer.seek("earliest")  # a ValueError too, as the plain client raises
     consumer.close()
+
+
+@pytest.mark.parametrize("kind", ["plain", "blocking", "asyncio"])
+def test_seek_takes_and_refuses_what_the_plain_client_does(apache_broker: Any, client: Any, kind: str) -> None:
+    """``seek`` with an id, a ``_pulsar`` id or a publish time in ms (an int), on the plain
+    consumer and on both of ours; ``seek(1.0)`` raises ``ValueError`` on all three (the
+    plain client's ``invalid seek_arg type``; ours is a ``TypeError`` too)."""
+    topic = new_topic("seek-as-plain")
+    payloads = [f"k{i}".encode() for i in range(4)]
+    loop = asyncio.new_event_loop()
+    aclient = pulsar.asyncio.Client(apache_broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+    def call(result: Any) -> Any:
+        return loop.run_until_complete(result) if inspect.isawaitable(result) else result
+
+    if kind == "plain":
+        consumer = client.subscribe(topic, "s", consumer_type=SHARED)
+    elif kind == "blocking":
+        consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
+    else:
+        consumer = call(pulsar_nack.asyncio.subscribe(aclient, topic, "s", consumer_type=SHARED))
+
+    def receive_all() -> list[Any]:
+        got = [call(asyncio.wait_for(consumer.receive(), 10) if kind == "asyncio" else consumer.receive(10_000))]
+        while len(got) < len(payloads) and got[-1].data() != payloads[-1]:
+            got.append(call(asyncio.wait_for(consumer.receive(), 10) if kind == "asyncio" else consumer.receive(10_000)))
+        return got
+
+    try:
+        produce(client, topic, payloads)
+        first = receive_all()
+        assert [m.data() for m in first] == payloads
+        for target, start in ((pulsar.MessageId.earliest, 0), (first[2].publish_timestamp(), 2)):
+            call(consumer.seek(target))
+            assert [m.data() for m in receive_all()] == payloads[start:]
+        if kind != "plain":  # the plain asyncio consumer refuses a _pulsar.MessageId; ours take it
+            call(consumer.seek(first[1].message_id()))
+            assert [m.data() for m in receive_all()][-1] == payloads[-1]
+        with pytest.raises(ValueError, match="invalid seek_arg type"):
+            call(consumer.seek(1.0))
+    finally:
+        call(consumer.close())
+        call(aclient.close())
+        loop.close()
 
 
 def test_gap5_regex_subscription(client: Any) -> None:

@@ -31,3 +31,13 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^python -m pytest -q$", ci, re.M)
     extras = re.search(r'pip install -e "\.\[([^\]]+)\]" && python -m pytest', test_line).group(1)
     assert f'-e ".[{extras}]"' in ci
+
+
+def test_every_test_the_consumer_docs_name_exists():
+    """``tests/test_x.py::test_name`` in docs/consumer.md and docs/asyncio.md names a test that is there."""
+    missing = []
+    for doc in ("consumer.md", "asyncio.md"):
+        for path, name in re.findall(r"(tests/test_\w+\.py)::(\w+)", (REPO / "docs" / doc).read_text()):
+            if not re.search(rf"^(async )?def {name}\(", (REPO / path).read_text(), re.M):
+                missing.append(f"{doc}: {path}::{name}")
+    assert not missing, missing

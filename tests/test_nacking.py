@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from helpers import wait_for
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
+from pulsar_nack.consumer.settings import ConsumerSettings
 
 T = "persistent://public/default/t"
 
@@ -85,7 +86,7 @@ class Recorder:
 
 def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     a, b = Stub(T, 3, 9, 0), Stub(T, 3, 9, 1)
     assert core.admit(a) and core.admit(b)
     core.nack(b, delay_ms=60_000)
@@ -106,7 +107,7 @@ def test_a_pending_batch_message_is_swallowed_until_its_handoff_then_delivered()
 
 def test_bare_ids_on_a_multi_topic_core_hand_off_the_same_id_object() -> None:
     recorder = Recorder()
-    core = NackingCore(recorder, [T, T + "2"], negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(recorder, [T, T + "2"], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
     bare = _pulsar.MessageId(-1, 4, 2, -1)
     bare.topic_name(T + "2")
     core.nack(bare, delay_ms=0)
@@ -131,7 +132,7 @@ def test_bad_input_changes_nothing() -> None:
             core.before_ack(bad)
     with pytest.raises(ValueError, match="does not belong"):
         core.nack(Stub("persistent://public/default/other", 1, 1))
-    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core._pending) == 0
+    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.pending) == 0
     core.close(redeliver_pending=False)
 
 

@@ -225,7 +225,7 @@ def test_config_is_validated_and_pickles():
         ConsumerConfig("pulsar://h:1", "t", "s", consumer_options={"negative_ack_redelivery_delay_ms": 5})
     with pytest.raises(ValueError):
         TaskBudget(max_messages=0)
-    assert dead_letter_topic("persistent://p/n/t-partition-3", "s") == "persistent://p/n/t-s-DLQ"
+    assert dead_letter_topic("persistent://p/n/t-partition-3", "s") == "persistent://p/n/t-partition-3-s-DLQ"
 
 
 def test_registry_reuses_the_consumer_and_rebuilds_after_fork_or_close(url, topic):

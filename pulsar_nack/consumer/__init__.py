@@ -1,7 +1,11 @@
 """The consumer layer: ``pulsar.Consumer`` wrappers with the core's tracker inside.
 
+- :mod:`~pulsar_nack.consumer.settings`: :class:`ConsumerSettings`, the one settings
+  object of both consumers, and the checks of ``subscribe`` and ``seek`` arguments;
 - :mod:`~pulsar_nack.consumer.nacking`: :class:`NackingCore`, shared by both consumers
-  (tracker, keys, pending set, handoff to the client);
+  (tracker, keys, pending set, handoff to the client, dead-letter counts);
+- :mod:`~pulsar_nack.consumer.common`: the consumer code that neither blocks nor awaits,
+  shared by both consumers;
 - :mod:`~pulsar_nack.consumer.blocking`: :class:`NackingConsumer` and :func:`subscribe`;
 - :mod:`~pulsar_nack.consumer.async_consumer`: the asyncio consumer
   (public door: :mod:`pulsar_nack.asyncio`);
@@ -15,13 +19,18 @@ from __future__ import annotations
 
 from ..errors import ConsumerClosedError
 from . import _client  # noqa: F401 (first: checks the installed pulsar-client, UnsupportedClientError)
-from .blocking import ConsumerStats, NackingConsumer, client_handoff_latency_ms, subscribe
+from .blocking import NackingConsumer, client_handoff_latency_ms, subscribe
+from .common import ConsumerStats
 from .dead_letter import DeadLetter
+from .settings import ConsumerSettings, SeekArgumentError
 
 __all__ = [
     "ConsumerClosedError",
-    "ConsumerStats", "DeadLetter",
+    "ConsumerSettings",
+    "ConsumerStats",
+    "DeadLetter",
     "NackingConsumer",
+    "SeekArgumentError",
     "client_handoff_latency_ms",
     "subscribe",
 ]

@@ -25,24 +25,24 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 
-import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
-from ..core.tracker import NegativeAcksTracker
-from .blocking import ConsumerClosedError, ConsumerStats
-from .nacking import HANDOFF_DELAY_MS, NackingCore
+from .common import ConsumerBase
+from .nacking import TopicMatcher
+from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
 
 
-class AsyncNackingConsumer:
+class AsyncNackingConsumer(ConsumerBase):
     """A ``pulsar.asyncio.Consumer`` whose negative acknowledgements use PIP-393 time buckets.
 
     Create it with :func:`subscribe`. The coroutine methods mirror
@@ -52,37 +52,28 @@ class AsyncNackingConsumer:
     Parameters
     ----------
     consumer : pulsar.asyncio.Consumer
-        Subscribed with ``negative_ack_redelivery_delay_ms=handoff_delay_ms``.
+        Subscribed with ``negative_ack_redelivery_delay_ms=settings.handoff_delay_ms``.
     topics : list of str, str, or re.Pattern
         What the consumer reads (messages of other topics are refused).
-    **settings
-        ``negative_ack_redelivery_delay_ms``, ``negative_ack_precision_bit_cnt``,
-        ``redelivery_backoff``, ``never_early``, ``handoff_delay_ms``, ``coalesce_ms``,
-        ``guard_unbatched``: the keywords of :class:`~pulsar_nack.consumer.nacking.NackingCore`,
-        as for :class:`~pulsar_nack.consumer.NackingConsumer`.
+    settings : ConsumerSettings, optional
+        The same settings object :class:`~pulsar_nack.consumer.NackingConsumer` takes.
+    client : pulsar.asyncio.Client, optional
+        Needed with a dead-letter policy (it creates the dead-letter producers).
     """
 
-    tracker: NegativeAcksTracker
     _consumer: pulsar_asyncio.Consumer
-    _raw: _pulsar.Consumer
-    _core: NackingCore
-    _closed: bool
 
     def __init__(
         self,
         consumer: pulsar_asyncio.Consumer,
-        topics: Iterable[str] | re.Pattern[str],
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None = None,
         *,
-        _core: NackingCore | None = None,
-        **settings: Any,
+        client: pulsar_asyncio.Client | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
-        self._core = NackingCore(self._hand_off, topics, **settings) if _core is None else _core
-        self._consumer = consumer
-        self._raw = consumer._consumer
-        self._closed = False
-        self.tracker = self._core.tracker
+        super().__init__(consumer, topics, settings, client)
 
     # ------------------------------------------------------------------ receiving
 
@@ -91,8 +82,10 @@ class AsyncNackingConsumer:
 
         Early copies of messages whose nack is still pending (a batch sibling's
         redelivery, an ack timeout) are swallowed here, left unacked: their own handoff
-        brings them back. Cancelling a receive (``asyncio.wait_for``) behaves as in
-        ``pulsar.asyncio``. Runtime complexity: O(1) per received message.
+        brings them back. With a dead-letter policy, a message the application has seen
+        ``max_redeliver_count + 1`` times goes to the dead-letter topic instead.
+        Cancelling a receive (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``.
+        Runtime complexity: O(1) per received message.
         """
         self._check_open()
         admit = self._core.admit
@@ -124,68 +117,78 @@ class AsyncNackingConsumer:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
 
         Does no I/O: the nack goes into the tracker at once (O(1), a lock held for
-        microseconds), and the timer thread hands it to the client when it is due.
+        microseconds), and the timer thread hands it to the client when it is due. With
+        a dead-letter policy, a message at its last delivery goes to the dead-letter
+        topic instead (sent on the client's threads; acknowledged once stored).
 
         Raises
         ------
         TypeError
             For something that is not a pulsar message or id, or a non-int delay.
         ValueError
-            For a negative delay, a message of another consumer, or a batch message
-            whose nack is already pending.
+            For a negative delay, a message of another consumer, a batch index outside
+            its batch, or a batch message whose nack is already pending.
         ConsumerClosedError
             After :meth:`close`.
         """
         self._check_open()
         self._core.nack(message, delay_ms)
 
-    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
-        """Core callback, on the timer thread: queue each due entry in the C++ client.
-
-        Never touches the event loop.
-        """
-        nack = self._raw.negative_acknowledge
-        for message_id in ids:
-            nack(message_id)
-
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:
-        """Ask the broker to redeliver every unacked message now; pending nacks are dropped."""
+        """Ask the broker to redeliver every unacked message; pending nacks are dropped.
+
+        Not a coroutine, as in ``pulsar.asyncio``, and it does not block: the request
+        goes out ``ACK_FLUSH_MS`` (150 ms) later, once the client has sent its grouped
+        acks (100 ms), as :meth:`NackingConsumer.redeliver_unacknowledged_messages
+        <pulsar_nack.consumer.NackingConsumer.redeliver_unacknowledged_messages>` waits
+        for them. Acked batch siblings do not come back.
+        """
         self._check_open()
-        self._core.reset()
-        self._consumer.redeliver_unacknowledged_messages()
+        self._core.reset(forget_counts=False)
+        try:
+            asyncio.get_running_loop().call_later(ACK_FLUSH_MS / 1000, self._redeliver_now)
+        except RuntimeError:  # called off the loop: a timer thread does it
+            timer = threading.Timer(ACK_FLUSH_MS / 1000, self._redeliver_now)
+            timer.daemon = True
+            timer.start()
+
+    def _redeliver_now(self) -> None:
+        if not self._closed:
+            self._consumer.redeliver_unacknowledged_messages()
 
     async def seek(self, messageid: Any) -> None:
-        """Reset the subscription to a message id or a publish timestamp (ms); pending nacks are dropped."""
-        self._check_open()
-        if isinstance(messageid, bool) or not isinstance(messageid, (int, pulsar.MessageId)):
-            raise TypeError(f"seek takes a pulsar.MessageId or a timestamp in ms, not {type(messageid).__name__}")
-        self._core.reset()
-        await self._consumer.seek(messageid)
+        """Reset the subscription to a message id or a publish timestamp (ms); pending nacks are dropped.
 
-    async def get_last_message_id(self) -> _pulsar.MessageId:
+        Takes a ``pulsar`` or ``_pulsar`` id or an int and refuses the rest with
+        :class:`~pulsar_nack.consumer.settings.SeekArgumentError` (a ``ValueError``, as
+        the client raises, and a ``TypeError``), as :meth:`NackingConsumer.seek
+        <pulsar_nack.consumer.NackingConsumer.seek>` does.
+        """
+        self._check_open()
+        target = seek_target(messageid)
+        if not isinstance(target, (int, pulsar.MessageId)):  # a _pulsar.MessageId: pulsar.asyncio wants the wrapper
+            target = pulsar.MessageId.wrap(target)
+        self._core.reset(forget_counts=True)
+        await self._consumer.seek(target)
+
+    async def get_last_message_id(self) -> Any:
         self._check_open()
         return await self._consumer.get_last_message_id()
-
-    def topic(self) -> str:
-        return self._consumer.topic()
-
-    def subscription_name(self) -> str:
-        return self._consumer.subscription_name()
-
-    def consumer_name(self) -> str:
-        return self._consumer.consumer_name()
-
-    def is_connected(self) -> bool:
-        return not self._closed and self._raw.is_connected()
 
     async def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close, False)
-        await self._consumer.unsubscribe()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self._close_core, False)
+            await loop.run_in_executor(None, self._drain_dead_letters)
+            await self._consumer.unsubscribe()
+            self._consumer_closed = True
+        finally:
+            await loop.run_in_executor(None, self._close_dead_letters)
 
     async def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.
@@ -193,36 +196,32 @@ class AsyncNackingConsumer:
         ``redeliver_pending=True`` (default) hands every pending nack to the client now,
         so those messages are redelivered at once (to this subscription's other
         consumers). ``False`` leaves them unacked: the broker redelivers them when this
-        consumer is gone. The timer thread is joined in the default executor, so the
-        loop keeps running meanwhile.
+        consumer is gone. The timer thread is joined, and dead letters in flight are
+        waited for, in the default executor, so the loop keeps running meanwhile. If a
+        step raises, the later ones still run, and calling ``close()`` again retries
+        what did not finish.
         """
         check_bool("redeliver_pending", redeliver_pending)
-        if self._closed:
+        if self._released:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close, redeliver_pending)
-        await self._consumer.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def stats(self) -> ConsumerStats:
-        """Counters (as :meth:`NackingConsumer.stats <pulsar_nack.consumer.NackingConsumer.stats>`), plus the tracker's."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self._close_core, redeliver_pending)
+        finally:
+            try:
+                await loop.run_in_executor(None, self._drain_dead_letters)
+                if not self._consumer_closed:
+                    await self._consumer.close()
+                    self._consumer_closed = True
+            finally:
+                await loop.run_in_executor(None, self._close_dead_letters)
 
     async def __aenter__(self) -> AsyncNackingConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"<AsyncNackingConsumer topics={self._core.topics!r} pending={len(self.tracker)} closed={self._closed}>"
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ConsumerClosedError("this AsyncNackingConsumer is closed")
 
 
 _SUBSCRIBE_KEYWORDS = frozenset(inspect.signature(pulsar_asyncio.Client.subscribe).parameters) - {
@@ -233,17 +232,17 @@ _SUBSCRIBE_KEYWORDS = frozenset(inspect.signature(pulsar_asyncio.Client.subscrib
 }
 
 
-def _topics_of(topic: Any, is_pattern: Any) -> list[str] | re.Pattern[str]:
+def _topics_of(topic: Any, is_pattern: Any) -> TopicMatcher:
     """The topics of a subscribe call, validated; a pattern becomes a ``re.Pattern``."""
     check_bool("is_pattern_topic", is_pattern)
     if is_pattern:
         if not isinstance(topic, str) or not topic:
             raise TypeError("with is_pattern_topic=True, topic must be a regex as a non-empty str")
-        return re.compile(topic)
+        return TopicMatcher(re.compile(topic))
     topics = [topic] if isinstance(topic, str) else list(topic) if isinstance(topic, (list, tuple)) else None
     if not topics or not all(isinstance(t, str) and t for t in topics):
         raise TypeError("topic must be a topic name or a non-empty list of topic names")
-    return topics
+    return TopicMatcher(topics)
 
 
 async def subscribe(
@@ -264,7 +263,9 @@ async def subscribe(
     becomes the tracker's fixed delay; the consumer itself is subscribed with the
     100 ms handoff delay. ``batch_index_ack_enabled`` defaults to True here (False in
     pulsar): with it the broker's ack set keeps acked batch siblings from coming back.
-    Every argument is validated before anything is subscribed.
+    A ``dead_letter_policy`` is handled as by :func:`pulsar_nack.subscribe`. Every
+    argument is validated before anything is subscribed, by the same code as there
+    (:func:`~pulsar_nack.consumer.settings.subscribe_settings`).
 
     Example (needs a broker; ``examples/asyncio_consumer.py`` runs one)::
 
@@ -278,31 +279,19 @@ async def subscribe(
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
-    if subscribe_kwargs.get("dead_letter_policy") is not None:
-        raise TypeError(
-            "dead_letter_policy is not supported by pulsar_nack.asyncio yet: the client's own dead-letter "
-            "count includes swallowed batch copies; use pulsar_nack.subscribe (blocking), which counts deliveries"
-        )
     topics = _topics_of(topic, subscribe_kwargs.get("is_pattern_topic", False))
-    subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
-    check_bool("batch_index_ack_enabled", subscribe_kwargs["batch_index_ack_enabled"])
-    # The core first: it validates the settings, so a bad call leaves no subscription behind.
-    holder: list[AsyncNackingConsumer] = []
-    core = NackingCore(
-        lambda ids: holder[0]._hand_off(ids),  # noqa: PLW0108 (bound later; nothing is pending before)
-        topics,
+    settings = subscribe_settings(
+        subscribe_kwargs,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
-        guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+    )
+    consumer = await client.subscribe(
+        topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
     )
     try:
-        consumer = await client.subscribe(
-            topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
-        )
+        return AsyncNackingConsumer(consumer, topics, settings, client=client)
     except BaseException:
-        core.close(False)
+        await consumer.close()
         raise
-    holder.append(AsyncNackingConsumer(consumer, topics, _core=core))
-    return holder[0]

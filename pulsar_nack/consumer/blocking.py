@@ -46,24 +46,18 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from time import monotonic_ns as _monotonic_ns
-from typing import Any, TypedDict
+from typing import Any
 
-import _pulsar
 import pulsar
 
-from .._validate import check_bool, check_int, check_ms, check_name, check_topics
+from .._validate import check_bool, check_int, check_name, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
-from ..core.tracker import TrackerStats
 from ..errors import ConsumerClosedError
-from .dead_letter import DeadLetter
-from .nacking import (
-    COALESCE_MS,
-    HANDOFF_DELAY_MS,
-    NackingCore,
-    client_handoff_latency_ms,
-)
+from .common import ConsumerBase, ConsumerStats
+from .nacking import TopicMatcher, client_handoff_latency_ms
+from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
     "ConsumerClosedError",
@@ -76,30 +70,9 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
-ACK_FLUSH_MS = 150
-"""Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
 
 
-def _is_received(message: Any) -> bool:
-    return isinstance(message, (pulsar.Message, _pulsar.Message))
-
-
-class ConsumerStats(TypedDict):
-    """Counters of a :class:`NackingConsumer`, with its tracker's stats."""
-
-    received: int
-    delivered: int
-    swallowed: int
-    acked: int
-    nacked: int
-    dead_lettered: int
-    handed_off_entries: int
-    handoff_bursts: int
-    pending_guarded: int
-    tracker: TrackerStats
-
-
-class NackingConsumer:
+class NackingConsumer(ConsumerBase):
     """A ``pulsar.Consumer`` whose negative acknowledgements use PIP-393 time buckets.
 
     Create it with :func:`subscribe` (recommended) or :meth:`wrap`. The methods mirror
@@ -109,91 +82,53 @@ class NackingConsumer:
     Parameters
     ----------
     consumer : pulsar.Consumer
-        Subscribed with ``negative_ack_redelivery_delay_ms=handoff_delay_ms``.
+        Subscribed with ``negative_ack_redelivery_delay_ms=settings.handoff_delay_ms``.
     topics : list of str, str, or re.Pattern
         The topics the consumer reads (to refuse messages of other consumers).
-    negative_ack_redelivery_delay_ms : int
-        Fixed delay when no per-call delay or backoff applies. Default 60 s.
-    negative_ack_precision_bit_cnt : int
-        Deadlines are trimmed by this many bits (default 8: 256 ms buckets; a message
-        may come back up to ``2**bits - 1`` ms early unless ``never_early``).
-    redelivery_backoff : RedeliveryBackoff, optional
-        Delay by the message's redelivery count.
-    never_early : bool
-        Round deadlines up instead of down.
-    handoff_delay_ms, coalesce_ms : int
-        The consumer's own nack delay (we hand off that much early) and the minimum gap
-        between handoff bursts. Leave the defaults unless you measured.
-    guard_unbatched : bool
-        Swallow early copies of nacked non-batched messages too (set by :func:`subscribe`
-        when ``unacked_messages_timeout_ms`` is given: the client's ack timeout would
-        otherwise redeliver a nacked message before its delay).
+    settings : ConsumerSettings, optional
+        Delays, precision, backoff, dead-letter policy (see
+        :class:`~pulsar_nack.consumer.settings.ConsumerSettings`; the same object the
+        asyncio consumer takes).
+    client : pulsar.Client, optional
+        With a dead-letter policy: the client that creates the dead-letter producers
+        (default: the consumer's own).
     """
-
-    _consumer: pulsar.Consumer
-    _raw: Any  # the _pulsar.Consumer inside, or the stand-in itself
-    _core: NackingCore
-    _closed: bool
 
     def __init__(
         self,
         consumer: pulsar.Consumer,
-        topics: Iterable[str] | re.Pattern[str],
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None = None,
         *,
-        negative_ack_redelivery_delay_ms: int = 60_000,
-        negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
-        redelivery_backoff: RedeliveryBackoff | None = None,
-        never_early: bool = False,
-        handoff_delay_ms: int = HANDOFF_DELAY_MS,
-        coalesce_ms: int = COALESCE_MS,
-        guard_unbatched: bool = False,
-        dead_letter: DeadLetter | None = None,
-        _core: NackingCore | None = None,
+        client: pulsar.Client | None = None,
     ) -> None:
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
-        if _core is None:
-            check_ms("handoff_delay_ms", handoff_delay_ms)
-            check_ms("coalesce_ms", coalesce_ms)
-            _core = NackingCore(
-                self._hand_off,
-                topics,
-                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
-                redelivery_backoff=redelivery_backoff,
-                never_early=never_early,
-                handoff_delay_ms=handoff_delay_ms,
-                coalesce_ms=coalesce_ms,
-                guard_unbatched=guard_unbatched,
-                count_deliveries=dead_letter is not None,
-            )
-        self._core = _core
-        self._dead_letter = dead_letter
-        self._consumer = consumer
-        raw = getattr(consumer, "_consumer", None)
-        self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
+        super().__init__(consumer, topics, settings, client)
         self._schema = getattr(consumer, "_schema", None)
-        self._closed = False
-        self.tracker = _core.tracker
-        self.handoff_delay_ms = _core.handoff_delay_ms
 
     @classmethod
     def wrap(
         cls,
         consumer: pulsar.Consumer,
         topics: str | list[str] | tuple[str, ...],
+        settings: ConsumerSettings | None = None,
         *,
         handoff_delay_ms: int | None = None,
-        **kwargs: Any,
+        client: pulsar.Client | None = None,
     ) -> NackingConsumer:
         """Wrap an existing consumer.
 
         Python cannot read a consumer's ``negative_ack_redelivery_delay_ms``, so state it
-        as *handoff_delay_ms*. Handed-off messages come back that much after the handoff;
-        if it is longer than the delays you ask for, they cannot be on time, and a
-        ``RuntimeWarning`` says so. Unknown (None) is taken as pulsar's default, 60 s.
+        as *handoff_delay_ms* (it replaces ``settings.handoff_delay_ms``). Handed-off
+        messages come back that much after the handoff; if it is longer than the delays
+        you ask for, they cannot be on time, and a ``RuntimeWarning`` says so. Unknown
+        (None) is taken as pulsar's default, 60 s.
         """
-        delay = kwargs.get("negative_ack_redelivery_delay_ms", 60_000)
+        settings = ConsumerSettings() if settings is None else settings
+        if not isinstance(settings, ConsumerSettings):
+            raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
+        delay = settings.negative_ack_redelivery_delay_ms
         if handoff_delay_ms is None:
             handoff_delay_ms = 60_000
             warnings.warn(
@@ -204,14 +139,14 @@ class NackingConsumer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        elif handoff_delay_ms > delay:
+        elif isinstance(handoff_delay_ms, int) and handoff_delay_ms > delay:
             warnings.warn(
                 f"NackingConsumer.wrap: the consumer's own nack delay ({handoff_delay_ms} ms) is longer "
                 f"than the requested delay ({delay} ms); redeliveries will come late.",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return cls(consumer, topics, handoff_delay_ms=handoff_delay_ms, **kwargs)
+        return cls(consumer, topics, settings.replace(handoff_delay_ms=handoff_delay_ms), client=client)
 
     # ------------------------------------------------------------------ receiving
 
@@ -220,8 +155,10 @@ class NackingConsumer:
 
         Early copies of messages whose nack is still pending (a batch sibling's
         redelivery, the client's ack timeout) are swallowed here, left unacked: their own
-        handoff brings them back. Raises ``pulsar.Timeout`` as the client does when
-        nothing arrives within *timeout_millis*. Runtime complexity: O(1).
+        handoff brings them back. With a dead-letter policy, a message the application
+        has seen ``max_redeliver_count + 1`` times goes to the dead-letter topic instead.
+        Raises ``pulsar.Timeout`` as the client does when nothing arrives within
+        *timeout_millis*. Runtime complexity: O(1).
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
@@ -237,9 +174,9 @@ class NackingConsumer:
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            if not core._pending._count:  # the common path: nothing to compare with
+            if not core.pending.count and not core.counting:  # the common path: nothing to compare with
                 next(core.received)
-            elif not core.admit(message):  # an early copy: swallowed, wait for the next
+            elif not core.admit(message):  # swallowed or dead-lettered: wait for the next
                 if timeout_millis is None:
                     message = raw.receive()
                 else:
@@ -263,12 +200,12 @@ class NackingConsumer:
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
-        """Receive a batch (per the consumer's batch receive policy), early copies removed."""
+        """Receive a batch (per the consumer's batch receive policy), early copies and dead letters removed."""
         self._check_open()
         return [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
 
     def _admit(self, message: Any) -> bool:
-        """Record a received message (wrapped or raw); False if it is an early copy."""
+        """Record a received message (wrapped or raw); False if the application must not see it."""
         return self._core.admit(getattr(message, "_message", message))
 
     # ------------------------------------------------------------------ settling
@@ -282,7 +219,7 @@ class NackingConsumer:
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and not core._pending._count and self._raw is not None:
+        if type(message) is _Message and not core.pending.count and not core.counting and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
@@ -305,6 +242,9 @@ class NackingConsumer:
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
 
+        With a dead-letter policy, a message at its last delivery goes to the dead-letter
+        topic instead; it is acknowledged once its dead letter is stored.
+
         Raises
         ------
         TypeError
@@ -317,28 +257,7 @@ class NackingConsumer:
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
-        if delay_ms is not None:
-            check_ms("delay_ms", delay_ms)
-        dead_letter = self._dead_letter
-        if dead_letter is not None and _is_received(message):
-            self._core.key_of(message)  # validates: nothing is sent for bad input
-            if self._core.deliveries(message) >= dead_letter.max_redeliver_count:
-                dead_letter.send(message)
-                self.acknowledge(message)
-                self._core.dead_lettered(message)
-                return
         self._core.nack(message, delay_ms)
-
-    # ------------------------------------------------------------------ handoff
-
-    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
-        """Core callback: give each due entry to the client's own tracker."""
-        if self._raw is not None:
-            nack = self._raw.negative_acknowledge
-        else:
-            nack = self._consumer.negative_acknowledge
-        for message_id in ids:
-            nack(message_id)
 
     # ------------------------------------------------------------------ the rest of the API
 
@@ -346,41 +265,35 @@ class NackingConsumer:
         """Ask the broker to redeliver every unacked message now.
 
         Pending nacks are dropped: their messages are unacked, so they come back now
-        with the rest. With batch-index acknowledgement (what :func:`subscribe` sets) the
-        broker's ack set keeps acked batch siblings from coming back. The client groups
-        acks for 100 ms before sending them, so this call first waits ``ACK_FLUSH_MS``
-        (150 ms): the broker has then recorded every earlier ack when the request arrives.
+        with the rest (and count as a redelivery for dead letters). With batch-index
+        acknowledgement (what :func:`subscribe` sets) the broker's ack set keeps acked
+        batch siblings from coming back. The client groups acks for 100 ms before
+        sending them, so this call first waits ``ACK_FLUSH_MS`` (150 ms): the broker has
+        then recorded every earlier ack when the request arrives.
         """
         self._check_open()
-        self._core.reset()
+        self._core.reset(forget_counts=False)
         time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
         self._consumer.redeliver_unacknowledged_messages()
 
     def seek(self, message_id: Any) -> None:
         """Reset the subscription to a message id or a publish timestamp (ms), as the client.
 
-        Pending nacks are dropped first: messages after the new position are delivered
-        again anyway, and those before it are skipped by the seek itself.
+        Takes what ``pulsar.Consumer.seek`` takes (a ``pulsar`` or ``_pulsar`` id, an
+        int) and refuses the rest as it does, with
+        :class:`~pulsar_nack.consumer.settings.SeekArgumentError` (a ``ValueError`` and a
+        ``TypeError``). Pending nacks and delivery counts are dropped first: messages
+        after the new position are delivered again anyway, those before it are skipped.
         """
         self._check_open()
-        if isinstance(message_id, bool) or not isinstance(message_id, (int, pulsar.MessageId, _pulsar.MessageId)):
-            raise TypeError(f"seek takes a MessageId or a timestamp in ms, not {type(message_id).__name__}")
-        self._core.reset()
+        seek_target(message_id)
+        self._core.reset(forget_counts=True)
         self._consumer.seek(message_id)
 
     def get_last_message_id(self) -> Any:
         """The id of the last message of the topic, as the client returns it."""
         self._check_open()
         return self._consumer.get_last_message_id()
-
-    def topic(self) -> str:
-        return self._consumer.topic()
-
-    def subscription_name(self) -> str:
-        return self._consumer.subscription_name()
-
-    def consumer_name(self) -> str:
-        return self._consumer.consumer_name()
 
     def pause_message_listener(self) -> None:
         self._check_open()
@@ -390,15 +303,17 @@ class NackingConsumer:
         self._check_open()
         self._consumer.resume_message_listener()
 
-    def is_connected(self) -> bool:
-        return not self._closed and self._consumer.is_connected()
-
     def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
-        self._core.close(redeliver_pending=False)
-        self._consumer.unsubscribe()
         self._closed = True
+        try:
+            self._close_core(redeliver_pending=False)
+            self._drain_dead_letters()
+            self._consumer.unsubscribe()
+            self._consumer_closed = True
+        finally:
+            self._close_dead_letters()
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.
@@ -406,37 +321,30 @@ class NackingConsumer:
         ``redeliver_pending=True`` (default) hands every pending nack to the client now,
         so those messages are redelivered at once (to this subscription's other
         consumers). ``False`` leaves them unacked: the broker redelivers them when this
-        consumer is gone. Either way they come back, earlier than their delay.
+        consumer is gone. Either way they come back, earlier than their delay. Dead
+        letters in flight are waited for (up to 5 s). If a step raises, the later ones
+        still run, and calling ``close()`` again retries what did not finish.
         """
         check_bool("redeliver_pending", redeliver_pending)
-        if self._closed:
+        if self._released:
             return
         self._closed = True
-        self._core.close(redeliver_pending)
-        self._consumer.close()
-        if self._dead_letter is not None:
-            self._dead_letter.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def stats(self) -> ConsumerStats:
-        """Counters, plus the tracker's stats."""
-        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
+        try:
+            self._close_core(redeliver_pending)
+        finally:
+            try:
+                self._drain_dead_letters()
+                if not self._consumer_closed:
+                    self._consumer.close()
+                    self._consumer_closed = True
+            finally:
+                self._close_dead_letters()
 
     def __enter__(self) -> NackingConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"<NackingConsumer topics={self._core.topics!r} pending={len(self.tracker)} closed={self._closed}>"
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ConsumerClosedError("this NackingConsumer is closed")
 
 
 _SUBSCRIBE_KEYWORDS = frozenset(inspect.signature(pulsar.Client.subscribe).parameters) - {
@@ -450,19 +358,24 @@ _SUBSCRIBE_KEYWORDS = frozenset(inspect.signature(pulsar.Client.subscribe).param
 
 def _check_subscribe_args(
     client: Any, topic: Any, subscription_name: Any, message_listener: Any, subscribe_kwargs: dict[str, Any]
-) -> list[str] | re.Pattern[str]:
-    """Validate every argument :func:`subscribe` checks itself; return the topics. Changes nothing."""
+) -> tuple[str | list[str] | re.Pattern[str], TopicMatcher]:
+    """Validate every argument :func:`subscribe` checks itself; return the topic for the client, and the topics.
+
+    Changes nothing.
+    """
     if not isinstance(client, pulsar.Client):
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     check_name("subscription_name", subscription_name)
-    topics: list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
+    names: str | list[str] | re.Pattern[str] = topic if isinstance(topic, re.Pattern) else check_topics("topic", topic)
+    topics = TopicMatcher(names)
     unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
     if message_listener is not None and not callable(message_listener):
         raise TypeError("message_listener must be callable")
-    check_bool("batch_index_ack_enabled", subscribe_kwargs.get("batch_index_ack_enabled", True))
-    return topics
+    if isinstance(names, list) and len(names) == 1:
+        names = names[0]
+    return names, topics
 
 
 def subscribe(
@@ -484,41 +397,34 @@ def subscribe(
     delay and the consumer itself is subscribed with the 100 ms handoff delay.
     ``batch_index_ack_enabled`` defaults to True here (False in pulsar): with it the
     broker's ack set keeps acked batch siblings from coming back. A
-    ``message_listener`` receives the :class:`NackingConsumer` and only the messages it
-    should see. Every argument is validated before anything is subscribed.
+    ``dead_letter_policy`` is handled by the wrapper, by the client's rules (see
+    :mod:`~pulsar_nack.consumer.dead_letter`). A ``message_listener`` receives the
+    :class:`NackingConsumer` and only the messages it should see. Every argument is
+    validated before anything is subscribed (:func:`~pulsar_nack.consumer.settings.subscribe_settings`,
+    shared with :func:`pulsar_nack.asyncio.subscribe`).
 
     Example (needs a broker; ``examples/wrap_consumer.py`` runs one)::
 
         consumer = pulsar_nack.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
-    topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
-    subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
-    policy = subscribe_kwargs.pop("dead_letter_policy", None)
-    if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
-        raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
-    dead_letter = None if policy is None else DeadLetter(client, subscription_name, policy)
-    holder: list[NackingConsumer] = []
-
-    def hand_off(ids: list[_pulsar.MessageId]) -> None:
-        holder[0]._hand_off(ids)
-
-    core = NackingCore(  # validates the tracker's settings before the broker sees anything
-        hand_off,
-        topics,
+    names, topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
+    settings = subscribe_settings(
+        subscribe_kwargs,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
-        guard_unbatched=subscribe_kwargs.get("unacked_messages_timeout_ms") is not None,
-        count_deliveries=dead_letter is not None,
     )
+    holder: list[NackingConsumer] = []
     ready = threading.Event()
     listener = None
     if message_listener is not None:
 
         def listener(_consumer: pulsar.Consumer, message: pulsar.Message) -> None:
             ready.wait()
+            if not holder:  # the wrapper could not be built; the consumer is being closed
+                return
             wrapper = holder[0]
             if wrapper.closed or not wrapper._admit(message):
                 return
@@ -527,18 +433,18 @@ def subscribe(
             except Exception:
                 _log.exception("message listener failed")
 
+    consumer = client.subscribe(
+        names,
+        subscription_name,
+        negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
+        message_listener=listener,
+        **subscribe_kwargs,
+    )
     try:
-        consumer = client.subscribe(
-            topics if isinstance(topics, re.Pattern) or len(topics) > 1 else topics[0],
-            subscription_name,
-            negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
-            message_listener=listener,
-            **subscribe_kwargs,
-        )
+        holder.append(NackingConsumer(consumer, topics, settings, client=client))
     except BaseException:
-        core.close(redeliver_pending=False)
+        consumer.close()
         raise
-    wrapper = NackingConsumer(consumer, topics, dead_letter=dead_letter, _core=core)
-    holder.append(wrapper)
-    ready.set()
-    return wrapper
+    finally:
+        ready.set()
+    return holder[0]

@@ -1,57 +1,372 @@
-"""Dead letters: the one sender of messages to a dead-letter topic, for every consumer."""
+"""Dead letters: the one sender of messages to a dead-letter topic, for both consumers and Spark.
+
+:class:`DeadLetter` builds and sends a dead letter exactly as the C++ client inside
+pulsar-client 3.13 (C++ 4.2, ``ConsumerImpl::processPossibleToDLQ``) does:
+
+* the topic is the policy's ``dead_letter_topic``, else :func:`dead_letter_topic` of the
+  message's own topic: ``<topic>-<subscription>-DLQ``. The C++ client has one consumer
+  per partition, so a partitioned topic gets one dead-letter topic per partition
+  (``orders-partition-0-billing-DLQ``);
+* the message keeps its payload and properties, and gets ``ORIGIN_MESSAGE_ID`` (the
+  original id as the client prints it, ``(ledger,entry,partition,batch_index)``) and
+  ``REAL_TOPIC`` (the message's topic, partition included); its partition key and
+  ordering key are set when the original has them. The event time is not carried
+  (nor by the client);
+* the producer has batching off, ``block_if_queue_full`` off and the consumer's schema.
+  ``initial_subscription_name`` is created before the producer, from the earliest
+  position, as the broker creates it for the C++ client's producer.
+
+Everything is asynchronous on the client's own callbacks (``create_producer_async``,
+``send_async``), so no thread waits on the network and no lock is held while calling
+the client. :meth:`DeadLetter.send` waits for the result, for callers that must (Spark).
+
+:class:`DeadLetterRoute` is what a consumer does with a message its
+:class:`~pulsar_nack.consumer.nacking.NackingCore` routes to the dead-letter topic: send
+it, acknowledge the original only once the dead letter is stored, and give it back to
+the core (to come back and be tried again) when it was not.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-import pulsar
+import _pulsar
 
-from .nacking import PARTITION_SUFFIX
+from ..errors import DeadLetterError
+from .nacking import full_topic_name
 
-__all__ = ["DeadLetter"]
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pulsar
+
+    from .nacking import NackingCore
+
+__all__ = [
+    "ORIGIN_MESSAGE_ID",
+    "REAL_TOPIC",
+    "DeadLetter",
+    "DeadLetterRoute",
+    "dead_letter_topic",
+]
+
+_log = logging.getLogger(__name__)
+
+REAL_TOPIC = "REAL_TOPIC"
+"""Property naming the topic the dead letter came from (C++ ``SYSTEM_PROPERTY_REAL_TOPIC``)."""
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+"""Property holding the original message id, ``(ledger,entry,partition,batch_index)``."""
+SEND_TIMEOUT_S = 60.0
+"""How long :meth:`DeadLetter.send` waits: the client's 30 s send timeout, plus creating the producer."""
+
+Done = Callable[[BaseException | None], None]
+"""Called once a dead letter is stored (None) or could not be (the error)."""
+
+
+def dead_letter_topic(topic: str, subscription: str) -> str:
+    """``<topic>-<subscription>-DLQ``, as the C++ client names a consumer's dead-letter topic.
+
+    *topic* is the message's own topic, so a partition keeps its suffix (the C++ client
+    has one consumer, and one dead-letter topic, per partition).
+
+    >>> dead_letter_topic("persistent://public/default/orders-partition-2", "billing")
+    'persistent://public/default/orders-partition-2-billing-DLQ'
+    >>> dead_letter_topic("orders", "billing")
+    'persistent://public/default/orders-billing-DLQ'
+    """
+    return f"{full_topic_name(topic)}-{subscription}-DLQ"
+
+
+def _raw_client(client: Any) -> _pulsar.Client:
+    """The ``_pulsar.Client`` of a ``pulsar.Client`` or ``pulsar.asyncio.Client`` (or itself)."""
+    raw = client if isinstance(client, _pulsar.Client) else getattr(client, "_client", None)
+    if not isinstance(raw, _pulsar.Client):
+        raise TypeError(f"client must be a pulsar.Client or pulsar.asyncio.Client, not {type(client).__name__}")
+    return raw
+
+
+def _raw_message(message: Any) -> Any:
+    """The ``_pulsar.Message`` inside a ``pulsar.Message`` (or the message itself)."""
+    return getattr(message, "_message", message)
+
+
+def build_dead_letter(message: Any, properties: Mapping[str, str] | None = None) -> _pulsar.Message:
+    """The dead letter of *message*, as the C++ client builds it; *properties* are added.
+
+    The original's properties first, then *properties*, then ``ORIGIN_MESSAGE_ID`` and
+    ``REAL_TOPIC`` (which win, as in the client). O(properties).
+    """
+    raw = _raw_message(message)
+    builder = _pulsar.MessageBuilder()
+    builder.content(raw.data())
+    merged = dict(raw.properties())
+    if properties:
+        merged.update(properties)
+    merged[ORIGIN_MESSAGE_ID] = str(raw.message_id())
+    merged[REAL_TOPIC] = raw.topic_name()
+    for name, value in merged.items():
+        builder.property(name, value)
+    partition_key = raw.partition_key()
+    if partition_key:
+        builder.partition_key(partition_key)
+    ordering_key = raw.ordering_key()
+    if ordering_key:
+        builder.ordering_key(ordering_key)
+    return builder.build()
 
 
 class DeadLetter:
-    """Sends messages to a dead-letter topic once the application saw them often enough.
+    """Sends dead letters: one producer per dead-letter topic, created on first use.
 
-    Counts deliveries to the application, not the broker's per-entry redeliveries: a
-    copy of a batch message swallowed while its own nack was pending does not count.
-    Mirrors the client's ``ConsumerDeadLetterPolicy``: the topic defaults to
-    ``<topic>-<subscription>-DLQ`` (per topic, partition suffix removed), the message
-    keeps its payload, key and properties, plus ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``.
+    Parameters
+    ----------
+    client : pulsar.Client or pulsar.asyncio.Client
+        The consumer's client.
+    subscription : str
+        The consumer's subscription (the default topic name uses it).
+    topic : str, optional
+        Every dead letter goes here; else :func:`dead_letter_topic` of the message's topic.
+    initial_subscription : str, optional
+        Created on each dead-letter topic before its producer, from the earliest position.
+    schema : pulsar.schema.Schema, optional
+        The consumer's schema, given to the producer (the payload is sent as received).
     """
 
-    def __init__(self, client: pulsar.Client, subscription: str, policy: pulsar.ConsumerDeadLetterPolicy) -> None:
-        self.max_redeliver_count: int = policy.max_redeliver_count
-        self._topic: str = policy.dead_letter_topic or ""
-        self._initial_subscription: str = policy.initial_subscription_name or ""
-        self._client = client
+    def __init__(
+        self,
+        client: Any,
+        subscription: str,
+        *,
+        topic: str | None = None,
+        initial_subscription: str | None = None,
+        schema: Any = None,
+    ) -> None:
+        self._client = _raw_client(client)
+        if not isinstance(subscription, str) or not subscription:
+            raise TypeError("subscription must be a non-empty str")
         self._subscription = subscription
-        self._producers: dict[str, pulsar.Producer] = {}
+        self._topic = topic or None
+        self._initial_subscription = initial_subscription or None
+        self._schema_info = None if schema is None else schema.schema_info()
+        # topic -> its producer, or the sends waiting while it is being created
+        self._producers: dict[str, _pulsar.Producer | list[Callable[[Any, BaseException | None], None]]] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
-    def _producer(self, topic: str) -> pulsar.Producer:
-        target = self._topic or f"{PARTITION_SUFFIX.sub('', topic)}-{self._subscription}-DLQ"
+    @classmethod
+    def from_policy(
+        cls, client: Any, subscription: str, policy: pulsar.ConsumerDeadLetterPolicy, schema: Any = None
+    ) -> DeadLetter:
+        """The sender for a consumer's ``ConsumerDeadLetterPolicy``."""
+        return cls(
+            client,
+            subscription,
+            topic=policy.dead_letter_topic or None,
+            initial_subscription=policy.initial_subscription_name or None,
+            schema=schema,
+        )
+
+    def topic_for(self, message_topic: str) -> str:
+        """The dead-letter topic of a message of *message_topic*."""
+        return self._topic or dead_letter_topic(message_topic, self._subscription)
+
+    # ------------------------------------------------------------------ sending
+
+    def send_async(
+        self, message: Any, done: Done, *, topic: str | None = None, properties: Mapping[str, str] | None = None
+    ) -> None:
+        """Send the dead letter of *message*; call ``done(None)`` once stored, ``done(error)`` if not.
+
+        *done* runs on a client thread (or on this one, for an error found at once); it
+        must not block. The dead letter is built here, so *message* may be reused after.
+        """
+        built = build_dead_letter(message, properties)
+        target = topic or self.topic_for(_raw_message(message).topic_name())
+
+        def with_producer(producer: Any, error: BaseException | None) -> None:
+            if error is not None:
+                done(error)
+                return
+
+            def sent(result: _pulsar.Result, _message_id: Any) -> None:
+                done(None if result == _pulsar.Result.Ok else DeadLetterError(f"sending to {target} failed: {result}"))
+
+            try:
+                producer.send_async(built, sent)
+            except Exception as exc:  # e.g. the producer was closed meanwhile
+                done(DeadLetterError(f"sending to {target} failed: {exc}"))
+
+        self._with_producer(target, with_producer)
+
+    def send(self, message: Any, *, topic: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        """Send the dead letter of *message* and wait until it is stored.
+
+        Raises :class:`~pulsar_nack.errors.DeadLetterError` if it was not. Must not be
+        called on a client callback thread.
+        """
+        finished = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def done(error: BaseException | None) -> None:
+            outcome.append(error)
+            finished.set()
+
+        self.send_async(message, done, topic=topic, properties=properties)
+        if not finished.wait(SEND_TIMEOUT_S):
+            raise DeadLetterError(f"no answer for a dead letter within {SEND_TIMEOUT_S:.0f} s")
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    # ------------------------------------------------------------------ producers
+
+    def _with_producer(self, target: str, then: Callable[[Any, BaseException | None], None]) -> None:
+        """Call ``then(producer, None)``, creating the producer first if needed, or ``then(None, error)``."""
         with self._lock:
-            producer = self._producers.get(target)
-            if producer is None:
-                if self._initial_subscription:
-                    self._client.subscribe(target, self._initial_subscription).close()
-                producer = self._producers[target] = self._client.create_producer(target)
-            return producer
+            if self._closed:
+                state: Any = DeadLetterError("the dead-letter sender is closed")
+            else:
+                state = self._producers.get(target)
+                if state is None:
+                    self._producers[target] = [then]
+                elif isinstance(state, list):
+                    state.append(then)
+        if isinstance(state, BaseException):
+            then(None, state)
+        elif state is None:  # we create it; the lock is not held while calling the client
+            self._create(target)
+        elif not isinstance(state, list):
+            then(state, None)
 
-    def send(self, message: Any) -> None:
-        """Publish *message* to its dead-letter topic (blocks until stored)."""
-        message_id = message.message_id()
-        properties = dict(message.properties())
-        properties.setdefault("REAL_TOPIC", message.topic_name())
-        properties.setdefault("ORIGIN_MESSAGE_ID", str(message_id))
-        key = message.partition_key()
-        self._producer(message.topic_name()).send(message.data(), properties, partition_key=key or None)
+    def _create(self, target: str) -> None:
+        """Create the initial subscription (if any), then the producer of *target*; all asynchronous."""
+        if self._initial_subscription is None:
+            self._create_producer(target)
+            return
+        conf = _pulsar.ConsumerConfiguration()
+        conf.subscription_initial_position(_pulsar.InitialPosition.Earliest)
+
+        def subscribed(result: _pulsar.Result, consumer: Any) -> None:
+            if result != _pulsar.Result.Ok:  # it may exist with another type: the producer decides
+                _log.warning("could not create subscription %r on %s: %s", self._initial_subscription, target, result)
+                self._create_producer(target)
+                return
+            consumer.close_async(lambda _result: self._create_producer(target))
+
+        try:
+            self._client.subscribe_async(target, self._initial_subscription, conf, subscribed)
+        except Exception:
+            _log.warning("could not create subscription %r on %s", self._initial_subscription, target, exc_info=True)
+            self._create_producer(target)
+
+    def _create_producer(self, target: str) -> None:
+        conf = _pulsar.ProducerConfiguration()
+        conf.batching_enabled(False)
+        conf.block_if_queue_full(False)
+        if self._schema_info is not None:
+            conf.schema(self._schema_info)
+
+        def created(result: _pulsar.Result, producer: Any) -> None:
+            error = None if result == _pulsar.Result.Ok else DeadLetterError(f"creating a producer on {target} failed: {result}")
+            with self._lock:
+                waiting = self._producers.pop(target, [])
+                if error is None and self._closed:
+                    error = DeadLetterError("the dead-letter sender is closed")
+                elif error is None:
+                    self._producers[target] = producer
+            if error is not None and result == _pulsar.Result.Ok:
+                producer.close_async(lambda _result: None)
+            for then in waiting if isinstance(waiting, list) else ():
+                then(None if error is not None else producer, error)
+
+        try:
+            self._client.create_producer_async(target, conf, created)
+        except Exception as exc:
+            created_error = DeadLetterError(f"creating a producer on {target} failed: {exc}")
+            with self._lock:
+                waiting = self._producers.pop(target, [])
+            for then in waiting if isinstance(waiting, list) else ():
+                then(None, created_error)
 
     def close(self) -> None:
+        """Close every producer (waiting for what they have in flight). Idempotent."""
         with self._lock:
-            producers, self._producers = list(self._producers.values()), {}
+            self._closed = True
+            producers = [p for p in self._producers.values() if not isinstance(p, list)]
+            for topic in [t for t, p in self._producers.items() if not isinstance(p, list)]:
+                del self._producers[topic]
         for producer in producers:
-            producer.close()
+            try:
+                producer.close()
+            except Exception:  # a broken connection: nothing more to do
+                _log.debug("closing a dead-letter producer failed", exc_info=True)
+
+
+class DeadLetterRoute:
+    """What a consumer does with the messages its core routes to the dead-letter topic.
+
+    The core calls it (outside its lock) with a message and whether its dead letter was
+    already stored. A new one is sent; once stored, the original is acknowledged and
+    the core counts it. If it was not stored, the original stays unacknowledged and
+    the core takes it back, so it comes back and is tried again. A copy of a message
+    already dead-lettered is acknowledged again, in case the first ack was lost.
+
+    Parameters
+    ----------
+    sender : DeadLetter
+    core : NackingCore
+    acknowledge : callable
+        Acknowledges a ``_pulsar.MessageId`` without blocking (the client's
+        ``acknowledge_async``); may run on a client thread.
+    """
+
+    def __init__(self, sender: DeadLetter, core: NackingCore, acknowledge: Callable[[Any], None]) -> None:
+        self.sender = sender
+        self._core = core
+        self._acknowledge = acknowledge
+        self._in_flight = 0
+        self._idle = threading.Condition()
+
+    def __call__(self, message: Any, stored: bool) -> None:
+        if stored:
+            self._acknowledge(_raw_message(message).message_id())
+            return
+        with self._idle:
+            self._in_flight += 1
+        try:
+            self.sender.send_async(message, lambda error: self._done(message, error))
+        except BaseException as exc:
+            self._done(message, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _done(self, message: Any, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                self._core.dead_letter_stored(message)
+                self._acknowledge(_raw_message(message).message_id())
+            else:
+                _log.warning("dead letter not stored, the message stays unacknowledged and is tried again: %s", error)
+                self._core.dead_letter_failed(message)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Dead letters sent and not answered yet."""
+        return self._in_flight
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until no dead letter is in flight (at most *timeout_s*); True if none is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Wait for dead letters in flight (bounded), then close the sender's producers."""
+        try:
+            if not self.drain(timeout_s):
+                _log.warning("closing with %d dead letters still in flight", self._in_flight)
+        finally:
+            self.sender.close()

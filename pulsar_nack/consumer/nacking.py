@@ -12,14 +12,17 @@
   swallowed instead of delivered early;
 * the handoff: due keys become one entry-level ``_pulsar.MessageId`` per entry, passed
   to the ``hand_off`` callable the consumer supplies (the sync consumer calls
-  ``consumer.negative_acknowledge(id)`` for each).
+  ``consumer.negative_acknowledge(id)`` for each);
+* with a dead-letter policy, how often the application saw each unsettled message, and
+  which messages go to the dead-letter topic (sent by the route the consumer supplies,
+  :class:`~pulsar_nack.consumer.dead_letter.DeadLetterRoute`).
 
 A consumer built on it calls :meth:`NackingCore.admit` on every received message (a
 ``_pulsar.Message``), :meth:`NackingCore.nack` for a negative acknowledgement,
 :meth:`NackingCore.before_ack` before an acknowledgement, :meth:`NackingCore.reset`
 before ``seek`` or ``redeliver_unacknowledged_messages``, and :meth:`NackingCore.close`.
 
-State is kept only while a nack is pending. Acknowledgements of batch messages rely on
+Without a dead-letter policy, state is kept only while a nack is pending. Acknowledgements of batch messages rely on
 batch-index acknowledgement (``batch_index_ack_enabled=True`` with a broker that has
 ``acknowledgmentAtBatchIndexLevelEnabled=true``, off by default in Pulsar 3.0 and 4.0): the
 broker's ack set tells the client which siblings of a redelivered entry were acked, and
@@ -37,18 +40,20 @@ from typing import Any
 import _pulsar
 from pyroaring import BitMap64
 
-from .._validate import check_int, check_ms, check_topics
-from ..core.backoff import RedeliveryBackoff
+from .._validate import check_ms, check_topics
 from ..core.base import DueKeys
-from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, redelivery_count_of
 from ..core.tracker import NegativeAcksTracker
+from ..errors import ClosedError
 from . import msgid as _msgid
+from .settings import COALESCE_MS, HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
     "COALESCE_MS",
+    "DEAD_LETTER_RETRY_MS",
     "HANDOFF_DELAY_MS",
     "PARTITION_SUFFIX",
+    "DeadLetterCallback",
     "HandOff",
     "NackingCore",
     "PendingNacks",
@@ -61,10 +66,9 @@ __all__ = [
     "raw_id",
 ]
 
-HANDOFF_DELAY_MS = 100
-"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
-COALESCE_MS = 50
-"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+DEAD_LETTER_RETRY_MS = 1_000
+"""A message whose dead letter was not stored comes back (to be routed again) after this long."""
+
 
 def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
     """How long the C++ client takes to redeliver an id nacked into an idle tracker.
@@ -97,6 +101,10 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
 
 HandOff = Callable[[list[_pulsar.MessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
+DeadLetterCallback = Callable[[Any, bool], None]
+"""What a consumer does with a message for the dead-letter topic: ``route(message, stored)``."""
+Item = tuple[int, int, int]
+"""``(ledger_id, entry_id, batch_index)``: a message, whatever its topic (ledger ids are unique)."""
 
 _BATCH_BITS = 10
 _BATCH_LIMIT = 1 << _BATCH_BITS
@@ -145,6 +153,10 @@ def raw_id(obj: Any) -> _pulsar.MessageId:
 
 def _is_message(obj: Any) -> bool:
     return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+
+
+def _item_of(message_id: _pulsar.MessageId) -> Item:
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
 def batch_size_of(message_id: _pulsar.MessageId) -> int:
@@ -208,7 +220,8 @@ class PendingNacks:
     messages of consecutive entries share Roaring containers. Values that do not pack
     (a batch index of 1023 or more, an entry id of ``2**54`` or more) go to a plain set.
 
-    Not thread-safe: :class:`NackingCore` holds its lock around every call.
+    Not thread-safe: :class:`NackingCore` holds its lock around every call. ``count``
+    (the number of messages) may be read without it, as a hint.
 
     >>> p = PendingNacks()
     >>> p.add(7, 100, 3); (7, 100, 3) in p, (7, 100, 4) in p, len(p)
@@ -217,16 +230,16 @@ class PendingNacks:
     0
     """
 
-    __slots__ = ("_by_ledger", "_count", "_wide")
+    __slots__ = ("_by_ledger", "_wide", "count")
 
     _by_ledger: dict[int, BitMap64]
     _wide: set[tuple[int, int, int]]
-    _count: int
+    count: int
 
     def __init__(self) -> None:
         self._by_ledger = {}
         self._wide = set()
-        self._count = 0
+        self.count = 0
 
     def add(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Add a message. O(log n) in the ledger's bitmap."""
@@ -237,10 +250,10 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if value not in bitmap:
                 bitmap.add(value)
-                self._count += 1
+                self.count += 1
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
-            self._count += 1
+            self.count += 1
 
     def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
         """Remove a message if present. O(log n)."""
@@ -249,12 +262,12 @@ class PendingNacks:
             value = entry_id << _BATCH_BITS | (batch_index + 1)
             if bitmap is not None and value in bitmap:
                 bitmap.discard(value)
-                self._count -= 1
+                self.count -= 1
                 if not bitmap:
                     del self._by_ledger[ledger_id]
         elif (ledger_id, entry_id, batch_index) in self._wide:
             self._wide.discard((ledger_id, entry_id, batch_index))
-            self._count -= 1
+            self.count -= 1
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         ledger_id, entry_id, batch_index = item
@@ -264,12 +277,12 @@ class PendingNacks:
         return item in self._wide
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def clear(self) -> None:
         self._by_ledger.clear()
         self._wide.clear()
-        self._count = 0
+        self.count = 0
 
     def memory_bytes(self) -> int:
         """Serialized size of the bitmaps plus the dict and set slots (an estimate). O(ledgers)."""
@@ -280,7 +293,7 @@ class PendingNacks:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         # The count is the number of stored values; no empty bitmap is kept.
-        assert self._count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
+        assert self.count == sum(len(b) for b in self._by_ledger.values()) + len(self._wide)
         assert all(self._by_ledger.values())
 
 
@@ -290,7 +303,7 @@ def _counter_value(counter: itertools.count[int]) -> int:
 
 
 class NackingCore:
-    """Tracker, pending set, keys and handoff of one consumer; no client calls.
+    """Tracker, pending set, keys, handoff and dead-letter counts of one consumer; no client calls.
 
     Parameters
     ----------
@@ -299,95 +312,114 @@ class NackingCore:
         entry-level ids to redeliver; it must ``negative_acknowledge`` each on the
         client. No lock is held during the call. If it raises, the tracker logs the
         error and retries the keys after ``retry_delay_ms``.
-    topics : list of str, str, or re.Pattern
+    topics : list of str, str, re.Pattern, or TopicMatcher
         What the consumer reads; messages of other topics are refused.
-    negative_ack_redelivery_delay_ms, negative_ack_precision_bit_cnt, redelivery_backoff, never_early
-        The tracker's settings (see :class:`~pulsar_nack.consumer.NackingConsumer`).
-    handoff_delay_ms, coalesce_ms : int
-        The client's own nack delay (we hand off that much early) and the minimum gap
-        between handoff bursts.
-    guard_unbatched : bool
-        Also remember nacked non-batched messages until their handoff, so that a copy
-        delivered early by the client (its ack timeout) is swallowed. Batched messages
-        are always remembered: a sibling's redelivery brings their copies.
-    count_deliveries : bool
-        Count the nacks and the swallowed copies of each message until it is settled, so
-        that :meth:`deliveries` can tell how often the application saw it (the broker
-        counts redeliveries per entry, swallowed copies included, and forgets the count
-        when a sibling is acked). For a dead-letter policy; costs a dict entry per
-        pending nack.
+    settings : ConsumerSettings, optional
+        The tracker's settings, the handoff's and the dead-letter policy (defaults:
+        ``ConsumerSettings()``).
+
+    Dead letters
+        With a dead-letter policy of ``max_redeliver_count`` N, the core counts how
+        often the application saw each unsettled message: the larger of its own count
+        of nacks of it and the broker's ``redelivery_count()`` minus the copies of it
+        that were swallowed (the broker counts per entry, swallowed copies included,
+        and forgets the count when a sibling is acked; neither figure is ever above the
+        true count). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
+        routed to the dead-letter topic when the application nacks it, and a message
+        that arrives after that (brought back by an ack timeout, by
+        ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
+        broker in any other way) is routed there instead of being delivered. The route is the
+        callable given to :meth:`route_dead_letters`, called outside the lock; it
+        reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
     """
 
     tracker: NegativeAcksTracker
     topics: TopicMatcher
+    settings: ConsumerSettings
     guard_unbatched: bool
+    max_redeliver_count: int | None
+    counting: bool
+    pending: PendingNacks
     _hand_off_ids: HandOff
-    _pending: PendingNacks
+    _route: DeadLetterCallback | None
     _bare: dict[tuple[int, int], _pulsar.MessageId]
-    _copies: dict[tuple[int, int, int], int] | None
-    _nacks: dict[tuple[int, int, int], int]
+    _copies: dict[Item, int]
+    _nacks: dict[Item, int]
+    _last: dict[Item, Any]
+    _sending: set[Item]
+    _stored: PendingNacks
     _lock: threading.Lock
     _counts: dict[str, int]
 
     def __init__(
         self,
         hand_off: HandOff,
-        topics: Iterable[str] | re.Pattern[str],
-        *,
-        negative_ack_redelivery_delay_ms: int = 60_000,
-        negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS,
-        redelivery_backoff: RedeliveryBackoff | None = None,
-        never_early: bool = False,
-        handoff_delay_ms: int = HANDOFF_DELAY_MS,
-        coalesce_ms: int = COALESCE_MS,
-        guard_unbatched: bool = False,
-        count_deliveries: bool = False,
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None = None,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
-        check_ms("negative_ack_redelivery_delay_ms", negative_ack_redelivery_delay_ms)  # the tracker's delay_ms
-        check_int("handoff_delay_ms", handoff_delay_ms, 0)
-        check_int("coalesce_ms", coalesce_ms, 0)
-        self.topics = TopicMatcher(topics)
-        if not isinstance(guard_unbatched, bool):
-            raise TypeError(f"guard_unbatched must be bool, not {type(guard_unbatched).__name__}")
-        self.guard_unbatched = guard_unbatched
+        if settings is None:
+            settings = ConsumerSettings()
+        elif not isinstance(settings, ConsumerSettings):
+            raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
+        self.settings = settings
+        self.topics = topics if isinstance(topics, TopicMatcher) else TopicMatcher(topics)
+        self.guard_unbatched = settings.guard_unbatched
+        self.max_redeliver_count = settings.max_redeliver_count
+        self.counting = self.max_redeliver_count is not None
         self._hand_off_ids = hand_off
-        self._pending = PendingNacks()
+        self._route = None
+        self.pending = PendingNacks()
         self._bare = {}
-        self._copies = {} if count_deliveries else None
-        self._nacks = {}
+        self._copies, self._nacks, self._last = {}, {}, {}
+        self._sending = set()
+        self._stored = PendingNacks()
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(
-            ("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0
-        )
+        self._counts = dict.fromkeys(("swallowed", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
         self.received = itertools.count()
         self.acked = itertools.count()
         self._nacked = itertools.count()
+        bits, never_early = settings.negative_ack_precision_bit_cnt, settings.never_early
         self.tracker = NegativeAcksTracker(
             self._on_due,
-            delay_ms=negative_ack_redelivery_delay_ms,
-            precision_bits=negative_ack_precision_bit_cnt,
+            delay_ms=settings.negative_ack_redelivery_delay_ms,
+            precision_bits=bits,
             round_up=never_early,
-            backoff=redelivery_backoff,
-            lead_ms=handoff_lead_ms(handoff_delay_ms, negative_ack_precision_bit_cnt, never_early),
-            coalesce_ms=coalesce_ms,
+            backoff=settings.redelivery_backoff,
+            lead_ms=handoff_lead_ms(settings.handoff_delay_ms, bits, never_early),
+            coalesce_ms=settings.coalesce_ms,
             default_topic=self.topics.single or "",
         )
-        self.handoff_delay_ms = handoff_delay_ms
+        self.handoff_delay_ms = settings.handoff_delay_ms
         # nack() may skip the general path: no backoff, no guard, no delivery counts.
-        self._fast_nack = redelivery_backoff is None and not guard_unbatched and not count_deliveries
+        self._fast_nack = settings.redelivery_backoff is None and not self.guard_unbatched and not self.counting
+
+    def route_dead_letters(self, route: DeadLetterCallback) -> None:
+        """Set where messages for the dead-letter topic go: ``route(message, stored)``.
+
+        ``stored`` is False for a message to send (then acknowledge), True for a copy of
+        one whose dead letter is already stored (to acknowledge again).
+        """
+        if not callable(route):
+            raise TypeError("route must be callable")
+        self._route = route
 
     # ------------------------------------------------------------------ receiving
 
     def admit(self, message: _pulsar.Message) -> bool:
-        """Record a received message; False if it is an early copy of a pending nack.
+        """Record a received message; False if the application must not see it.
 
-        Runtime complexity: O(1) with nothing pending (one counter step); otherwise one
-        id read and a bitmap lookup.
+        That is an early copy of a message whose nack is pending (swallowed, left
+        unacked), or, with a dead-letter policy, a message seen often enough (routed to
+        the dead-letter topic). Runtime complexity: O(1) with nothing pending and no
+        dead-letter policy (one counter step); otherwise one id read and a bitmap
+        lookup.
         """
         next(self.received)
-        if not self._pending._count:
+        if self.counting:
+            return self._admit_counted(message)
+        if not self.pending.count:
             return True
         message_id = message.message_id()
         batch_index = message_id.batch_index()
@@ -395,45 +427,86 @@ class NackingCore:
             return True
         item = (message_id.ledger_id(), message_id.entry_id(), batch_index)
         with self._lock:
-            if item not in self._pending:
+            if item not in self.pending:
                 return True
             self._counts["swallowed"] += 1
-            if self._copies is not None:
-                self._copies[item] = self._copies.get(item, 0) + 1
         return False
 
-    def deliveries(self, message: Any) -> int:
-        """How many times the application received *message* before this delivery.
-
-        The larger of the nacks it made of it and the broker's ``redelivery_count()``
-        minus the copies of it that were swallowed (with ``count_deliveries`` only; else
-        the broker's count). The broker counts per entry and forgets the count when a
-        sibling is acked, so neither figure alone is right for batch messages; both are
-        never above the true count. O(1).
-        """
-        count = redelivery_count_of(message)
-        if self._copies is None:
-            return count
-        message_id = raw_id(message)
-        item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+    def _admit_counted(self, message: _pulsar.Message) -> bool:
+        """:meth:`admit` with a dead-letter policy: count, deliver, swallow or route."""
+        limit = self.max_redeliver_count
+        assert limit is not None
+        count = message.redelivery_count()
+        if count < limit and not (self.pending.count or self._nacks or self._sending or self._stored.count):
+            return True  # the common path: nothing to compare with
+        message_id = message.message_id()
+        batch_index = message_id.batch_index()
+        item = (message_id.ledger_id(), message_id.entry_id(), batch_index)
+        route: bool | None  # None: swallow; else route it (True: its dead letter is stored already)
         with self._lock:
-            return max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
+            if (batch_index >= 0 or self.guard_unbatched) and item in self.pending:
+                self._copies[item] = self._copies.get(item, 0) + 1
+                route = None
+            elif item in self._sending:
+                route = None  # its dead letter is on the way
+            elif item in self._stored:
+                route = True  # a copy of a stored dead letter: acknowledge it again
+            else:
+                seen = max(self._nacks.get(item, 0), count - self._copies.get(item, 0))
+                if seen <= limit:
+                    if seen == limit:  # its last delivery: a nack or a redelivery sends it
+                        self._last[item] = message
+                    return True
+                self._sending.add(item)
+                self._last.pop(item, None)
+                route = False
+            self._counts["swallowed"] += 1
+        if route is not None:
+            self._send_dead_letter(message, route)
+        return False
 
-    def dead_lettered(self, message: Any) -> None:
-        """Count a nack answered by dead-lettering *message* instead of tracking it. O(1)."""
-        self.forget(message)
-        next(self._nacked)
+    def _send_dead_letter(self, message: Any, stored: bool) -> None:
+        route = self._route
+        if route is None:
+            raise RuntimeError("a dead-letter policy without a route: call route_dead_letters() first")
+        route(message, stored)
+
+    def dead_letter_stored(self, message: Any) -> None:
+        """The route stored the dead letter of *message*: count it, remember it, forget its counts."""
+        item = _item_of(raw_id(message))
         with self._lock:
+            self._sending.discard(item)
+            self._stored.add(*item)
+            self._copies.pop(item, None)
+            self._nacks.pop(item, None)
+            self._last.pop(item, None)
             self._counts["dead_lettered"] += 1
 
+    def dead_letter_failed(self, message: Any) -> None:
+        """The route could not store the dead letter of *message*: it comes back and is tried again.
+
+        The message stays unacknowledged; it is handed to the client after
+        ``DEAD_LETTER_RETRY_MS``, and when it arrives it is routed again.
+        """
+        item = _item_of(raw_id(message))
+        limit = self.max_redeliver_count
+        with self._lock:
+            self._sending.discard(item)
+            if limit is not None:  # the next arrival is routed, whatever the broker counts
+                self._nacks[item] = max(self._nacks.get(item, 0), limit + 1)
+        try:
+            self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
+        except ClosedError:
+            pass  # closing: the broker redelivers it when this consumer is gone
+
     def forget(self, message: Any) -> None:
-        """Drop the delivery count of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies is not None and (self._copies or self._nacks):
-            message_id = raw_id(message)
-            item = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
+        if self._copies or self._nacks or self._last:
+            item = _item_of(raw_id(message))
             with self._lock:
                 self._copies.pop(item, None)
                 self._nacks.pop(item, None)
+                self._last.pop(item, None)
 
     # ------------------------------------------------------------------ settling
 
@@ -479,16 +552,18 @@ class NackingCore:
     def nack(self, message: Any, delay_ms: int | None = None) -> None:
         """Track a negative acknowledgement: the message comes back after its delay.
 
-        Runtime complexity: O(1) (the tracker's add) plus a bitmap insert for a message
-        that must be remembered (batched, guarded, or a bare id of unknown topic).
+        With a dead-letter policy, a message at its last delivery goes to the
+        dead-letter topic instead (see the class notes). Runtime complexity: O(1) (the
+        tracker's add) plus a bitmap insert for a message that must be remembered
+        (batched, guarded, or a bare id of unknown topic).
 
         Raises TypeError or ValueError for bad input (nothing changes then).
         """
         inner = getattr(message, "_message", None)
         if (
-            isinstance(inner, _pulsar.Message)
+            delay_ms is None
             and self._fast_nack
-            and delay_ms is None
+            and isinstance(inner, _pulsar.Message)
             and (fast_key := _msgid.message_key(inner))[3] < 0
         ):
             # The common call: a received non-batched pulsar.Message, the fixed delay.
@@ -498,23 +573,44 @@ class NackingCore:
             self.tracker.add(fast_key)
             next(self._nacked)
             return
+        if delay_ms is not None:
+            check_ms("delay_ms", delay_ms)
         key, raw = self.key_of(message)
+        if self.counting and self._last and self._nack_to_dead_letter(key):
+            next(self._nacked)
+            return
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and self._copies is None:
+        if key[3] < 0 and not self.guard_unbatched and key[0] is not _UNTITLED and not self.counting:
             self.tracker.add(key, delay_ms, count)
             next(self._nacked)
             return
+        self._track(key, raw, delay_ms, count)
+        next(self._nacked)
+
+    def _nack_to_dead_letter(self, key: MessageKey) -> bool:
+        """Route a message at its last delivery to the dead-letter topic; False if it is not there."""
+        item = (key[1], key[2], key[3])
+        with self._lock:
+            last = self._last.pop(item, None)
+            if last is None:
+                return False
+            self._sending.add(item)
+        self._send_dead_letter(last, False)
+        return True
+
+    def _track(self, key: MessageKey, raw: _pulsar.MessageId, delay_ms: int | None, count: int | None) -> None:
+        """:meth:`nack` for a message that is remembered (batched, guarded, bare or counted)."""
         item = (key[1], key[2], key[3])
         remember = key[3] >= 0 or self.guard_unbatched or key[0] is _UNTITLED
         with self._lock:
-            if item in self._pending:
+            if item in self.pending:
                 raise ValueError(f"message {key} is already NACKED (its nack is pending)")
-            if self._copies is not None:
+            if self.counting:
                 self._nacks[item] = self._nacks.get(item, 0) + 1
             if remember:
-                self._pending.add(*item)
+                self.pending.add(*item)
             if key[0] is _UNTITLED:
                 self._bare[(key[1], key[2])] = raw
         try:
@@ -522,25 +618,23 @@ class NackingCore:
         except BaseException:
             with self._lock:
                 if remember:
-                    self._pending.discard(*item)
+                    self.pending.discard(*item)
                 self._bare.pop((key[1], key[2]), None)
-                if self._copies is not None:
+                if self.counting:
                     self._nacks[item] -= 1
             raise
-        next(self._nacked)
 
     def before_ack(self, message: Any) -> _pulsar.MessageId:
-        """Validate an acknowledgement and forget the message's pending nack; return its raw id.
+        """Validate an acknowledgement and forget the message's pending nack and counts; return its raw id.
 
         Raises TypeError or ValueError for bad input (nothing changes then). O(1).
         """
-        if self._pending._count or self._nacks or self._copies or not _is_message(message):
+        if self.pending.count or self._nacks or self._copies or self._last or not _is_message(message):
             key, raw = self.key_of(message)
-            if self._pending:
+            if self.pending.count:
                 with self._lock:
-                    self._pending.discard(key[1], key[2], key[3])
-            if self._nacks or self._copies:
-                self.forget(raw)
+                    self.pending.discard(key[1], key[2], key[3])
+            self.forget(raw)
             return raw
         return raw_id(message)
 
@@ -570,35 +664,46 @@ class NackingCore:
             self._hand_off_ids(ids)
         with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
             for item in released:
-                self._pending.discard(*item)
+                self.pending.discard(*item)
 
     # ------------------------------------------------------------------ resets
 
-    def reset(self) -> DueKeys:
-        """Forget every pending nack (before ``seek`` or redelivering everything); return them."""
+    def reset(self, forget_counts: bool = True) -> DueKeys:
+        """Forget every pending nack; return them.
+
+        Before ``redeliver_unacknowledged_messages`` (``forget_counts=False``: the
+        messages come back now, and their delivery counts still hold) or ``seek``
+        (``True``: the subscription starts afresh, dead letters included).
+        """
         with self._lock:
             dropped = self.tracker.drain()
-            self._pending.clear()
+            self.pending.clear()
             self._bare.clear()
-            if self._copies is not None:
+            if forget_counts:
                 self._copies.clear()
-            self._nacks.clear()
+                self._nacks.clear()
+                self._last.clear()
+                self._stored.clear()
         return dropped
 
     def close(self, redeliver_pending: bool) -> None:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
         with self._lock:
-            self._pending.clear()
+            self.pending.clear()
             self._bare.clear()
+            self._copies.clear()
+            self._nacks.clear()
+            self._last.clear()
+            self._stored.clear()
 
     # ------------------------------------------------------------------ counters
 
     def counts(self) -> dict[str, int]:
-        """Counters: received, swallowed, delivered, acked, nacked, handoffs, pending batch messages."""
+        """Counters: received, swallowed, delivered, acked, nacked, dead-lettered, handoffs, pending batch messages."""
         with self._lock:
             counts = dict(self._counts)
-            pending = len(self._pending)
+            pending = len(self.pending)
         received = _counter_value(self.received)
         return {
             "received": received,
@@ -612,6 +717,9 @@ class NackingCore:
     def _check(self) -> None:
         """Assert the invariants. For tests."""
         with self._lock:
-            self._pending._check()
+            self.pending._check()
+            self._stored._check()
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= len(self.tracker) or not self._bare
+            # A message is at most one of: at its last delivery, on its way to the DLQ.
+            assert not (set(self._last) & self._sending)

@@ -14,7 +14,6 @@ from typing import Any
 from .._validate import MAX_DELAY_MS, check_int, check_ms, check_name, check_optional_int, check_topics
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
-from ..core.keys import PARTITION_SUFFIX
 
 __all__ = ["NON_RETRYABLE_ACTIONS", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
@@ -106,8 +105,10 @@ class ConsumerConfig:
         A retryable failure of a message already redelivered this many times is
         handled as non-retryable (poison messages). None (default): retry forever.
     dead_letter_topic : str, optional
-        Default ``<topic>-<subscription>-DLQ`` of the message's topic, as pulsar's
-        client-side dead-letter policy names it.
+        Default ``<topic>-<subscription>-DLQ`` of the message's topic (per partition),
+        as the client's dead-letter policy names it. Dead letters are built and sent by
+        :class:`~pulsar_nack.consumer.dead_letter.DeadLetter`, as the consumers send
+        theirs, with the handler's error in ``PULSAR_NACK_ERROR``.
     ack_flush_ms : int
         A task returns no sooner than this after its last ack, so the client's 100 ms
         ack grouping has sent it. Default 200; 0 disables (acks may then be lost with
@@ -285,9 +286,15 @@ class TaskBudget:
 
 
 def dead_letter_topic(topic: str, subscription: str) -> str:
-    """``<topic>-<subscription>-DLQ``, the partition suffix removed, as pulsar names it.
+    """``<topic>-<subscription>-DLQ`` of a message's topic, as the client names it.
+
+    :func:`pulsar_nack.consumer.dead_letter.dead_letter_topic` (imported when called, so
+    that this package imports no pulsar). A partition keeps its suffix: the C++ client
+    has one dead-letter topic per partition.
 
     >>> dead_letter_topic("persistent://public/default/orders-partition-2", "billing")
-    'persistent://public/default/orders-billing-DLQ'
+    'persistent://public/default/orders-partition-2-billing-DLQ'
     """
-    return f"{PARTITION_SUFFIX.sub('', topic)}-{subscription}-DLQ"
+    from ..consumer.dead_letter import dead_letter_topic as consumer_dead_letter_topic
+
+    return consumer_dead_letter_topic(topic, subscription)

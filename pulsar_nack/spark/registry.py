@@ -22,6 +22,7 @@ from .config import ConsumerConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..consumer import NackingConsumer
+    from ..consumer.dead_letter import DeadLetter
 
 __all__ = ["close_executor_consumers", "executor_consumer"]
 
@@ -33,7 +34,7 @@ _RECONNECT_GRACE_S = 2.0
 class _Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
-    __slots__ = ("client", "consumer", "pid", "producers", "settings", "tasks", "uid")
+    __slots__ = ("client", "consumer", "dead_letter", "pid", "settings", "tasks", "uid")
 
     settings: tuple[Any, ...]
     pid: int
@@ -41,20 +42,22 @@ class _Entry:
     consumer: NackingConsumer | BuiltinNackConsumer
     uid: str
     tasks: int
-    producers: dict[str, Any]
+    dead_letter: DeadLetter | None  # created by the first dead letter
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close consumer, dead-letter producers and client; log, never raise."""
+        dead_letter, self.dead_letter = self.dead_letter, None
         for closer in (
             lambda: self.consumer.close(redeliver_pending=redeliver_pending),
-            *(producer.close for producer in self.producers.values()),
+            dead_letter.close if dead_letter is not None else None,
             self.client.close,
         ):
+            if closer is None:
+                continue
             try:
                 closer()
             except Exception:  # a broken connection: nothing more to do
                 _log.debug("closing %s failed", self.uid, exc_info=True)
-        self.producers.clear()
 
 
 _REGISTRY: dict[tuple[str, tuple[str, ...], str], _Entry] = {}
@@ -139,7 +142,7 @@ def _build(config: ConsumerConfig) -> _Entry:
     entry.consumer = consumer
     entry.uid = f"{os.getpid()}-{next(_CONSUMERS_BUILT)}-{uuid.uuid4().hex[:6]}"
     entry.tasks = 0
-    entry.producers = {}
+    entry.dead_letter = None
     return entry
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
-from .config import ConsumerConfig, TaskBudget, dead_letter_topic
+from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
 from .stats import TaskStats
@@ -79,25 +79,16 @@ def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float
 
 
 def _dead_letter(entry: _Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
-    """Produce *message* to its dead-letter topic (synchronously)."""
-    topic = config.dead_letter_topic or dead_letter_topic(message.topic_name(), config.subscription)
-    producer = entry.producers.get(topic)
-    if producer is None:
-        producer = entry.producers[topic] = entry.client.create_producer(topic, batching_enabled=False)
-    properties = dict(message.properties())
-    properties.update(
-        {
-            "REAL_TOPIC": message.topic_name(),
-            "ORIGIN_MESSAGE_ID": str(message.message_id()),
-            "PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000],
-        }
+    """Send *message* to its dead-letter topic and wait until it is stored (the one sender, as the consumers)."""
+    from ..consumer.dead_letter import DeadLetter
+
+    if entry.dead_letter is None:
+        entry.dead_letter = DeadLetter(entry.client, config.subscription)
+    entry.dead_letter.send(
+        message,
+        topic=config.dead_letter_topic,
+        properties={"PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000]},
     )
-    kwargs: dict[str, Any] = {"properties": properties}
-    if message.partition_key():
-        kwargs["partition_key"] = message.partition_key()
-    if message.event_timestamp():
-        kwargs["event_timestamp"] = message.event_timestamp()
-    producer.send(message.data(), **kwargs)
 
 
 def _task_context() -> tuple[int, int]:

@@ -1,0 +1,192 @@
+"""What the blocking and the asyncio consumer share, written once.
+
+:class:`ConsumerBase` builds the :class:`~pulsar_nack.consumer.nacking.NackingCore` from
+a :class:`~pulsar_nack.consumer.settings.ConsumerSettings`, the dead-letter route when
+the settings have a policy, and the handoff to the client; it holds the guards, the
+counters and the close bookkeeping. :class:`~pulsar_nack.consumer.NackingConsumer` and
+:class:`~pulsar_nack.consumer.async_consumer.AsyncNackingConsumer` add only the calls
+that block or are awaited.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+import _pulsar
+
+from ..core.tracker import NegativeAcksTracker, TrackerStats
+from ..errors import ConsumerClosedError
+from .dead_letter import DeadLetter, DeadLetterRoute
+from .nacking import NackingCore, TopicMatcher
+from .settings import ConsumerSettings
+
+__all__ = ["DEAD_LETTER_DRAIN_S", "ConsumerBase", "ConsumerStats"]
+
+DEAD_LETTER_DRAIN_S = 5.0
+"""``close()`` waits this long for dead letters in flight, so their originals get acknowledged."""
+
+
+class ConsumerStats(TypedDict):
+    """Counters of a nacking consumer, with its tracker's stats."""
+
+    received: int
+    delivered: int
+    swallowed: int
+    acked: int
+    nacked: int
+    dead_lettered: int
+    handed_off_entries: int
+    handoff_bursts: int
+    pending_guarded: int
+    tracker: TrackerStats
+
+
+class ConsumerBase:
+    """The parts of a nacking consumer that do not depend on blocking or awaiting.
+
+    Parameters
+    ----------
+    consumer : pulsar.Consumer or pulsar.asyncio.Consumer
+        The wrapped consumer, subscribed with
+        ``negative_ack_redelivery_delay_ms=settings.handoff_delay_ms``.
+    topics : list of str, str, re.Pattern, or TopicMatcher
+        What the consumer reads (messages of other topics are refused).
+    settings : ConsumerSettings, optional
+        Default ``ConsumerSettings()``.
+    client : pulsar.Client or pulsar.asyncio.Client, optional
+        Needed with a dead-letter policy (it creates the dead-letter producers).
+    """
+
+    tracker: NegativeAcksTracker
+    settings: ConsumerSettings
+    handoff_delay_ms: int
+    _consumer: Any
+    _raw: Any  # the _pulsar.Consumer inside, or None for a stand-in
+    _core: NackingCore
+    _route: DeadLetterRoute | None
+    _closed: bool
+    _core_closed: bool
+    _consumer_closed: bool
+
+    def __init__(
+        self,
+        consumer: Any,
+        topics: Iterable[str] | re.Pattern[str] | TopicMatcher,
+        settings: ConsumerSettings | None,
+        client: Any,
+    ) -> None:
+        if settings is None:
+            settings = ConsumerSettings()
+        elif not isinstance(settings, ConsumerSettings):
+            raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
+        raw = getattr(consumer, "_consumer", None)
+        self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
+        self._consumer = consumer
+        core = NackingCore(self._hand_off, topics, settings)
+        self._route = None
+        if core.counting:
+            try:
+                self._route = _dead_letter_route(consumer, settings, client, core, self._acknowledge_async)
+            except BaseException:
+                core.close(redeliver_pending=False)
+                raise
+        self._core = core
+        self.settings = settings
+        self.tracker = core.tracker
+        self.handoff_delay_ms = core.handoff_delay_ms
+        self._closed = self._core_closed = self._consumer_closed = False
+
+    # ------------------------------------------------------------------ client calls that never block
+
+    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+        """Core callback, on the timer thread: give each due entry to the client's own tracker.
+
+        ``negative_acknowledge`` only queues the id in the C++ client; it never waits.
+        """
+        nack = self._raw.negative_acknowledge if self._raw is not None else self._consumer.negative_acknowledge
+        for message_id in ids:
+            nack(message_id)
+
+    def _acknowledge_async(self, message_id: _pulsar.MessageId) -> None:
+        """Acknowledge without waiting (dead letters: runs on a client thread)."""
+        if self._raw is not None:
+            self._raw.acknowledge_async(message_id, _ignore_result)
+        else:
+            self._consumer.acknowledge(message_id)
+        next(self._core.acked)
+
+    # ------------------------------------------------------------------ the plain parts of the API
+
+    def topic(self) -> str:
+        return str(self._consumer.topic())
+
+    def subscription_name(self) -> str:
+        return str(self._consumer.subscription_name())
+
+    def consumer_name(self) -> str:
+        return str(self._consumer.consumer_name())
+
+    def is_connected(self) -> bool:
+        """False once closed; else whether the client is connected."""
+        if self._closed:
+            return False
+        return bool(self._raw.is_connected() if self._raw is not None else self._consumer.is_connected())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> ConsumerStats:
+        """Counters, plus the tracker's stats."""
+        return ConsumerStats(**self._core.counts(), tracker=self.tracker.stats())  # type: ignore[typeddict-item]  # (counts() returns the ConsumerStats keys, typed as dict[str, int])
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} topics={self._core.topics!r} pending={len(self.tracker)} closed={self._closed}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError(f"this {type(self).__name__} is closed")
+
+    # ------------------------------------------------------------------ closing, in steps that can be retried
+
+    @property
+    def _released(self) -> bool:
+        return self._closed and self._core_closed and self._consumer_closed
+
+    def _close_core(self, redeliver_pending: bool) -> None:
+        """Step 1 of close: stop the tracker (hand pending nacks off, or leave them unacked)."""
+        if not self._core_closed:
+            self._core.close(redeliver_pending)
+            self._core_closed = True
+
+    def _drain_dead_letters(self) -> None:
+        """Step 2: wait (bounded) for dead letters in flight, so their originals get acknowledged."""
+        if self._route is not None:
+            self._route.drain(DEAD_LETTER_DRAIN_S)
+
+    def _close_dead_letters(self) -> None:
+        """Step 4 (after the consumer): close the dead-letter producers. Idempotent."""
+        if self._route is not None:
+            self._route.sender.close()
+
+
+def _dead_letter_route(
+    consumer: Any, settings: ConsumerSettings, client: Any, core: NackingCore, acknowledge: Any
+) -> DeadLetterRoute:
+    """The dead-letter route of a consumer whose settings have a policy, set on its core."""
+    policy = settings.dead_letter_policy
+    assert policy is not None
+    if client is None:
+        client = getattr(consumer, "_client", None)  # a pulsar.Consumer knows its client
+    if client is None:
+        raise ValueError("a dead_letter_policy needs the client: pass client=")
+    sender = DeadLetter.from_policy(client, consumer.subscription_name(), policy, getattr(consumer, "_schema", None))
+    route = DeadLetterRoute(sender, core, acknowledge)
+    core.route_dead_letters(route)
+    return route
+
+
+def _ignore_result(_result: Any) -> None:
+    """``acknowledge_async`` callback: the ack is grouped; a failure shows as a redelivery."""

@@ -1,0 +1,172 @@
+"""The settings of a nacking consumer, written once for the blocking and the asyncio consumer.
+
+:class:`ConsumerSettings` is a frozen dataclass validated when it is made: both
+consumers, and both ``subscribe`` functions, take one, so they accept the same keywords
+with the same checks and cannot drift apart. :func:`subscribe_settings` turns the
+arguments of a ``subscribe`` call into one (both ``subscribe`` functions call it), and
+:func:`seek_target` checks a ``seek`` argument as the plain client does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import _pulsar
+import pulsar
+
+from .._validate import check_bool, check_int, check_ms
+from ..core.backoff import RedeliveryBackoff
+from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+
+__all__ = [
+    "ACK_FLUSH_MS",
+    "COALESCE_MS",
+    "HANDOFF_DELAY_MS",
+    "ConsumerSettings",
+    "SeekArgumentError",
+    "seek_target",
+    "subscribe_settings",
+]
+
+HANDOFF_DELAY_MS = 100
+"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
+COALESCE_MS = 50
+"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
+ACK_FLUSH_MS = 150
+"""Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """What a nacking consumer does with negative acknowledgements and dead letters.
+
+    Validated on creation (``TypeError`` for a wrong type, ``ValueError`` for a bad
+    value, naming the field); immutable. Make a changed copy with
+    :func:`dataclasses.replace`.
+
+    Parameters
+    ----------
+    negative_ack_redelivery_delay_ms : int
+        Fixed delay when no per-call delay or backoff applies. Default 60 s, as in pulsar.
+    negative_ack_precision_bit_cnt : int
+        Deadlines are trimmed by this many bits (0-30; default 8: 256 ms buckets). A
+        message may come back up to ``2**bits - 1`` ms early unless ``never_early``.
+    redelivery_backoff : RedeliveryBackoff, optional
+        Delay by the message's redelivery count.
+    never_early : bool
+        Round deadlines up instead of down.
+    dead_letter_policy : pulsar.ConsumerDeadLetterPolicy, optional
+        Dead letters as the plain client sends them (see
+        :mod:`~pulsar_nack.consumer.dead_letter`).
+    handoff_delay_ms : int
+        The wrapped consumer's own ``negative_ack_redelivery_delay_ms``: handoffs are
+        made that much early. Leave the default unless you subscribed it yourself.
+    coalesce_ms : int
+        Minimum gap between two handoff bursts.
+    guard_unbatched : bool
+        Also swallow early copies of nacked non-batched messages (the client's ack
+        timeout would redeliver them before their delay). ``subscribe`` sets it when
+        ``unacked_messages_timeout_ms`` is given.
+
+    >>> ConsumerSettings(negative_ack_redelivery_delay_ms=5_000).negative_ack_precision_bit_cnt
+    8
+    >>> ConsumerSettings(negative_ack_precision_bit_cnt=31)
+    Traceback (most recent call last):
+    ...
+    ValueError: negative_ack_precision_bit_cnt must be <= 30, got 31
+    """
+
+    negative_ack_redelivery_delay_ms: int = 60_000
+    negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS
+    redelivery_backoff: RedeliveryBackoff | None = None
+    never_early: bool = False
+    dead_letter_policy: pulsar.ConsumerDeadLetterPolicy | None = None
+    handoff_delay_ms: int = HANDOFF_DELAY_MS
+    coalesce_ms: int = COALESCE_MS
+    guard_unbatched: bool = False
+
+    def __post_init__(self) -> None:
+        check_ms("negative_ack_redelivery_delay_ms", self.negative_ack_redelivery_delay_ms)
+        check_int("negative_ack_precision_bit_cnt", self.negative_ack_precision_bit_cnt, 0, MAX_PRECISION_BITS)
+        if self.redelivery_backoff is not None and not isinstance(self.redelivery_backoff, RedeliveryBackoff):
+            raise TypeError(
+                f"redelivery_backoff must be a RedeliveryBackoff or None, not {type(self.redelivery_backoff).__name__}"
+            )
+        check_bool("never_early", self.never_early)
+        policy = self.dead_letter_policy
+        if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
+            raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
+        check_ms("handoff_delay_ms", self.handoff_delay_ms)
+        check_ms("coalesce_ms", self.coalesce_ms)
+        check_bool("guard_unbatched", self.guard_unbatched)
+
+    @property
+    def max_redeliver_count(self) -> int | None:
+        """The dead-letter policy's ``max_redeliver_count``, or None when dead letters are off."""
+        policy = self.dead_letter_policy
+        return None if policy is None else int(policy.max_redeliver_count)
+
+    def replace(self, **changes: Any) -> ConsumerSettings:
+        """A validated copy with *changes* (:func:`dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)
+
+
+def subscribe_settings(
+    subscribe_kwargs: dict[str, Any],
+    *,
+    negative_ack_redelivery_delay_ms: int,
+    negative_ack_precision_bit_cnt: int,
+    redelivery_backoff: RedeliveryBackoff | None,
+    never_early: bool,
+) -> ConsumerSettings:
+    """The settings of a ``subscribe`` call; adjusts the keywords passed on to the client.
+
+    Takes ``dead_letter_policy`` out of *subscribe_kwargs* (the wrapper sends dead
+    letters itself, counting deliveries to the application), guards unbatched nacks when
+    an ack timeout is set (``unacked_messages_timeout_ms``, 0 meaning none as in
+    pulsar), and defaults ``batch_index_ack_enabled`` to True. Validates everything it
+    reads before changing anything.
+    """
+    check_bool("batch_index_ack_enabled", subscribe_kwargs.get("batch_index_ack_enabled", True))
+    settings = ConsumerSettings(
+        negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+        negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
+        redelivery_backoff=redelivery_backoff,
+        never_early=never_early,
+        dead_letter_policy=subscribe_kwargs.get("dead_letter_policy"),
+        guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+    )
+    subscribe_kwargs.pop("dead_letter_policy", None)
+    subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
+    return settings
+
+
+class SeekArgumentError(TypeError, ValueError):
+    """A ``seek`` argument that is neither a message id nor an int timestamp.
+
+    The plain client raises ``ValueError`` for it (``seek(1.0)``); this library raises
+    ``TypeError`` for a wrong type. This error is both, so either ``except`` catches it.
+    """
+
+
+def seek_target(message_id: object) -> Any:
+    """Check a ``seek`` argument as ``pulsar.Consumer.seek`` does; return it unchanged.
+
+    A ``pulsar.MessageId``, a ``_pulsar.MessageId`` or an int (a publish timestamp in
+    ms; a bool is an int, as in the client). Anything else raises
+    :class:`SeekArgumentError`, a ``ValueError`` as the client raises, and a ``TypeError``.
+
+    >>> seek_target(1_700_000_000_000)
+    1700000000000
+    >>> seek_target(1.0)
+    Traceback (most recent call last):
+    ...
+    pulsar_nack.consumer.settings.SeekArgumentError: invalid seek_arg type <class 'float'>: seek takes a MessageId or a timestamp in ms (int)
+    """
+    if not isinstance(message_id, (int, pulsar.MessageId, _pulsar.MessageId)):
+        raise SeekArgumentError(
+            f"invalid seek_arg type {type(message_id)}: seek takes a MessageId or a timestamp in ms (int)"
+        )
+    return message_id
