@@ -123,7 +123,7 @@ def test_a_client_without_the_names_gets_a_clear_error():
         _client.check_client(_stand_in("pulsar"), _stand_in("_pulsar"), "3.99.0")
     message = str(info.value)
     assert "pulsar-client 3.99.0 is not supported" in message
-    assert f">=3.8.0,<{_client.NEXT_MAJOR}" in message and "missing: _pulsar.Message, _pulsar.MessageId" in message
+    assert f">=3.9.0,<{_client.NEXT_MAJOR}" in message and "missing: _pulsar.Message, _pulsar.MessageId" in message
     assert isinstance(info.value, PulsarNackError) and isinstance(info.value, ImportError)
     with pytest.raises(UnsupportedClientError, match=r"missing: _pulsar\)"):
         _client.check_client(pulsar, None, "3.99.0")  # no _pulsar module at all
@@ -139,7 +139,8 @@ def test_a_client_without_the_handoff_ids_topic_setter_gets_a_clear_error():
 
         ledger_id = entry_id = batch_index = partition = serialize = lambda self: 0
 
-    raw = _stand_in("_pulsar", Message=_pulsar.Message, MessageId=MessageIdBefore38, Consumer=_pulsar.Consumer)
+    real = {name: getattr(_pulsar, name) for name in dir(_pulsar) if not name.startswith("__")}
+    raw = _stand_in("_pulsar", **{**real, "MessageId": MessageIdBefore38})
     with pytest.raises(UnsupportedClientError, match=r"pulsar-client 3\.7\.0 .*missing: _pulsar\.MessageId\.topic_name\)"):
         _client.check_client(pulsar, raw, "3.7.0")
 
@@ -150,6 +151,20 @@ def test_a_client_without_the_handoff_ids_topic_setter_gets_a_clear_error():
     raw.MessageId = SetterRefusesStr
     with pytest.raises(UnsupportedClientError, match=r"topic_name\(str\)"):
         _client.check_client(pulsar, raw, "3.7.0")
+
+
+def test_a_client_without_the_dead_letter_calls_gets_a_clear_error():
+    """Stand-in ``_pulsar`` as in 3.8.0: its consumer has no ``acknowledge_async`` or
+    ``close_async`` and its client no ``subscribe_async``, which the dead-letter path uses."""
+    real = {name: getattr(_pulsar, name) for name in dir(_pulsar) if not name.startswith("__")}
+    consumer = types.new_class("Consumer", (), {}, lambda ns: ns.update(
+        {n: getattr(_pulsar.Consumer, n) for n in ("receive", "acknowledge", "negative_acknowledge", "is_connected")}
+    ))
+    client = types.new_class("Client", (), {}, lambda ns: ns.update({"create_producer_async": None}))
+    raw = _stand_in("_pulsar", **{**real, "Consumer": consumer, "Client": client})
+    expected = r"pulsar-client 3\.8\.0 .*>=3\.9\.0,<4 \(missing: _pulsar\.Consumer\.acknowledge_async, _pulsar\.Consumer\.close_async, _pulsar\.Client\.subscribe_async\)"
+    with pytest.raises(UnsupportedClientError, match=expected):
+        _client.check_client(pulsar, raw, "3.8.0")
 
 
 def test_the_installed_client_passes_and_a_new_major_is_warned_about():
@@ -178,6 +193,9 @@ for _name in ("acknowledge", "acknowledge_cumulative", "seek", "unsubscribe", "c
 
 
 class _AsyncClient:
+    def __init__(self, service_url: str) -> None:
+        self._client = service_url
+
     async def subscribe(self, topic: str, subscription_name: str) -> None: ...
 
 
@@ -233,7 +251,7 @@ def test_a_real_consumer_without_its_inner_consumer_is_refused():
 def test_pyproject_declares_the_range_the_seam_checks():
     text = (ROOT / "pyproject.toml").read_text()
     assert f'"pulsar-client{_client.SUPPORTED}"' in text
-    assert _client.SUPPORTED == ">=3.8.0,<4"
+    assert _client.SUPPORTED == ">=3.9.0,<4"
 
 
 # ---------------------------------------------------------------- on a broker

@@ -2,25 +2,30 @@
 
 Every use of a private name of ``pulsar`` or ``_pulsar`` lives here and nowhere else
 (``tests/test_client_seam.py`` greps the package for it): the ``_pulsar`` extension
-module and its ``Message``, ``MessageId`` and ``Consumer`` types, the wrappers' inner
-objects (``pulsar.Message._message``, ``pulsar.MessageId._msg_id``,
-``pulsar.Consumer._consumer`` and ``._schema``, ``pulsar.asyncio.Consumer._consumer``)
-and the body of ``pulsar.Consumer.receive``, which :func:`wrap_message` repeats.
+module and its types, the wrappers' inner objects (``pulsar.Message._message``,
+``pulsar.MessageId._msg_id``, ``pulsar.Consumer._consumer``, ``._schema`` and
+``._client``, ``pulsar.Client._client``, ``pulsar.asyncio.Consumer._consumer``) and the
+body of ``pulsar.Consumer.receive``, which :func:`wrap_message` repeats. Methods called
+on the raw objects (``_pulsar.Consumer.acknowledge_async``, ...) are checked here too,
+by name (:data:`_RAW_NAMES`), though the callers call them.
 
 Why reach in at all
     The consumers receive, acknowledge and hand off ids on the ``_pulsar.Consumer``
     directly (a wrapper call less per message, and the timer thread never enters
-    ``pulsar.asyncio``), and the handoff needs an entry-level id with its topic set
+    ``pulsar.asyncio``); the handoff needs an entry-level id with its topic set
     (``_pulsar.MessageId(partition, ledger, entry, -1)`` and its ``topic_name(str)``
-    setter), which the public API cannot build.
+    setter), which the public API cannot build; and dead letters are built and sent on
+    the C++ client's asynchronous calls (``create_producer_async``, ``send_async``,
+    ``acknowledge_async``), which ``pulsar.Client`` does not offer, so that no thread
+    waits on the network.
 
 Supported clients
     :data:`SUPPORTED` (also ``pulsar-client`` in ``pyproject.toml``). Importing this
     module checks that the client has every name used here (:func:`missing_names`)
     and raises :class:`~pulsar_nack.errors.UnsupportedClientError` otherwise, naming
-    the version found and the range. The oldest supported release is where the
-    handoff id's topic setter arrived (3.8.0; 3.3.0 brought ``batch_index_ack_enabled``);
-    :func:`load_asyncio` needs 3.10.0, the first ``pulsar.asyncio.Consumer`` with the
+    the version found and the range. The oldest supported release is 3.9.0 (see
+    :data:`MIN_VERSION`; 3.3.0 brought ``batch_index_ack_enabled``); :func:`load_asyncio`
+    needs 3.10.0, the first ``pulsar.asyncio.Consumer`` with the
     whole surface the asyncio consumer mirrors. ``tools/client_matrix.py`` runs the
     consumer tests on the oldest and the newest.
 """
@@ -34,7 +39,7 @@ import operator
 import warnings
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 import pulsar
 
@@ -51,27 +56,39 @@ __all__ = [
     "MIN_VERSION",
     "RECEIVED_TYPES",
     "SUPPORTED",
+    "RawClient",
     "RawConsumer",
     "RawMessage",
     "RawMessageId",
+    "RawProducer",
+    "build_message",
     "check_client",
     "client_version",
+    "consumer_client",
     "consumer_schema",
+    "earliest_subscription_configuration",
     "entry_id",
     "inner_message",
     "inner_message_id",
+    "is_ok",
+    "is_raw_message_id",
     "load_asyncio",
     "missing_asyncio_names",
     "missing_names",
+    "plain_producer_configuration",
     "raw_async_consumer",
+    "raw_client",
     "raw_consumer",
+    "raw_id",
     "received",
     "unwrap_message",
     "wrap_message",
 ]
 
-MIN_VERSION = (3, 8, 0)
-"""The oldest pulsar-client the blocking consumer supports: ``_pulsar.MessageId.topic_name(str)``."""
+MIN_VERSION = (3, 9, 0)
+"""The oldest pulsar-client the blocking consumer supports: the handoff id's topic setter
+(``_pulsar.MessageId.topic_name(str)``, 3.8.0) and the dead-letter path's asynchronous calls
+(``_pulsar.Consumer.acknowledge_async``, ``_pulsar.Client.subscribe_async``, 3.9.0)."""
 ASYNCIO_MIN_VERSION = (3, 10, 0)
 """The oldest for :mod:`pulsar_nack.asyncio`: ``pulsar.asyncio.Consumer`` with its whole surface."""
 NEXT_MAJOR = 4
@@ -82,9 +99,16 @@ SUPPORTED = f">={'.'.join(map(str, MIN_VERSION))},<{NEXT_MAJOR}"
 # Names that must exist, per owner. Instance attributes (``_consumer``, ``_message``, ...)
 # are set inside the client's methods, so they are looked for in those methods' code.
 _RAW_NAMES = {
-    "Message": ("message_id", "topic_name", "redelivery_count"),
+    "Message": ("message_id", "topic_name", "redelivery_count", "data", "properties", "partition_key", "ordering_key"),
     "MessageId": ("ledger_id", "entry_id", "batch_index", "partition", "serialize", "topic_name"),
-    "Consumer": ("receive", "acknowledge", "negative_acknowledge"),
+    "Consumer": ("receive", "acknowledge", "acknowledge_async", "negative_acknowledge", "is_connected", "close_async"),
+    "Client": ("subscribe_async", "create_producer_async"),
+    "Producer": ("send_async", "close_async", "close"),
+    "MessageBuilder": ("content", "property", "partition_key", "ordering_key", "build"),
+    "ProducerConfiguration": ("batching_enabled", "block_if_queue_full", "schema"),
+    "ConsumerConfiguration": ("subscription_initial_position",),
+    "Result": ("Ok",),
+    "InitialPosition": ("Earliest",),
 }
 _SUBSCRIBE_KEYWORDS = ("negative_ack_redelivery_delay_ms", "batch_index_ack_enabled", "message_listener")
 _ASYNC_CONSUMER_METHODS = (
@@ -180,6 +204,8 @@ def missing_names(pulsar_module: Any, raw_module: Any) -> list[str]:
     client = getattr(pulsar_module, "Client", None)
     missing += _missing_attrs(client, "pulsar.Client", ("subscribe",))
     missing += _missing_keywords(_member(client, "subscribe"), "pulsar.Client.subscribe", _SUBSCRIBE_KEYWORDS)
+    missing += _missing_in_code(_member(client, "__init__"), "pulsar.Client.__init__", ("_client",))
+    missing += _missing_in_code(_member(client, "subscribe"), "pulsar.Client.subscribe", ("_client",))
     return missing + _missing_entry_id(raw_module)
 
 
@@ -192,6 +218,7 @@ def missing_asyncio_names(asyncio_module: Any) -> list[str]:
     missing += _missing_attrs(consumer, "pulsar.asyncio.Consumer", _ASYNC_CONSUMER_METHODS)
     missing += _missing_in_code(_member(consumer, "__init__"), "pulsar.asyncio.Consumer.__init__", ("_consumer",))
     missing += _missing_in_code(_member(consumer, "receive"), "pulsar.asyncio.Consumer.receive", ("_message",))
+    missing += _missing_in_code(_member(client, "__init__"), "pulsar.asyncio.Client.__init__", ("_client",))
     return missing
 
 
@@ -239,21 +266,54 @@ def load_asyncio(version: str | None = None, importer: Callable[[str], ModuleTyp
 
 check_client(pulsar, _pulsar, client_version())
 
-RawMessage = _pulsar.Message
-"""The C++ client's message type (what ``pulsar.Message`` wraps)."""
-RawMessageId = _pulsar.MessageId
-"""The C++ client's message id type (what ``pulsar.Message.message_id()`` returns)."""
-RawConsumer = _pulsar.Consumer
-"""The C++ client's consumer type (what ``pulsar.Consumer`` wraps)."""
-RECEIVED_TYPES = (pulsar.Message, _pulsar.Message)
+# For annotations only (the client ships no type information): the C++ client's types.
+RawMessage: TypeAlias = Any
+"""A ``_pulsar.Message`` (what ``pulsar.Message`` wraps)."""
+RawMessageId: TypeAlias = Any
+"""A ``_pulsar.MessageId`` (what ``pulsar.Message.message_id()`` returns)."""
+RawConsumer: TypeAlias = Any
+"""A ``_pulsar.Consumer`` (what ``pulsar.Consumer`` wraps)."""
+RawClient: TypeAlias = Any
+"""A ``_pulsar.Client`` (what ``pulsar.Client`` and ``pulsar.asyncio.Client`` wrap)."""
+RawProducer: TypeAlias = Any
+"""A ``_pulsar.Producer`` (what ``create_producer_async`` hands to its callback)."""
+
+RECEIVED_TYPES: tuple[type, ...] = (pulsar.Message, _pulsar.Message)
 """A received message, wrapped or raw: for ``isinstance``."""
-MESSAGE_ID_TYPES = (pulsar.MessageId, _pulsar.MessageId)
+MESSAGE_ID_TYPES: tuple[type, ...] = (pulsar.MessageId, _pulsar.MessageId)
 """A message id, wrapped or raw: for ``isinstance``."""
 
 _Message = pulsar.Message
 
 unwrap_message: Callable[[Any], Any] = operator.attrgetter("_message")
 """The ``_pulsar.Message`` inside a ``pulsar.Message`` (no checks: the caller knows the type). O(1)."""
+
+
+def is_raw_message_id(obj: Any) -> bool:
+    """Whether *obj* is a ``_pulsar.MessageId``. O(1)."""
+    return isinstance(obj, _pulsar.MessageId)
+
+
+def raw_id(obj: Any) -> RawMessageId:
+    """The ``_pulsar.MessageId`` of a message or id, ``pulsar`` wrapper or raw. O(1).
+
+    Raises TypeError for anything else. A stand-in message (unit tests: ``message_id()``
+    and ``topic_name()``) gives its ``message_id()``.
+    """
+    if isinstance(obj, _pulsar.MessageId):
+        return obj
+    if isinstance(obj, _pulsar.Message):
+        return obj.message_id()
+    inner = getattr(obj, "_message", None)
+    if isinstance(inner, _pulsar.Message):
+        return inner.message_id()
+    inner = getattr(obj, "_msg_id", None)
+    if isinstance(inner, _pulsar.MessageId):
+        return inner
+    message_id = getattr(obj, "message_id", None)
+    if callable(message_id) and callable(getattr(obj, "topic_name", None)):
+        return raw_id(message_id())
+    raise TypeError(f"expected a pulsar Message or MessageId, not {type(obj).__name__}")
 
 
 def inner_message(obj: Any) -> Any:
@@ -330,3 +390,53 @@ def entry_id(partition: int, ledger_id: int, entry: int, topic: str) -> Any:
     if topic:
         message_id.topic_name(topic)
     return message_id
+
+
+def consumer_client(consumer: Any) -> Any:
+    """The ``pulsar.Client`` a ``pulsar.Consumer`` was subscribed by, or None (a stand-in). O(1)."""
+    return getattr(consumer, "_client", None)
+
+
+def raw_client(client: Any) -> Any:
+    """The ``_pulsar.Client`` of a ``pulsar.Client`` or ``pulsar.asyncio.Client`` (or itself); None for anything else. O(1)."""
+    if isinstance(client, _pulsar.Client):
+        return client
+    raw = getattr(client, "_client", None)
+    return raw if isinstance(raw, _pulsar.Client) else None
+
+
+def is_ok(result: Any) -> bool:
+    """Whether a client callback's ``_pulsar.Result`` is ``Ok``. O(1)."""
+    return bool(result == _pulsar.Result.Ok)
+
+
+def build_message(
+    data: bytes, properties: dict[str, str], partition_key: str | None, ordering_key: str | None
+) -> Any:
+    """A ``_pulsar.Message`` to send as it is (a dead letter: the payload as received). O(properties)."""
+    builder = _pulsar.MessageBuilder()
+    builder.content(data)
+    for name, value in properties.items():
+        builder.property(name, value)
+    if partition_key:
+        builder.partition_key(partition_key)
+    if ordering_key:
+        builder.ordering_key(ordering_key)
+    return builder.build()
+
+
+def earliest_subscription_configuration() -> Any:
+    """A ``_pulsar.ConsumerConfiguration`` that starts from the earliest message (an initial subscription)."""
+    conf = _pulsar.ConsumerConfiguration()
+    conf.subscription_initial_position(_pulsar.InitialPosition.Earliest)
+    return conf
+
+
+def plain_producer_configuration(schema_info: Any = None) -> Any:
+    """A ``_pulsar.ProducerConfiguration`` without batching, failing instead of blocking when full, with *schema_info*."""
+    conf = _pulsar.ProducerConfiguration()
+    conf.batching_enabled(False)
+    conf.block_if_queue_full(False)
+    if schema_info is not None:
+        conf.schema(schema_info)
+    return conf

@@ -14,10 +14,9 @@ import re
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
-import _pulsar
-
 from ..core.tracker import NegativeAcksTracker, TrackerStats
 from ..errors import ConsumerClosedError
+from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer
 from .dead_letter import DeadLetter, DeadLetterRoute
 from .nacking import NackingCore, TopicMatcher
 from .settings import ConsumerSettings
@@ -81,8 +80,7 @@ class ConsumerBase:
             settings = ConsumerSettings()
         elif not isinstance(settings, ConsumerSettings):
             raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
-        raw = getattr(consumer, "_consumer", None)
-        self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
+        self._raw = raw_consumer(consumer)
         self._consumer = consumer
         core = NackingCore(self._hand_off, topics, settings)
         self._route = None
@@ -100,7 +98,7 @@ class ConsumerBase:
 
     # ------------------------------------------------------------------ client calls that never block
 
-    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+    def _hand_off(self, ids: list[RawMessageId]) -> None:
         """Core callback, on the timer thread: give each due entry to the client's own tracker.
 
         ``negative_acknowledge`` only queues the id in the C++ client; it never waits.
@@ -109,7 +107,7 @@ class ConsumerBase:
         for message_id in ids:
             nack(message_id)
 
-    def _acknowledge_async(self, message_id: _pulsar.MessageId) -> None:
+    def _acknowledge_async(self, message_id: RawMessageId) -> None:
         """Acknowledge without waiting (dead letters: runs on a client thread)."""
         if self._raw is not None:
             self._raw.acknowledge_async(message_id, _ignore_result)
@@ -179,10 +177,10 @@ def _dead_letter_route(
     policy = settings.dead_letter_policy
     assert policy is not None
     if client is None:
-        client = getattr(consumer, "_client", None)  # a pulsar.Consumer knows its client
+        client = consumer_client(consumer)  # a pulsar.Consumer knows its client
     if client is None:
         raise ValueError("a dead_letter_policy needs the client: pass client=")
-    sender = DeadLetter.from_policy(client, consumer.subscription_name(), policy, getattr(consumer, "_schema", None))
+    sender = DeadLetter.from_policy(client, consumer.subscription_name(), policy, consumer_schema(consumer))
     route = DeadLetterRoute(sender, core, acknowledge)
     core.route_dead_letters(route)
     return route

@@ -44,6 +44,10 @@ class BuiltinNackConsumer:
     def negative_acknowledge(self, message: Any) -> None:
         self._consumer.negative_acknowledge(message)
 
+    def get_last_message_id(self) -> Any:
+        """A request/response round trip to the broker (the task loop's ack flush uses it)."""
+        return self._consumer.get_last_message_id()
+
     def is_connected(self) -> bool:
         return not self._closed and bool(self._consumer.is_connected())
 

@@ -72,7 +72,7 @@ def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float
         time.sleep(remaining)  # the client's ack-grouping period: nothing to poll
     try:
         if consumer.is_connected():  # a broken connection would block for the operation timeout
-            consumer._consumer.get_last_message_id()
+            consumer.get_last_message_id()
     except Exception:  # e.g. not supported by a multi-topic consumer: the wait did it
         _log.debug("round trip after the ack flush failed", exc_info=True)
     return (time.monotonic() - start) * 1000
