@@ -31,7 +31,6 @@ from pulsar_nack.errors import PulsarNackError, UnsupportedClientError
 PACKAGE = Path(pulsar_nack.__file__).parent
 SEAM = PACKAGE / "consumer" / "_client.py"
 ROOT = PACKAGE.parent
-INSTALLED = _client._version_tuple(_client.client_version())
 
 # ---------------------------------------------------------------- one seam
 
@@ -158,7 +157,8 @@ def test_a_client_without_the_dead_letter_calls_gets_a_clear_error():
     ``close_async`` and its client no ``subscribe_async``, which the dead-letter path uses."""
     real = {name: getattr(_pulsar, name) for name in dir(_pulsar) if not name.startswith("__")}
     consumer = types.new_class("Consumer", (), {}, lambda ns: ns.update(
-        {n: getattr(_pulsar.Consumer, n) for n in ("receive", "acknowledge", "negative_acknowledge", "is_connected")}
+        {n: getattr(_pulsar.Consumer, n) for n in ("receive", "acknowledge", "negative_acknowledge", "is_connected",
+                                                  "redeliver_unacknowledged_messages", "get_last_message_id")}
     ))
     client = types.new_class("Client", (), {}, lambda ns: ns.update({"create_producer_async": None}))
     raw = _stand_in("_pulsar", **{**real, "Consumer": consumer, "Client": client})
@@ -199,24 +199,23 @@ class _AsyncClient:
     async def subscribe(self, topic: str, subscription_name: str) -> None: ...
 
 
-def test_the_asyncio_door_needs_the_whole_asyncio_consumer():
+def test_the_asyncio_door_needs_the_asyncio_consumer():
     """Stand-in ``pulsar.asyncio`` modules (only one real client can be installed here): as in
-    pulsar-client 3.5-3.8 (no Consumer), 3.9 (a Consumer without ``get_last_message_id`` and
-    ``redeliver_unacknowledged_messages``) and 3.1-3.4 (no module)."""
+    pulsar-client 3.5-3.8 (no Consumer: refused), 3.9 (a Consumer without ``get_last_message_id``
+    and ``redeliver_unacknowledged_messages``: accepted, the seam does those on the raw
+    consumer), one without ``seek`` (refused) and 3.1-3.4 (no module: refused)."""
 
     def importer_of(module: types.ModuleType) -> Any:
         return lambda name: module
 
     before_39 = _stand_in("pulsar.asyncio", Client=_AsyncClient)
-    with pytest.raises(UnsupportedClientError, match=r"pulsar-client 3\.8\.0 .*>=3\.10\.0,<4.*missing: pulsar\.asyncio\.Consumer\)"):
+    with pytest.raises(UnsupportedClientError, match=r"pulsar-client 3\.8\.0 .*>=3\.9\.0,<4.*missing: pulsar\.asyncio\.Consumer\)"):
         _client.load_asyncio("3.8.0", importer_of(before_39))
     in_39 = _stand_in("pulsar.asyncio", Client=_AsyncClient, Consumer=_AsyncConsumer39)
-    expected = r"missing: pulsar\.asyncio\.Consumer\.get_last_message_id, pulsar\.asyncio\.Consumer\.redeliver_unacknowledged_messages\)"
-    with pytest.raises(UnsupportedClientError, match=expected):
-        _client.load_asyncio("3.9.0", importer_of(in_39))
-    with_them = type("Consumer", (_AsyncConsumer39,), {"get_last_message_id": None, "redeliver_unacknowledged_messages": None})
-    in_310 = _stand_in("pulsar.asyncio", Client=_AsyncClient, Consumer=with_them)
-    assert _client.load_asyncio("3.10.0", importer_of(in_310)) is in_310
+    assert _client.load_asyncio("3.9.0", importer_of(in_39)) is in_39
+    no_seek = type("Consumer", (), {n: v for n, v in vars(_AsyncConsumer39).items() if n != "seek"})
+    with pytest.raises(UnsupportedClientError, match=r"missing: pulsar\.asyncio\.Consumer\.seek\)"):
+        _client.load_asyncio("3.99.0", importer_of(_stand_in("pulsar.asyncio", Client=_AsyncClient, Consumer=no_seek)))
 
     def no_module(name: str) -> types.ModuleType:
         raise ModuleNotFoundError(name)
@@ -226,14 +225,9 @@ def test_the_asyncio_door_needs_the_whole_asyncio_consumer():
 
 
 def test_importing_the_asyncio_door_on_this_client():
-    """On the real installed client (the matrix runs this on each version): the door opens
-    from 3.10.0 on, and below it raises the clear error."""
-    code = "import pulsar_nack.asyncio"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    if INSTALLED >= _client.ASYNCIO_MIN_VERSION:
-        assert result.returncode == 0, result.stderr
-    else:
-        assert "UnsupportedClientError: pulsar-client" in result.stderr and ">=3.10.0,<4" in result.stderr
+    """On the real installed client (the matrix runs this on each version): the door opens."""
+    result = subprocess.run([sys.executable, "-c", "import pulsar_nack.asyncio"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_real_consumer_without_its_inner_consumer_is_refused():
@@ -258,11 +252,9 @@ def test_pyproject_declares_the_range_the_seam_checks():
 
 
 @pytest.mark.broker
-def test_the_asyncio_surface_that_needs_3_10_reaches_the_client(apache_broker):
-    """``get_last_message_id`` and ``redeliver_unacknowledged_messages``: what pulsar.asyncio
-    lacks before 3.10.0, and why the door needs it."""
-    if INSTALLED < _client.ASYNCIO_MIN_VERSION:
-        pytest.skip(f"pulsar_nack.asyncio needs pulsar-client >= 3.10.0, this is {_client.client_version()}")
+def test_the_asyncio_calls_pulsar_asyncio_lacks_before_3_10_work(apache_broker):
+    """``get_last_message_id`` and ``redeliver_unacknowledged_messages`` of the asyncio consumer:
+    pulsar.asyncio has them from 3.10.0; on 3.9.0 the seam does them on the raw consumer."""
     asyncio.run(_async_surface(apache_broker.url))
 
 

@@ -25,13 +25,13 @@ Supported clients
     and raises :class:`~pulsar_nack.errors.UnsupportedClientError` otherwise, naming
     the version found and the range. The oldest supported release is 3.9.0 (see
     :data:`MIN_VERSION`; 3.3.0 brought ``batch_index_ack_enabled``); :func:`load_asyncio`
-    needs 3.10.0, the first ``pulsar.asyncio.Consumer`` with the
-    whole surface the asyncio consumer mirrors. ``tools/client_matrix.py`` runs the
-    consumer tests on the oldest and the newest.
+    too (:data:`ASYNCIO_MIN_VERSION`). ``tools/client_matrix.py`` runs the consumer tests
+    on the oldest and the newest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import inspect
@@ -61,6 +61,8 @@ __all__ = [
     "RawMessage",
     "RawMessageId",
     "RawProducer",
+    "async_get_last_message_id",
+    "async_redeliver_unacknowledged",
     "build_message",
     "check_client",
     "client_version",
@@ -89,8 +91,10 @@ MIN_VERSION = (3, 9, 0)
 """The oldest pulsar-client the blocking consumer supports: the handoff id's topic setter
 (``_pulsar.MessageId.topic_name(str)``, 3.8.0) and the dead-letter path's asynchronous calls
 (``_pulsar.Consumer.acknowledge_async``, ``_pulsar.Client.subscribe_async``, 3.9.0)."""
-ASYNCIO_MIN_VERSION = (3, 10, 0)
-"""The oldest for :mod:`pulsar_nack.asyncio`: ``pulsar.asyncio.Consumer`` with its whole surface."""
+ASYNCIO_MIN_VERSION = (3, 9, 0)
+"""The oldest for :mod:`pulsar_nack.asyncio`: the first ``pulsar.asyncio.Consumer``. What it lacks
+before 3.10.0 (``get_last_message_id``, ``redeliver_unacknowledged_messages``) is done on the
+``_pulsar.Consumer`` inside (:func:`async_get_last_message_id`, :func:`async_redeliver_unacknowledged`)."""
 NEXT_MAJOR = 4
 """The first major release not supported (not released when this was written)."""
 SUPPORTED = f">={'.'.join(map(str, MIN_VERSION))},<{NEXT_MAJOR}"
@@ -101,7 +105,10 @@ SUPPORTED = f">={'.'.join(map(str, MIN_VERSION))},<{NEXT_MAJOR}"
 _RAW_NAMES = {
     "Message": ("message_id", "topic_name", "redelivery_count", "data", "properties", "partition_key", "ordering_key"),
     "MessageId": ("ledger_id", "entry_id", "batch_index", "partition", "serialize", "topic_name"),
-    "Consumer": ("receive", "acknowledge", "acknowledge_async", "negative_acknowledge", "is_connected", "close_async"),
+    "Consumer": (
+        "receive", "acknowledge", "acknowledge_async", "negative_acknowledge", "is_connected", "close_async",
+        "redeliver_unacknowledged_messages", "get_last_message_id",
+    ),
     "Client": ("subscribe_async", "create_producer_async"),
     "Producer": ("send_async", "close_async", "close"),
     "MessageBuilder": ("content", "property", "partition_key", "ordering_key", "build"),
@@ -112,8 +119,8 @@ _RAW_NAMES = {
 }
 _SUBSCRIBE_KEYWORDS = ("negative_ack_redelivery_delay_ms", "batch_index_ack_enabled", "message_listener")
 _ASYNC_CONSUMER_METHODS = (
-    "receive", "acknowledge", "acknowledge_cumulative", "seek", "get_last_message_id",
-    "redeliver_unacknowledged_messages", "unsubscribe", "close", "topic", "subscription_name", "consumer_name",
+    "receive", "acknowledge", "acknowledge_cumulative", "seek", "unsubscribe", "close", "topic",
+    "subscription_name", "consumer_name",
 )  # fmt: skip
 
 
@@ -376,6 +383,22 @@ def raw_async_consumer(consumer: Any) -> Any:
     if not isinstance(raw, _pulsar.Consumer):
         raise _unsupported(client_version(), ["pulsar.asyncio.Consumer._consumer"], "pulsar_nack.asyncio", ASYNCIO_MIN_VERSION)
     return raw
+
+
+def async_redeliver_unacknowledged(consumer: Any) -> None:
+    """``redeliver_unacknowledged_messages`` of a ``pulsar.asyncio.Consumer``, on the ``_pulsar.Consumer``
+    inside, as pulsar.asyncio does from 3.10.0 (3.9.0 lacks the method). Does not block."""
+    raw_async_consumer(consumer).redeliver_unacknowledged_messages()
+
+
+async def async_get_last_message_id(consumer: Any) -> RawMessageId:
+    """``await consumer.get_last_message_id()`` of a ``pulsar.asyncio.Consumer``; before 3.10.0, which
+    lacks it, the ``_pulsar.Consumer``'s blocking call in the default executor."""
+    method = getattr(consumer, "get_last_message_id", None)
+    if method is not None:
+        return await method()
+    raw = raw_async_consumer(consumer)
+    return await asyncio.get_running_loop().run_in_executor(None, raw.get_last_message_id)
 
 
 def entry_id(partition: int, ledger_id: int, entry: int, topic: str) -> Any:
