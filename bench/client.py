@@ -17,24 +17,13 @@ Run: ``python -m bench.client [--quick] [--ids N]``.
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
 import sys
 import time
 import uuid
 from typing import Any
 
-from ._common import (
-    broker_label,
-    fmt_bytes,
-    print_table,
-    rss_bytes,
-    run_worker,
-    summarize,
-    trim_heap,
-    write_result,
-)
+from ._common import broker_label, finish, parser, run_worker, settled_rss, summarize
 
 ENTRIES_PER_LEDGER = 50_000
 HOUR_MS = 3_600_000
@@ -133,16 +122,12 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
         nack = consumer.negative_acknowledge
     # Ids are made one at a time and dropped: only what the tracker keeps stays in RSS.
     make_id = _pulsar.MessageId
-    gc.collect()
-    trim_heap()
-    before = rss_bytes()
+    before = settled_rss()
     start = time.perf_counter()
     for ledger, entry in _ids(n):
         nack(make_id(-1, ledger, entry, -1))
     elapsed = time.perf_counter() - start
-    gc.collect()
-    trim_heap()
-    after = rss_bytes()
+    after = settled_rss()
     result: dict[str, Any] = {
         "system": system,
         "ids": n,
@@ -203,54 +188,20 @@ def run(n: int, call_reps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    if argv is None:
-        argv = sys.argv[1:]
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
-        url, system, n, reps = argv[1], argv[2], int(argv[3]), int(argv[4])
-        print(json.dumps(_worker(url, system, n, reps)))
+        print(json.dumps(_worker(argv[1], argv[2], int(argv[3]), int(argv[4]))))
         return None
-    parser = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200,000 ids, 3 repetitions")
-    parser.add_argument("--ids", type=int, default=None, help="pending ids for the memory figure (default 1,000,000)")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    n = args.ids or (200_000 if args.quick else 1_000_000)
-    payload = run(n, 3 if args.quick else 7)
-    rows = []
-    for case in payload["cases"]:
-        rows.append(
-            [
-                case["system"],
-                f"{case['ids']:,}",
-                fmt_bytes(case["rss_delta_bytes"]),
-                f"{case['bytes_per_id']:.1f}",
-                f"{case['call_us']['median']:.2f}",
-                f"{case['call_message_us']['median']:.2f}",
-                f"{case['tracker_add_us']['median']:.2f}" if "tracker_add_us" in case else "-",
-                f"{case['tracker_add_pure_python_us']['median']:.2f}" if "tracker_add_us" in case else "-",
-            ]
-        )
-    print_table(
-        [
-            "system",
-            "pending ids",
-            "RSS delta",
-            "bytes/id",
-            "nack(id) µs",
-            "nack(message) µs",
-            "tracker.add µs",
-            "pure Python µs",
-        ],
-        rows,
-        title="Built-in client tracker vs pulsar-nack (same broker, fresh process each)",
-    )
+    args_parser = parser(__doc__, "bench.client", "200,000 ids, 3 repetitions")
+    args_parser.add_argument("--ids", type=int, default=None, help="pending ids for the memory figure (default 1,000,000)")
+    args = args_parser.parse_args(argv)
+    payload = run(args.ids or (200_000 if args.quick else 1_000_000), 3 if args.quick else 7)
+    from .report import client_table
+
+    print(client_table(payload))
     for name, value in payload["ratios"].items():
         print(f"{name}: {value:.1f}x")
-    ours = payload["cases"][1]["call_message_us"]
-    for name, step in ours.get("id_read_steps_us", {}).items():
-        print(f"pulsar-nack nack(message) profile, {name}: {step['median']:.2f} µs of {ours['median']:.2f}")
-    path = write_result(args.out or ("client-quick" if args.quick else "client"), payload)
-    print(f"wrote {path}")
+    finish(args, "client", payload)
     return payload
 
 

@@ -19,9 +19,7 @@ Run: ``python -m bench.cluster_start [--runs N]``
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import threading
 import time
 import uuid
@@ -29,7 +27,7 @@ from typing import Any
 
 from pulsar_nack.errors import BrokerError
 
-from ._common import print_table, start_context, write_result
+from ._common import finish, parser, start_context, summarize
 
 PARTITIONS = 4
 MESSAGES = 500
@@ -145,55 +143,29 @@ def one_run(index: int) -> dict[str, Any]:
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    def spread(values: list[float]) -> dict[str, float]:
-        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
     names = list(runs[0]["rss_mib_at_ready"])
+    fail = [r["failover"] for r in runs]
     return {
-        "start_s": spread([r["start_s"] for r in runs]),
-        "rss_mib_at_ready": {n: spread([r["rss_mib_at_ready"][n] for r in runs]) for n in names},
-        "rss_mib_total_at_ready": spread([r["rss_mib_total_at_ready"] for r in runs]),
-        "lookups_on_survivor_s": spread([r["failover"]["lookups_on_survivor_s"] or float("nan") for r in runs]),
-        "first_message_from_moved_partition_s": spread(
-            [r["failover"]["first_message_from_moved_partition_s"] or float("nan") for r in runs]
-        ),
-        "all_sent_after_kill_received_s": spread([r["failover"]["all_sent_after_kill_received_s"] for r in runs]),
-        "restart_s": spread([r["failover"]["restart_s"] for r in runs]),
-        "lost": sum(r["failover"]["lost"] for r in runs),
+        "start_s": summarize([r["start_s"] for r in runs]),
+        "rss_mib_at_ready": {n: summarize([r["rss_mib_at_ready"][n] for r in runs]) for n in names},
+        "rss_mib_total_at_ready": summarize([r["rss_mib_total_at_ready"] for r in runs]),
+        **{key: summarize([f[key] or float("nan") for f in fail])
+           for key in ("lookups_on_survivor_s", "first_message_from_moved_partition_s", "all_sent_after_kill_received_s", "restart_s")},
+        "lost": sum(f["lost"] for f in fail),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="fresh clusters to start (default 3)")
-    args = parser.parse_args(argv)
+    args_parser = parser(__doc__, "bench.cluster_start")
+    args_parser.add_argument("--runs", type=int, default=3, help="fresh clusters to start (default 3)")
+    args = args_parser.parse_args(argv)
     start = start_context()
     runs = [one_run(i) for i in range(args.runs)]
-    summary = _summary(runs)
-    rows = [
-        [r["run"], f"{r['start_s']:.1f}", " / ".join(f"{v:.0f}" for v in r["rss_mib_at_ready"].values()),
-         f"{r['rss_mib_total_at_ready']:.0f}", f"{r['failover']['lookups_on_survivor_s'] or 0:.1f}",
-         f"{r['failover']['first_message_from_moved_partition_s'] or 0:.1f}",
-         f"{r['failover']['all_sent_after_kill_received_s']:.1f}", r["failover"]["lost"],
-         f"{r['failover']['restart_s']:.1f}", r["load_average_1_5_15_before"][0]]
-        for r in runs
-    ]  # fmt: skip
-    print_table(
-        ["run", "start s", "RSS MiB zk/bk/b0/b1", "total", "lookups s", "resumed s", "all s", "lost", "restart s", "load"],
-        rows,
-        title="PulsarCluster (two brokers)",
-    )
-    path = write_result(
-        "cluster",
-        {
-            "method": __doc__,
-            "parameters": {"runs": args.runs, "partitions": PARTITIONS, "messages_each_side": MESSAGES},
-            "summary": summary,
-            "runs": runs,
-        },
-        start,
-    )
-    print(f"wrote {path}")
+    payload = {"method": __doc__, "parameters": {"runs": args.runs, "partitions": PARTITIONS, "messages_each_side": MESSAGES},
+               "summary": _summary(runs), "runs": runs}
+    from .report import cluster_table
+
+    finish(args, "cluster", payload, start, table=cluster_table)
 
 
 if __name__ == "__main__":

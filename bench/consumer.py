@@ -1,14 +1,19 @@
 """The consumer level: ``NackingConsumer`` beside the plain ``pulsar.Consumer``, one run, Apache Pulsar.
 
-Three measurements (issue 13, goals A, B and D), each system on its own fresh topic of
-the same shape, on one Apache Pulsar standalone broker started by this program:
+Measurements (issue 13, goals A, B and D; issue 24, points 4 and 5), each system on its
+own fresh topic of the same shape, on two Apache Pulsar standalone brokers started by this
+program: one with batch-index acks turned on (``acknowledgmentAtBatchIndexLevelEnabled=true``),
+one without (the broker's own default, in 3.0 and 4.0 alike). A and D run on both; the
+memory measurements on the first.
 
 * **A, receive + acknowledge** (no nack at all): µs per message over ``n`` messages
   already pushed into the consumer's receive queue (``receiver_queue_size=n``; the
   broker's ``msgOutCounter`` is awaited), batched (batches of 10) and non-batched. Repetitions alternate the
   two systems in one process; the first repetition is the warmup. Both consumers are
   subscribed with the same keywords (Shared, ``batch_index_ack_enabled=True``, which
-  :func:`pulsar_nack.subscribe` sets by default).
+  :func:`pulsar_nack.subscribe` sets by default). A third system, ``pulsar-nack-guarding``
+  (``always_guard=True``), shows the cost while a consumer reads every id (as it does
+  around nacks: see docs/consumer.md); it has no goal.
 * **B, bytes per pending nack, batched**: ``n`` messages in batches of 10, the first
   message of each batch nacked with a one-hour delay, the rest acked. Process RSS
   delta (after ``gc.collect`` and ``malloc_trim``, with the receiver queue settled and
@@ -18,6 +23,12 @@ the same shape, on one Apache Pulsar standalone broker started by this program:
   structures' own estimate.
 * **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
   one-hour delay, both systems in one process.
+* **Bytes per pending nack, the plain way** (issue 24 point 5): the same workload as B
+  with exactly ``n`` messages on the topic, every tenth received message nacked for ten
+  minutes, the rest acked; RSS after ``gc.collect()`` before and after the receive loop,
+  nothing else (no settled queue, no ``malloc_trim``). Three runs per system, plus a
+  control run that acks everything, and the same process's RSS after ``malloc_trim(0)``,
+  which shows how much of the delta is freed heap the allocator kept.
 
 Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
 ``bench/results/consumer.json`` (``consumer-quick.json`` with ``--quick``).
@@ -38,8 +49,10 @@ from typing import Any
 from ._common import print_table, rss_bytes, run_worker, start_context, summarize, trim_heap, write_result
 
 HOUR_MS = 3_600_000
+TEN_MINUTES_MS = 600_000
 BATCH = 10
 SYSTEMS = ("plain", "pulsar-nack")
+CALL_SYSTEMS = (*SYSTEMS, "pulsar-nack-guarding")
 
 
 def _topic(kind: str) -> str:
@@ -76,6 +89,13 @@ def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS, qu
     }
     if system == "plain":
         return client.subscribe(topic, "bench", **kwargs)
+    if system == "pulsar-nack-guarding":  # reads every id and records every ack, all the time
+        from pulsar_nack.consumer.settings import ConsumerSettings
+
+        delay = kwargs.pop("negative_ack_redelivery_delay_ms")
+        inner = client.subscribe(topic, "bench", negative_ack_redelivery_delay_ms=100, **kwargs)
+        settings = ConsumerSettings(negative_ack_redelivery_delay_ms=delay, always_guard=True)
+        return pulsar_nack.NackingConsumer.wrap(inner, topic, settings, handoff_delay_ms=100)
     return pulsar_nack.subscribe(client, topic, "bench", **kwargs)
 
 
@@ -168,21 +188,23 @@ def _nack_us(client: Any, system: str, n: int) -> float:
 
 
 def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
-    """Goals A and D: interleaved repetitions of both systems in this process."""
+    """Goals A and D: interleaved repetitions of every system in this process."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     samples: dict[str, dict[str, list[float]]] = {
-        case: {s: [] for s in SYSTEMS} for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
+        case: {s: [] for s in CALL_SYSTEMS}
+        for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
     }
     for rep in range(reps + 1):
-        order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+        order = CALL_SYSTEMS if rep % 2 == 0 else CALL_SYSTEMS[::-1]
         for system in order:
             costs = {
                 "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
                 "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
-                "nack_message": _nack_us(client, system, min(n, 20_000)),
             }
+            if system != "pulsar-nack-guarding":
+                costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
             if rep:  # the first repetition is the warmup
                 for case, cost in costs.items():
                     samples[case][system].append(cost)
@@ -190,12 +212,14 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     client.close()
     result: dict[str, Any] = {}
     for case, per_system in samples.items():
-        stats = {s: summarize(v) for s, v in per_system.items()}
+        stats = {s: summarize(v) for s, v in per_system.items() if v}
         result[case] = {
             "messages": n if case != "nack_message" else min(n, 20_000),
             "us": stats,
             "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
         }
+        if "pulsar-nack-guarding" in stats:
+            result[case]["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
     return result
 
 
@@ -258,16 +282,109 @@ def _memory_worker(url: str, admin_url: str, system: str, topic: str, n: int, na
         "bytes_per_pending_nack": (after - before) / max(nacked, 1),
     }
     if system == "pulsar-nack":
-        stats = consumer.stats()
-        result["tracker_memory_bytes"] = stats["tracker"]["memory_bytes"]
-        result["pending_set_bytes"] = consumer._core.pending.memory_bytes()
-        result["structures_bytes_per_pending_nack"] = (
-            result["tracker_memory_bytes"] + result["pending_set_bytes"]
-        ) / max(nacked, 1)
-        result["tracked"] = len(consumer.tracker)
+        result.update(_structures(consumer, nacked))
     _close(consumer)
     client.close()
     return result
+
+
+def _structures(consumer: Any, nacked: int) -> dict[str, Any]:
+    """Our structures' own estimate: the tracker, and admission (nack sets, complete entries, entry table)."""
+    stats = consumer.stats()
+    tracker, admission = stats["tracker"]["memory_bytes"], consumer._core.memory_bytes()
+    return {
+        "tracker_memory_bytes": tracker,
+        "pending_set_bytes": admission,
+        "structures_bytes_per_pending_nack": (tracker + admission) / max(nacked, 1),
+        "tracked": len(consumer.tracker),
+    }
+
+
+def _plain_memory_worker(url: str, system: str, topic: str, n: int, nack: bool) -> dict[str, Any]:
+    """Fresh process: bytes per pending nack the way a user measures them (issue 24, point 5).
+
+    Subscribe, ``gc.collect()``, read RSS; receive the *n* messages of the topic, nacking
+    every tenth for ten minutes and acking the rest (all acked in the control run);
+    ``gc.collect()``, read RSS again. Then ``malloc_trim(0)`` and a third read: the part of
+    the delta that was freed heap kept by the allocator.
+    """
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    consumer = _subscribe(client, system, topic, delay_ms=TEN_MINUTES_MS, queue=QUEUE)
+    gc.collect()
+    before = rss_bytes()
+    nacked = 0
+    for i in range(n):
+        message = consumer.receive(30_000)
+        if nack and i % 10 == 0:
+            consumer.negative_acknowledge(message)
+            nacked += 1
+        else:
+            consumer.acknowledge(message)
+    del message
+    gc.collect()
+    after = rss_bytes()
+    trim_heap()
+    trimmed = rss_bytes()
+    result: dict[str, Any] = {
+        "system": system,
+        "nack": nack,
+        "messages": n,
+        "pending_nacks": nacked,
+        "rss_delta_bytes": after - before,
+        "bytes_per_pending_nack": (after - before) / max(nacked, 1),
+        "rss_delta_after_trim_bytes": trimmed - before,
+    }
+    if system == "pulsar-nack":
+        result.update(_structures(consumer, nacked))
+    _close(consumer)
+    client.close()
+    return result
+
+
+def run_memory_plain(url: str, n: int, reps: int) -> dict[str, Any]:
+    """Issue 24 point 5: *reps* runs per system of the plain-way worker, and as many control runs."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {(s, nack): [] for s in SYSTEMS for nack in (True, False)}
+    for _rep in range(reps):
+        for key in runs:
+            topic = _topic("p")
+            _produce(client, topic, n, batched=True)
+            system, nack = key
+            runs[key].append(run_worker("bench.consumer", "plain", url, system, topic, str(n), str(int(nack))))
+    client.close()
+    cases = []
+    for system in SYSTEMS:
+        nacked, controls = runs[system, True], runs[system, False]
+        pending = max(int(nacked[0]["pending_nacks"]), 1)
+        case: dict[str, Any] = {
+            "system": system,
+            "messages": n,
+            "pending_nacks": pending,
+            "bytes_per_pending_nack_runs": [run["bytes_per_pending_nack"] for run in nacked],
+            "bytes_per_pending_nack": _median_of(nacked, "bytes_per_pending_nack"),
+            "rss_delta_bytes_runs": [run["rss_delta_bytes"] for run in nacked],
+            "rss_delta_after_trim_bytes_runs": [run["rss_delta_after_trim_bytes"] for run in nacked],
+            "control_rss_delta_bytes_runs": [run["rss_delta_bytes"] for run in controls],
+            "control_rss_delta_after_trim_bytes_runs": [run["rss_delta_after_trim_bytes"] for run in controls],
+        }
+        case["net_bytes_per_pending_nack"] = (
+            _median_of(nacked, "rss_delta_bytes") - _median_of(controls, "rss_delta_bytes")
+        ) / pending
+        case["after_trim_bytes_per_pending_nack"] = _median_of(nacked, "rss_delta_after_trim_bytes") / pending
+        if system == "pulsar-nack":
+            case["structures_bytes_per_pending_nack"] = _median_of(nacked, "structures_bytes_per_pending_nack")
+        cases.append(case)
+    plain, ours = cases
+    return {
+        "runs_per_case": reps,
+        "cases": cases,
+        "ratio_ours_over_plain": ours["bytes_per_pending_nack"] / plain["bytes_per_pending_nack"],
+        "net_ratio_ours_over_plain": ours["net_bytes_per_pending_nack"] / plain["net_bytes_per_pending_nack"],
+    }
 
 
 def _median_of(runs: list[dict[str, Any]], field: str) -> float:
@@ -317,30 +434,43 @@ def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
 
 
 def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
+    """Both broker settings in one run: A and D on each, the memory measurements on the first."""
     from pulsar_nack.testing import PulsarStandalone
 
     with PulsarStandalone(batch_index_ack=True) as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
+        plain_way = run_memory_plain(broker.url, memory_n, 3)
         version = broker.version
+    with PulsarStandalone(batch_index_ack=False) as broker:
+        calls_without = run_calls(broker.url, broker.admin, n, reps)
     return {
         "broker": f"Apache Pulsar {version} standalone",
         "batch_size": BATCH,
         "repetitions": reps,
         **calls,
+        "no_batch_index_acks": {
+            "broker": f"Apache Pulsar {version} standalone, acknowledgmentAtBatchIndexLevelEnabled=false",
+            **calls_without,
+        },
         "pending_nack_memory_batched": memory,
+        "pending_nack_memory_plain_way": plain_way,
     }
 
 
 def _report(payload: dict[str, Any]) -> None:
     rows = []
-    for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message"):
-        c = payload[case]
-        rows.append(
-            [case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
-             f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x"]
-        )
-    print_table(["case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows, title="Per-message cost")
+    for setting, calls in (("batch-index acks", payload), ("no batch-index acks", payload["no_batch_index_acks"])):
+        for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message"):
+            c = calls[case]
+            guarding = c["us"].get("pulsar-nack-guarding")
+            rows.append(
+                [setting, case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
+                 f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x",
+                 f"{guarding['median']:.2f}" if guarding else "-"]
+            )
+    print_table(["broker", "case", "messages", "plain µs", "pulsar-nack µs", "ours/plain", "guarding µs"], rows,
+                title="Per-message cost")
     memory = payload["pending_nack_memory_batched"]
     print_table(
         ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
@@ -350,11 +480,24 @@ def _report(payload: dict[str, Any]) -> None:
         title="Bytes per pending nack, batched workload",
     )
     print(f"memory ours/plain: {memory['ratio_ours_over_plain']:.3f} (net {memory['net_ratio_ours_over_plain']:.3f})")
+    plain_way = payload["pending_nack_memory_plain_way"]
+    print_table(
+        ["system", "B/pending nack (runs)", "median", "net of control", "after malloc_trim"],
+        [[c["system"], ", ".join(f"{v:.0f}" for v in c["bytes_per_pending_nack_runs"]),
+          f"{c['bytes_per_pending_nack']:.1f}", f"{c['net_bytes_per_pending_nack']:.1f}",
+          f"{c['after_trim_bytes_per_pending_nack']:.1f}"] for c in plain_way["cases"]],
+        title="Bytes per pending nack, the plain way",
+    )
+    print(f"plain way ours/plain: {plain_way['ratio_ours_over_plain']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:2] == ["--worker", "plain"]:
+        url, system, topic = argv[2:5]
+        print(json.dumps(_plain_memory_worker(url, system, topic, int(argv[5]), bool(int(argv[6])))))
+        return None
     if argv and argv[0] == "--worker":
         url, admin_url, system, topic = argv[1:5]
         print(json.dumps(_memory_worker(url, admin_url, system, topic, int(argv[5]), bool(int(argv[6])))))

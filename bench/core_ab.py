@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import core_perf
-from ._common import REPO, run_worker, start_context, summarize, timed_pop_all, write_result
+from ._common import REPO, dist, finish, interleave, parser, run_worker, start_context, summarize, timed_pop_all
 
 DEFAULT_REF = "6ac2159"
 POP_KEYS = 1_000_000
@@ -51,7 +51,7 @@ def _export(ref: str, root: Path) -> None:
         ["git", "archive", "--format=tar", ref, "pulsar_nack"], cwd=REPO, check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    modules = [f"pulsar_nack.{path.stem}" for path in sorted((root / "pulsar_nack").glob("_*.c"))]
+    modules = [".".join(path.relative_to(root).with_suffix("").parts) for path in sorted((root / "pulsar_nack").rglob("_*.c"))]
     build = (
         "import sys; from setuptools import Extension, setup; "
         "setup(name='core-ab', script_args=['build_ext', '--inplace'], ext_modules=["
@@ -62,22 +62,27 @@ def _export(ref: str, root: Path) -> None:
 
 def _worker(part: str) -> dict[str, Any]:
     """One measurement, in this process, on whichever ``pulsar_nack`` the path gives."""
+    import importlib
+
     import pulsar_nack
     from pulsar_nack import NegativeAcksTracker
-    from pulsar_nack.core import accel as _accel
 
-    result: dict[str, Any] = {"package": str(Path(pulsar_nack.__file__).parent), "speedups": bool(_accel.SPEEDUPS)}
+    try:
+        speedups = importlib.import_module("pulsar_nack.core.accel").SPEEDUPS
+    except ImportError:  # a core from before pulsar_nack/core/
+        speedups = importlib.import_module("pulsar_nack._accel").SPEEDUPS
+    result: dict[str, Any] = {"package": str(Path(pulsar_nack.__file__).parent), "speedups": bool(speedups)}
     if part == "pop":
         cell = [0]
         tracker = NegativeAcksTracker(delay_ms=core_perf.DELAY_MS, clock=lambda: cell[0])
-        core_perf._fill(tracker, cell, core_perf._keys(POP_KEYS), 1_000_000, 8)
+        core_perf.fill(tracker, cell, core_perf.keys(POP_KEYS), 1_000_000, 8)
         gc.collect()
         result["seconds"] = timed_pop_all(tracker, POP_KEYS, core_perf.END_OF_TIME)
         result["ns_per_message"] = result["seconds"] / POP_KEYS * 1e9
     else:
         precision = int(part.removeprefix("lateness-p"))
-        run = core_perf._lateness_run("tracker", precision, LATENESS_S, 100)
-        result["p99_per_firing_ms"] = core_perf._dist(run["per_firing"])["p99"]
+        run = core_perf.lateness_run("tracker", precision, LATENESS_S, 100)
+        result["p99_per_firing_ms"] = dist(run["per_firing"])["p99"]
         result["released"] = run["released"]
     return result
 
@@ -101,13 +106,13 @@ def run(ref: str, reps: int) -> dict[str, Any]:
         _export(ref, before)
         trees = {"before": before, "now": REPO}
         for part, field in parts.items():
-            samples: dict[str, list[float]] = {name: [] for name in trees}
             for name in trees:  # warmup
                 _measure(part, trees[name])
-            for order in core_perf._orders(reps, tuple(trees)):
-                for name in order:
-                    samples[name].append(_measure(part, trees[name])[field])
-                    print(f"{part:12} {name:6} {samples[name][-1]:10.2f} {field}", file=sys.stderr, flush=True)
+
+            def measure(name: str, part: str = part, field: str = field) -> float:
+                return float(_measure(part, trees[name])[field])
+
+            samples = interleave(tuple(trees), reps, measure, warmup=0, progress=part)
             now, then = (summarize(samples[n]) for n in ("now", "before"))
             row: dict[str, Any] = {"field": field, "before": then, "now": now}
             row["difference_now_minus_before"] = now["median"] - then["median"]
@@ -121,19 +126,16 @@ def run(ref: str, reps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.core_ab", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ref", default=DEFAULT_REF, help=f"the earlier commit (default {DEFAULT_REF})")
-    parser.add_argument("--reps", type=int, default=7, help="repetitions of each part (default 7)")
-    parser.add_argument("--out", default="core_ab", help="result name (default core_ab)")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args_parser = parser(__doc__, "bench.core_ab")
+    args_parser.add_argument("--ref", default=DEFAULT_REF, help=f"the earlier commit (default {DEFAULT_REF})")
+    args_parser.add_argument("--reps", type=int, default=7, help="repetitions of each part (default 7)")
+    args_parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = args_parser.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args.worker)))
         return 0
     context = start_context()
-    payload = {"method": __doc__, **run(args.ref, args.reps)}
-    path = write_result(args.out, payload, start=context)
-    print(f"wrote {path}")
+    finish(args, "core_ab", {"method": __doc__, **run(args.ref, args.reps)}, context)
     return 0
 
 

@@ -14,74 +14,45 @@ Run: ``python -m bench.demo [--quick] [--sizes default,large] [--repeats N] [--r
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from typing import Any
 
-from ._common import REPO, print_table, start_context, write_result
+from ._common import REPO, finish, parser, start_context
 
 TRACKERS = ("ours", "builtin")
 
 
 def run_demo(size: str, tracker: str, receiver_queue_size: int | None = None) -> dict[str, Any]:
     """One demo process; its summary, exit code, wall time and stderr line count."""
-    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--tracker", tracker]
-    command += ["--messages", size, "--json"]
+    command = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--tracker", tracker, "--messages", size, "--json"]
     if receiver_queue_size is not None:
         command += ["--receiver-queue-size", str(receiver_queue_size)]
     start = time.monotonic()
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
-    wall = time.monotonic() - start
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    return {
-        "size": size,
-        "broker": "apache",
-        "tracker": tracker,
-        "exit_code": out.returncode,
-        "process_wall_s": wall,
-        "stderr_lines": len(out.stderr.splitlines()),
-        "summary": summary,
-    }
-
-
-def _row(r: dict[str, Any]) -> list[Any]:
-    s = r["summary"]
-    late = s["redelivery_lateness_ms"]
-    return [
-        r["broker"], r["tracker"], r["size"], r["exit_code"], s["lost"],
-        f"{s['duplicates']} ({s['duplicates_pct']} %)", s["nacked"],
-        f"{late['p50']:.0f} / {late['p99']:.0f} / {late['max']:.0f}",
-        f"{r['process_wall_s']:.1f}", f"{s['messages_per_s']:.0f}",
-    ]
+    return {"size": size, "broker": "apache", "tracker": tracker, "exit_code": out.returncode,
+            "process_wall_s": time.monotonic() - start, "stderr_lines": len(out.stderr.splitlines()),
+            "summary": json.loads(out.stdout.strip().splitlines()[-1])}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--sizes", default="default,large", help="Apache Pulsar sizes, comma-separated")
-    parser.add_argument("--receiver-queue-size", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
-    args = parser.parse_args(argv)
-    sizes = ["small"] if args.quick else args.sizes.split(",")
-    start = start_context()
-    apache = []
+    args_parser = parser(__doc__, "bench.demo", "the small size")
+    args_parser.add_argument("--sizes", default="default,large", help="Apache Pulsar sizes, comma-separated")
+    args_parser.add_argument("--receiver-queue-size", type=int, default=None)
+    args_parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
+    args = args_parser.parse_args(argv)
+    start, runs = start_context(), []
     for repeat in range(args.repeats):
-        order = TRACKERS if repeat % 2 == 0 else TRACKERS[::-1]  # alternate who goes first
-        for size in sizes:
-            for tracker in order:
-                apache.append({**run_demo(size, tracker, args.receiver_queue_size), "repeat": repeat})
-    print_table(
-        ["broker", "tracker", "size", "exit", "lost", "duplicates", "nacked", "p50/p99/max lateness ms", "wall s", "msg/s"],
-        [_row(r) for r in apache],
-        title="pulsar-nack demo",
-    )
-    suffix = "-quick" if args.quick else ""
-    path = write_result(f"demo-apache{suffix}", {"runs": apache}, start)
-    print(f"wrote {path}")
-    return {"runs": apache}
+        for size in ["small"] if args.quick else args.sizes.split(","):
+            for tracker in TRACKERS if repeat % 2 == 0 else TRACKERS[::-1]:  # alternate who goes first
+                runs.append({**run_demo(size, tracker, args.receiver_queue_size), "repeat": repeat})
+    from .report import demo_table
+
+    print(demo_table({"runs": runs}))
+    finish(args, "demo-apache", {"runs": runs}, start)
+    return {"runs": runs}
 
 
 if __name__ == "__main__":

@@ -13,26 +13,23 @@ warmup repetition:
   costs the adds running beside it (``stats()`` takes the tracker's lock).
 
 Result: ``bench/results/metrics.json`` (``metrics-quick.json`` with ``--quick``);
-per system the seconds per 1M adds and ns per add, min/median/max.
+per system the seconds per 1M adds and ns per add (wall time), min/median/max.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
 import sys
 import threading
-import time
 from typing import Any
 
-from ._common import print_table, start_context, summarize, write_result
-from .core_perf import DELAY_MS, _keys, _orders
+from ._common import finish, interleave, parser, print_table, start_context, summarize, timed
+from .core_perf import DELAY_MS, keys
 
 SYSTEMS = ("off", "on", "on+collecting")
 
 
-def _one(system: str, keys: list[Any]) -> float:
-    """Seconds for one pass of ``add`` over *keys* under *system*."""
+def _one(system: str, items: list[Any]) -> float:
+    """Seconds of one pass of ``add`` over *items* under *system*."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -43,50 +40,38 @@ def _one(system: str, keys: list[Any]) -> float:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     stop = threading.Event()
-    collector = None
+
+    def collect() -> None:
+        while not stop.wait(0.01):
+            reader.get_metrics_data()
+
+    def loop(add: Any = tracker.add) -> None:
+        for key in items:
+            add(key)
+
+    collector = threading.Thread(target=collect, daemon=True)
     if system != "off":
         instrument(tracker, provider.get_meter("bench"))
     if system == "on+collecting":
-
-        def collect() -> None:
-            while not stop.wait(0.01):
-                reader.get_metrics_data()
-
-        collector = threading.Thread(target=collect, daemon=True)
         collector.start()
-    add = tracker.add
-    gc.collect()
-    start = time.perf_counter()
-    for key in keys:
-        add(key)
-    elapsed = time.perf_counter() - start
+    elapsed = timed(loop)[0]
     stop.set()
-    if collector is not None:
+    if collector.is_alive():
         collector.join()
     if system != "off":
         data: Any = reader.get_metrics_data()
-        nacks = [
-            m.data.data_points[0].value
-            for rm in data.resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-            if m.name == NACK_COUNTER
-        ]
-        if nacks != [len(keys)]:
-            raise AssertionError(f"{system}: nack counter {nacks} != {len(keys)}")
+        nacks = [m.data.data_points[0].value for rm in data.resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name == NACK_COUNTER]
+        if nacks != [len(items)]:
+            raise AssertionError(f"{system}: nack counter {nacks} != {len(items)}")
     tracker.close(flush=False)
     provider.shutdown()
     return elapsed
 
 
 def bench_add(n: int, warmup: int, reps: int) -> dict[str, Any]:
-    keys = _keys(n)
-    times: dict[str, list[float]] = {name: [] for name in SYSTEMS}
-    for rep, order in enumerate(_orders(warmup + reps, SYSTEMS)):
-        for name in order:
-            elapsed = _one(name, keys)
-            if rep >= warmup:
-                times[name].append(elapsed)
+    items = keys(n)
+    times = interleave(SYSTEMS, reps, lambda name: _one(name, items), warmup)
     out: dict[str, Any] = {"messages": n, "warmup": warmup, "repetitions": reps}
     for name, samples in times.items():
         out[name] = {"seconds": summarize(samples), "ns_per_add": summarize([s / n * 1e9 for s in samples])}
@@ -97,21 +82,16 @@ def bench_add(n: int, warmup: int, reps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.metrics", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200k keys, 3 repetitions")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 9, quick 3)")
-    args = parser.parse_args(argv)
-    n = 200_000 if args.quick else 1_000_000
-    reps = args.reps or (3 if args.quick else 9)
+    args_parser = parser(__doc__, "bench.metrics", "200k keys, 3 repetitions")
+    args_parser.add_argument("--reps", type=int, default=None, help="repetitions (default 9, quick 3)")
+    args = args_parser.parse_args(argv)
+    n, reps = (200_000, args.reps or 3) if args.quick else (1_000_000, args.reps or 9)
     context = start_context()
     result = bench_add(n, 1, reps)
-    rows = [
-        [name, *(f"{result[name]['ns_per_add'][k]:.1f} ns" for k in ("min", "median", "max"))] for name in SYSTEMS
-    ]
-    table = print_table(["add, metrics", "min", "median", "max"], rows, title=f"\nadd cost ({n:,} keys, {reps} reps)")
+    rows = [[name, *(f"{result[name]['ns_per_add'][k]:.1f} ns" for k in ("min", "median", "max"))] for name in SYSTEMS]
+    table = print_table(["add, metrics", "min", "median", "max"], rows, title=f"add cost ({n:,} keys, {reps} reps)")
     print(f"median on/off: {result['ratio_on_to_off']:.3f}, collecting/off: {result['ratio_collecting_to_off']:.3f}")
-    path = write_result("metrics-quick" if args.quick else "metrics", {"add": result, "tables": {"add": table}}, start=context)
-    print(f"wrote {path}")
+    finish(args, "metrics", {"add": result, "tables": {"add": table}}, context)
     return 0
 
 

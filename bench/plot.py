@@ -14,7 +14,6 @@ Run: ``python -m bench.plot`` (or ``pulsar-nack bench --plot``).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from ._common import REPO, RESULTS
+from ._common import REPO, RESULTS, load
 
 IMG = REPO / "docs" / "img"
 COLORS = {"pulsar-nack": "#1f77b4", "tracker": "#1f77b4", "baseline": "#ff7f0e", "built-in": "#d62728"}
@@ -31,8 +30,7 @@ LABELS = {"tracker": "pulsar-nack", "baseline": "hash-map baseline", "built-in":
 
 
 def _load(name: str) -> dict[str, Any] | None:
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return load(name) if (RESULTS / f"{name}.json").exists() else None
 
 
 def bytes_per_message(memory: dict[str, Any], client: dict[str, Any] | None, out: Path) -> None:

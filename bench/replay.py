@@ -26,13 +26,12 @@ Run: ``python -m bench.replay [--quick]``; writes ``bench/results/replay.json``.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 import uuid
 from typing import Any
 
-from ._common import broker_label, percentile, print_table, start_context, write_result
+from ._common import broker_label, dist, finish, parser, percentile, start_context
 from .consumer import BATCH, _produce
 
 MIN_BACKOFF_MS, MAX_BACKOFF_MS = 500, 10_000
@@ -50,15 +49,6 @@ def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-def _stats(values: list[float]) -> dict[str, float | int]:
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), 1),
-        "p99": round(percentile(values, 99), 1),
-        "max": round(max(values), 1),
-    }
 
 
 class _PermitWatch:
@@ -87,7 +77,7 @@ class _PermitWatch:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                stats = self._admin.topic_stats(self._topic)
+                stats = self._admin.topicdist(self._topic)
             except Exception:  # a missed sample is not a failed run; the count says how many were taken
                 continue
             for subscription in stats.get("subscriptions", {}).values():
@@ -173,9 +163,9 @@ def run_case(client: Any, name: str, n: int, spin_us: float, admin: Any = None) 
         "peak_available_permits": None if watch is None else watch.peak_permits,
         "permit_samples": None if watch is None else watch.samples,
         "messages_per_s": round(n / elapsed_s),
-        "lateness_ms": _stats([h + w for _, h, w in stages]),
-        "handoff_minus_requested_ms": _stats([h for _, h, _ in stages]),
-        "arrival_minus_handoff_ms": _stats([w for _, _, w in stages]),
+        "lateness_ms": dist([h + w for _, h, w in stages]),
+        "handoff_minus_requested_ms": dist([h for _, h, _ in stages]),
+        "arrival_minus_handoff_ms": dist([w for _, _, w in stages]),
         "arrival_minus_handoff_p50_by_second_of_nack": {
             str(second): round(percentile(waits, 50), 1) for second, waits in sorted(per_second.items())
         },
@@ -203,35 +193,15 @@ def run(n: int, spin_us: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20,000 messages per batched case")
-    parser.add_argument("--messages", type=int, default=200_000, help="backlog of each batched case (unbatched: half)")
-    parser.add_argument("--spin-us", type=float, default=30.0, help="the handler's cost per message")
-    args = parser.parse_args(argv)
-    n = 20_000 if args.quick else args.messages
+    args_parser = parser(__doc__, "bench.replay", "20,000 messages per batched case")
+    args_parser.add_argument("--messages", type=int, default=200_000, help="backlog of each batched case (unbatched: half)")
+    args_parser.add_argument("--spin-us", type=float, default=30.0, help="the handler's cost per message")
+    args = args_parser.parse_args(argv)
     context = start_context()
-    payload = run(n, args.spin_us)
-    rows = []
-    for case in payload["cases"]:
-        late, handoff, wait = case["lateness_ms"], case["handoff_minus_requested_ms"], case["arrival_minus_handoff_ms"]
-        rows.append(
-            [
-                case["case"],
-                f"{case['messages']:,}",
-                f"{case['messages_per_s']:,}",
-                f"{late['p50']:.0f} / {late['p99']:.0f} / {late['max']:.0f}",
-                f"{handoff['p50']:.0f} / {handoff['p99']:.0f}",
-                f"{wait['p50']:.0f} / {wait['p99']:.0f} / {wait['max']:.0f}",
-                case["duplicates"],
-            ]
-        )
-    table = print_table(
-        ["case", "backlog", "msg/s", "lateness p50/p99/max", "handoff - requested p50/p99", "arrival - handoff p50/p99/max", "duplicates"],
-        rows,
-        title="Retries while draining a backlog (ms)",
-    )
-    path = write_result("replay-quick" if args.quick else "replay", {**payload, "table": table}, start=context)
-    print(f"wrote {path}")
+    payload = run(20_000 if args.quick else args.messages, args.spin_us)
+    from .report import replay_table
+
+    finish(args, "replay", payload, context, table=replay_table)
     return 0
 
 

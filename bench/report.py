@@ -1,48 +1,36 @@
-"""Markdown tables for README.md and docs/benchmarks.md, generated from bench/results/*.json.
+"""Markdown tables for README.md and docs/, generated from bench/results/*.json and the code.
 
-Every figure in those tables comes from here, so the docs cannot drift from the
-committed JSON: ``python -m bench.report --write`` rewrites the blocks between
+Every figure in those tables comes from here, so the docs cannot drift from the committed
+JSON: ``python -m bench.report --write`` rewrites the blocks between
 ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` markers, and ``tests/test_docs.py``
-fails when a block differs from what the JSON gives.
+fails when a block differs from what the JSON (or, for ``constants``, the code) gives.
+The benchmarks print their results with the same functions.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from ._common import MISSED, REPO, RESULTS, load, md_table
+
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
-    "docs/benchmarks.md": ["goals", "memory", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
-    "docs/design.md": ["space"],
+    "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
+    "docs/design.md": ["constants", "tail-log", "space"],
     "docs/spark.md": ["demo", "replay"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
 }
 
-DEMO_RESULTS = ("demo-apache",)
-"""The demo's result files, written by one ``python -m bench.demo`` run (Apache Pulsar)."""
 
-# Space model constants (bytes), from CPython 3.11, the roaring portable format and
-# pulsar_nack/core/pages.py.
-SLOT = 75  # per page in the SortedDict: key int (32) + list slot (8) + dict slot (~35)
-BYTES_OBJ = 33  # header of a `bytes` object (one per page)
-PAGE_BYTES = 4096  # a page grows up to this
-STREAM_HEADER = 2  # uvarint(sid << 2 | codec) + uvarint(payload length), small sids and payloads
-ROARING_HEADER = 8  # cookie + container count
-CONTAINER = 4  # per container: key + cardinality
-RUN = 4  # per run (start, length), plus 2 bytes run count per container
-
-
-def _load(name: str) -> dict[str, Any]:
-    return json.loads((RESULTS / f"{name}.json").read_text())
+SPACE_MODEL = (75, 33, 2, 8, 4, 4)
+"""The space model's bytes (docs/design.md, Space analysis): a page's map slot, its ``bytes`` header,
+a stream's tag and length, a Roaring header, a container, a run."""
 
 
 def _b(value: float) -> str:
@@ -56,317 +44,512 @@ def _span(low: float, high: float) -> str:
     return a if a == b else f"{a}–{b}"
 
 
+def _mmm(stats: dict[str, float], fmt: str = ".2f") -> str:
+    return " / ".join(f"{stats[k]:{fmt}}" for k in ("min", "median", "max"))
+
+
+def _pass(ok: bool, fail: str = "FAIL") -> str:
+    return "pass" if ok else fail
+
+
 def _case(memory: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in memory["cases"] if c["case"]["name"] == name)
 
 
-def _e2e(e2e: dict[str, Any], system: str, delay: int, mode: str, subscription: str = "Shared") -> dict[str, Any]:
-    return next(
-        c
-        for c in e2e["cases"]
-        if (c["system"], c["delay_ms"], c["mode"], c.get("subscription", "Shared")) == (system, delay, mode, subscription)
-    )
-
-
-def _broker(result: dict[str, Any]) -> str:
-    """Which broker a result came from, e.g. "Apache Pulsar 4.0.8 standalone".
-
-    Raises
-    ------
-    KeyError
-        For a result without the label: every table with broker numbers shows where they came from.
-    """
-    return str(result["broker"])
+def _e2e(e2e: dict[str, Any], system: str, delay: int = 1000, mode: str = "stream") -> dict[str, Any]:
+    return next(c for c in e2e["cases"] if (c["system"], c["delay_ms"], c["mode"], c.get("subscription", "Shared")) == (system, delay, mode, "Shared"))
 
 
 def _client(client: dict[str, Any], system: str) -> dict[str, Any]:
     return next(c for c in client["cases"] if c["system"] == system)
 
 
+# ---------------------------------------------------------------------- README and goals
+
+
 def results_table() -> str:
-    memory, core, client, e2e = _load("memory"), _load("core_perf"), _load("client"), _load("e2e")
+    memory, core, client, e2e = load("memory"), load("core_perf"), load("client"), load("e2e")
     grid = _case(memory, "consec-x8-y10")
-    sparse = max(
-        (c for c in memory["cases"] if c["case"]["y"] >= 8), key=lambda c: c["tracker"]["rss_bytes_per_msg"]
-    )
+    sparse = max((c for c in memory["cases"] if c["case"]["y"] >= 8), key=lambda c: c["tracker"]["rss_bytes_per_msg"])
     base_max = max(c["baseline"]["rss_bytes_per_msg"] for c in memory["cases"])
     built_in, ours = _client(client, "built-in"), _client(client, "pulsar-nack")
-    late_built_in = _e2e(e2e, "built-in", 1000, "stream")["lateness_ms"]
-    late_ours = _e2e(e2e, "pulsar-nack", 1000, "stream")["lateness_ms"]
-    base_late = core["lateness"]["rows"]["baseline"]["per_message"]
+    late_built_in, late_ours = _e2e(e2e, "built-in")["lateness_ms"], _e2e(e2e, "pulsar-nack")["lateness_ms"]
     add = core["add"]
-    n_mem = memory["parameters"]["messages"]
-    rows = [
-        "| | memory per pending retry | add / nack call | p99 redelivery lateness, steady nack stream, 1 s delay |",
-        "|---|---:|---:|---:|",
-        f"| `pulsar-client` built-in tracker | {_b(built_in['bytes_per_id'])} B ¹ | "
-        f"{built_in['call_us']['median']:.2f} µs ¹ | {late_built_in['p99']:,.0f} ms ³ |",
-        f"| hash-map baseline (pre-PIP-393) | {_span(grid['baseline']['rss_bytes_per_msg'], base_max)} B ² | "
-        f"{1e6 / add['baseline']['rate']['median']:.2f} µs ⁴ | {base_late['p99']:.0f} ms ⁵ |",
-        f"| **pulsar-nack** | **{_span(grid['tracker']['rss_bytes_per_msg'], sparse['tracker']['rss_bytes_per_msg'])} B** ² | "
-        f"**{1e6 / add['tracker']['rate']['median']:.2f} µs** ⁴ | **{late_ours['p99']:.0f} ms** ³ |",
-        "",
-        f"¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer of {_broker(client)}, "
+    table = md_table(
+        ["", "memory per pending retry", "add / nack call", "p99 redelivery lateness, steady nack stream, 1 s delay"],
+        [
+            ["`pulsar-client` built-in tracker", f"{_b(built_in['bytes_per_id'])} B ¹", f"{built_in['call_us']['median']:.2f} µs ¹",
+             f"{late_built_in['p99']:,.0f} ms ³"],
+            ["hash-map baseline (pre-PIP-393)", f"{_span(grid['baseline']['rss_bytes_per_msg'], base_max)} B ²",
+             f"{1e6 / add['baseline']['rate']['median']:.2f} µs ⁴", f"{core['lateness']['rows']['baseline']['per_message']['p99']:.0f} ms ⁵"],
+            ["**pulsar-nack**", f"**{_span(grid['tracker']['rss_bytes_per_msg'], sparse['tracker']['rss_bytes_per_msg'])} B** ²",
+             f"**{1e6 / add['tracker']['rate']['median']:.2f} µs** ⁴", f"**{late_ours['p99']:.0f} ms** ³"],
+        ],
+        "lrrr",
+    )
+    return table + (
+        f"\n\n¹ `bench/client.py`: {built_in['ids']:,} `negative_acknowledge(MessageId)` calls on a real consumer of {client['broker']}, "
         f"RSS delta per id, median call cost. In the same run `NackingConsumer.negative_acknowledge` holds "
         f"{_b(ours['bytes_per_id'])} B per id and costs {ours['call_us']['median']:.2f} µs per id; on received "
         f"messages it costs {ours['call_message_us']['median']:.2f} µs against the built-in's "
-        f"{built_in['call_message_us']['median']:.2f} µs; "
-        f"`tracker.add` alone costs {ours['tracker_add_us']['median']:.2f} µs with the C hot path "
-        f"({client['ratios']['call_built_in_over_tracker_add']:.1f}× faster than the built-in id call) and "
+        f"{built_in['call_message_us']['median']:.2f} µs; `tracker.add` alone costs {ours['tracker_add_us']['median']:.2f} µs with "
+        f"the C hot path ({client['ratios']['call_built_in_over_tracker_add']:.1f}× faster than the built-in id call) and "
         f"{ours['tracker_add_pure_python_us']['median']:.2f} µs in pure Python. "
-        f"² `bench/memory.py`, {n_mem:,} pending per case, RSS delta per message: from the paper's x=8, y=10 case "
-        f"(consecutive entries) to the sparsest pattern at y ≥ 8 (`{sparse['case']['name']}`: "
+        f"² `bench/memory.py`, {memory['parameters']['messages']:,} pending per case, RSS delta per message: from the paper's x=8, "
+        f"y=10 case (consecutive entries) to the sparsest pattern at y ≥ 8 (`{sparse['case']['name']}`: "
         f"{sparse['case']['description']}); every case in docs/benchmarks.md. "
-        f"³ `bench/e2e.py` on {_broker(e2e)}, Shared subscription: 1,000 messages, one nack every 5 ms; arrival − requested time "
+        f"³ `bench/e2e.py` on {e2e['broker']}, Shared subscription: 1,000 messages, one nack every 5 ms; arrival − requested time "
         f"(ours: p50 {late_ours['p50']:.0f} ms, since 8 precision bits may release up to 255 ms early by design). "
-        "⁴ `bench/core_perf.py`: public `add`, 1M keys, median of repetitions, both in one run. "
-        "⁵ `bench/core_perf.py`: timer only (no broker), one add per ms at 100 ms delay; the baseline's "
-        "delay/3 scan; pulsar-nack at precision 0 gives "
-        f"{core['lateness']['rows']['tracker p0']['per_message']['p99']:.1f} ms in the same run.",
-    ]
-    return "\n".join(rows)
+        "⁴ `bench/core_perf.py`: public `add`, 1M keys, median of repetitions by CPU time, both in one run. "
+        "⁵ `bench/core_perf.py`: timer only (no broker), one add per ms at 100 ms delay; the baseline's delay/3 scan; "
+        f"pulsar-nack at precision 0 gives {core['lateness']['rows']['tracker p0']['per_message']['p99']:.1f} ms in the same run."
+    )
 
 
 def goals_table() -> str:
-    memory, client, e2e = _load("memory"), _load("client"), _load("e2e")
+    memory, client, e2e, core = load("memory"), load("client"), load("e2e"), load("core_perf")
     built_in = _client(client, "built-in")
-    lines = ["| goal | measured | result |", "|---|---|---|"]
     grid = [c for c in memory["cases"] if c["case"]["pattern"] == "consec" and c["case"]["y"] >= 8]
     worst_base = min(c["ratio_baseline_over_tracker_rss"] for c in grid)
     worst_built = min(built_in["bytes_per_id"] / max(c["tracker"]["rss_bytes_per_msg"], 1e-9) for c in grid)
-    lines.append(
-        f"| memory ≤ 1/20 of the baseline, paper grid y ≥ 8 | worst case 1/{worst_base:,.0f} | "
-        f"{'pass' if worst_base >= 20 else 'FAIL'} |"
-    )
-    lines.append(
-        f"| memory ≤ 1/50 of the built-in client, paper grid y ≥ 8 | worst case 1/{worst_built:,.0f} "
-        f"(built-in {_b(built_in['bytes_per_id'])} B/id) | {'pass' if worst_built >= 50 else 'FAIL'} |"
-    )
     ours_add = _client(client, "pulsar-nack")["tracker_add_us"]["median"]
-    by_id = built_in["call_us"]["median"] / ours_add
-    by_message = built_in["call_message_us"]["median"] / ours_add
-    lines.append(
-        f"| add ≥ 10× faster than the built-in nack call | {by_id:.1f}× its `nack(MessageId)`, {by_message:.1f}× "
-        f"its `nack(message)` (C hot path; pure Python "
-        f"{client['ratios']['call_built_in_over_tracker_add_pure_python']:.1f}×) | "
-        f"{'pass' if min(by_id, by_message) >= 10 else 'FAIL'} |"
-    )
-    ours = _e2e(e2e, "pulsar-nack", 1000, "stream")["lateness_ms"]["p99"]
-    theirs = _e2e(e2e, "built-in", 1000, "stream")["lateness_ms"]["p99"]
-    ok = ours <= 50 and theirs > 1000
-    lines.append(
-        f"| p99 lateness under a steady stream ≤ 50 ms (ours), built-in > delay | ours {ours:.0f} ms, "
-        f"built-in {theirs:,.0f} ms at 1 s delay | {'pass' if ok else 'FAIL'} |"
-    )
-    return "\n".join(lines)
-
-
-def memory_table() -> str:
-    memory = _load("memory")
-    lines = [
-        "| case | pattern | buckets | pulsar-nack B/msg (RSS) | estimate B/msg | total | baseline B/msg | limit B/msg | ours / limit | ours / baseline | add/s ours | add/s baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in memory["cases"]:
-        t, b = c["tracker"], c["baseline"]
-        lines.append(
-            f"| `{c['case']['name']}` | {c['case']['description']} | {t['buckets']:,} | {_b(t['rss_bytes_per_msg'])} | "
-            f"{_b(t['estimate_bytes_per_msg'])} | {t['rss_delta'] / 2**20:.2f} MiB | {b['rss_bytes_per_msg']:.0f} | "
-            f"{c['limit_bytes_per_msg']:.3g} | {c['ratio_tracker_over_limit']:,.1f}× | "
-            f"1/{c['ratio_baseline_over_tracker_rss']:,.0f} | {t['add_rate'] / 1e6:.2f} M | {b['add_rate'] / 1e6:.2f} M |"
-        )
-    lines.append("")
-    lines.append("| target | value | result |")
-    lines.append("|---|---|---|")
-    for v in memory["verdicts"]:
-        lines.append(f"| `{v['case']}` {v['target']} | {v['value']} | {'pass' if v['pass'] else 'FAIL'} |")
-    return "\n".join(lines)
-
-
-def profile_table() -> str:
-    """The py-spy summary of ``add`` on the cases where it misses its target."""
-    profile = _load("profile_add")
-    lines = ["| case | function (inside `add`) | inclusive | self |", "|---|---|---:|---:|"]
-    for name, case in profile["cases"].items():
-        for row in case["functions"][:10]:
-            function = re.sub(r" \(.*\)$", "", row["function"])
-            lines.append(f"| `{name}` | `{function}` | {row['inclusive']:.0%} | {row['self']:.0%} |")
-    return "\n".join(lines)
-
-
-def core_table() -> str:
-    core = _load("core_perf")
-    lines = ["| benchmark | target | value | result |", "|---|---|---|---|"]
-    for v in core["verdicts"]:
-        lines.append(f"| {v['benchmark']} | {v['target']} | {v['value']} | {'pass' if v['pass'] else 'FAIL'} |")
-    lines.append("")
-    lines.append("```")
-    lines.extend(table.strip("\n") + "\n" for table in core["tables"].values())
-    lines.append("```")
-    return "\n".join(lines)
-
-
-def client_table() -> str:
-    client = _load("client")
-    lines = [
-        "| system | pending ids | RSS delta | bytes/id | nack(MessageId) µs (min / median / max) "
-        "| nack(received message) µs (median) | tracker.add µs (median) | tracker.add, pure Python µs (median) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in client["cases"]:
-        call = c["call_us"]
-        add = f"{c['tracker_add_us']['median']:.2f}" if "tracker_add_us" in c else "–"
-        pure = f"{c['tracker_add_pure_python_us']['median']:.2f}" if "tracker_add_pure_python_us" in c else "–"
-        lines.append(
-            f"| {c['system']} | {c['ids']:,} | {c['rss_delta_bytes'] / 2**20:.1f} MiB | {_b(c['bytes_per_id'])} | "
-            f"{call['min']:.2f} / {call['median']:.2f} / {call['max']:.2f} | {c['call_message_us']['median']:.2f} | "
-            f"{add} | {pure} |"
-        )
-    return "\n".join(lines)
-
-
-def e2e_table() -> str:
-    e2e = _load("e2e")
-    lines = [
-        f"Broker: {_broker(e2e)}.",
-        "",
-        "| system | subscription | delay | mode | back | duplicates | min ms | p50 ms | p99 ms | max ms |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in e2e["cases"]:
-        late = c["lateness_ms"]
-        lines.append(
-            f"| {c['system']} | {c.get('subscription', 'Shared')} | {c['delay_ms'] / 1000:g} s | {c['mode']} | "
-            f"{c['redelivered']}/{c['messages']} | {c.get('duplicates', 0)} | "
-            f"{late['min']:.0f} | {late['p50']:.0f} | {late['p99']:.0f} | {late['max']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def scaling_table() -> str:
-    scaling = _load("scaling")
-    lines = ["| system | pending | RSS delta | bytes/msg | µs per add |", "|---|---:|---:|---:|---:|"]
-    for r in scaling["rows"]:
-        lines.append(
-            f"| {r['system']} | {r['pending']:,} | {r['rss_delta_bytes'] / 2**20:.2f} MiB | {_b(r['bytes_per_msg'])} | "
-            f"{r['add_us']:.2f} |"
-        )
-    return "\n".join(lines)
+    by_id, by_message = built_in["call_us"]["median"] / ours_add, built_in["call_message_us"]["median"] / ours_add
+    ours, theirs = _e2e(e2e, "pulsar-nack")["lateness_ms"]["p99"], _e2e(e2e, "built-in")["lateness_ms"]["p99"]
+    forms = core["add"]["forms_over_bare_add"]
+    return md_table(["goal", "measured", "result"], [
+        ["memory ≤ 1/20 of the baseline, paper grid y ≥ 8", f"worst case 1/{worst_base:,.0f}", _pass(worst_base >= 20)],
+        ["memory ≤ 1/50 of the built-in client, paper grid y ≥ 8",
+         f"worst case 1/{worst_built:,.0f} (built-in {_b(built_in['bytes_per_id'])} B/id)", _pass(worst_built >= 50)],
+        ["add ≥ 10× faster than the built-in nack call",
+         f"{by_id:.1f}× its `nack(MessageId)`, {by_message:.1f}× its `nack(message)` (C hot path; pure Python "
+         f"{client['ratios']['call_built_in_over_tracker_add_pure_python']:.1f}×)", _pass(min(by_id, by_message) >= 10)],
+        ["every documented `add` call form ≤ 1.3× a bare `add(key)`",
+         f"worst `{max(forms, key=forms.get)}` {max(forms.values()):.2f}×", _pass(max(forms.values()) <= 1.3)],
+        ["p99 lateness under a steady stream ≤ 50 ms (ours), built-in > delay",
+         f"ours {ours:.0f} ms, built-in {theirs:,.0f} ms at 1 s delay", _pass(ours <= 50 and theirs > 1000)],
+    ])
 
 
 def meta_table() -> str:
-    lines = ["| result file | commit | when (UTC) | machine | Python | pulsar-client | pyroaring |", "|---|---|---|---|---|---|---|"]
-    for name in ("memory", "core_perf", "client", "e2e", "scaling", *DEMO_RESULTS):
-        meta = _load(name)["meta"]
+    rows = []
+    for name in ("memory", "core_perf", "client", "e2e", "scaling", "demo-apache"):
+        meta = load(name)["meta"]
         git, machine, packages = meta["git"], meta["machine"], meta["packages"]
         commit = (git["commit"] or "?")[:10] + (" + uncommitted changes" if git.get("dirty") else "")
-        lines.append(
-            f"| `bench/results/{name}.json` | `{commit}` | {meta.get('utc', '?')} | {machine['cpu_model']}, "
-            f"{machine['cores']} cores, {machine['ram_bytes'] / 2**30:.0f} GiB | {meta['python']['version']} | "
-            f"{packages.get('pulsar-client')} | {packages.get('pyroaring')} |"
-        )
-    return "\n".join(lines)
+        rows.append([f"`bench/results/{name}.json`", f"`{commit}`", meta.get("utc", "?"),
+                     f"{machine['cpu_model']}, {machine['cores']} cores, {machine['ram_bytes'] / 2**30:.0f} GiB",
+                     meta["python"]["version"], packages.get("pulsar-client"), packages.get("pyroaring")])
+    return md_table(["result file", "commit", "when (UTC)", "machine", "Python", "pulsar-client", "pyroaring"], rows)
 
 
-def _uvarint_len(value: float) -> int:
-    return max(1, -(-int(value).bit_length() // 7))
+# ---------------------------------------------------------------------- the core
 
 
-def _paged(body: float, y: int) -> float:
-    """Bytes per sealed bucket in a page: its record (deadline delta, length, body) plus its
-    share of the page's own cost (map slot and bytes header)."""
-    per_page = max(1, int(PAGE_BYTES // (body + 4)))
-    record = _uvarint_len(per_page * 2**y / 2) + _uvarint_len(body) + body
-    return record + (SLOT + BYTES_OBJ) / per_page
+def memory_table(memory: dict[str, Any] | None = None) -> str:
+    memory = memory or load("memory")
+    rows = [
+        [f"`{c['case']['name']}`", c["case"]["description"], f"{t['buckets']:,}", _b(t["rss_bytes_per_msg"]),
+         _b(t["estimate_bytes_per_msg"]), f"{t['rss_delta'] / 2**20:.2f} MiB", f"{b['rss_bytes_per_msg']:.0f}",
+         f"{c['limit_bytes_per_msg']:.3g}", f"{c['ratio_tracker_over_limit']:,.1f}×", f"1/{c['ratio_baseline_over_tracker_rss']:,.0f}",
+         f"{t['add_rate'] / 1e6:.2f} M", f"{b['add_rate'] / 1e6:.2f} M"]
+        for c in memory["cases"] for t, b in [(c["tracker"], c["baseline"])]
+    ]
+    headers = ["case", "pattern", "buckets", "pulsar-nack B/msg (RSS)", "estimate B/msg", "total", "baseline B/msg",
+               "limit B/msg", "ours / limit", "ours / baseline", "add/s ours", "add/s baseline"]
+    missed = MISSED if memory["parameters"].get("quick") else "FAIL"
+    targets = [[f"`{v['case']}` {v['target']}", v["value"], _pass(v["pass"], missed)] for v in memory["verdicts"]]
+    return md_table(headers, rows, "llrrrrrrrrrr") + "\n\n" + md_table(["target", "value", "result"], targets)
 
 
-def _model_bytes_per_msg(case: dict[str, Any], entries_per_ledger: int) -> float:
-    """Predicted bytes per message of a sealed layout (see the table's notes)."""
-    x, y, p, pattern = case["x"], case["y"], case["fraction"], case["pattern"]
-    messages = x * 2**y  # messages per bucket
-    ledgers = 1 + messages / entries_per_ledger  # streams per bucket (ledger switches)
-    if pattern == "consec" and messages == 1:
-        # One GAPS value: the entry id as a uvarint, averaged over a ledger's ids.
-        value = sum(_uvarint_len(e) for e in range(0, entries_per_ledger, 97)) / len(range(0, entries_per_ledger, 97))
-        return _paged(1 + STREAM_HEADER + value, y)
-    if pattern == "consec":
-        body = 1 + ledgers * (STREAM_HEADER + ROARING_HEADER + CONTAINER + 2 + RUN)  # one run per ledger
-        return _paged(body, y) / messages
-    if pattern == "random":
-        values = messages * p
-        # GAPS: one byte per gap below 128, two below 16,384 (gaps are geometric with parameter p).
-        per_value = 1 + (1 - p) ** 127 + (1 - p) ** 16383
-        body = 1 + ledgers * (STREAM_HEADER + 3) + values * per_value
-        return _paged(body, y) / values
-    raise ValueError(pattern)
+def profile_table() -> str:
+    """The py-spy summary of ``add`` on the cases where it has the least margin."""
+    profile = load("profile_add")
+    rows = [[f"`{name}`", f"`{re.sub(r' [(].*[)]$', '', row['function'])}`", f"{row['inclusive']:.0%}", f"{row['self']:.0%}"]
+            for name, case in profile["cases"].items() for row in case["functions"][:10]]
+    return md_table(["case", "function (inside `add`)", "inclusive", "self"], rows, "llrr")
+
+
+def core_table() -> str:
+    core = load("core_perf")
+    verdicts = md_table(["benchmark", "target", "value", "result"],
+                        [[v["benchmark"], v["target"], v["value"], _pass(v["pass"])] for v in core["verdicts"]])
+    tables = [text for name, text in core["tables"].items() if name != "targets"]
+    return "\n\n".join([verdicts, *tables])
+
+
+def core_ab_table() -> str:
+    """pop_due and timer lateness, the current core beside an earlier one (bench/core_ab.py)."""
+    result = load("core_ab")
+    labels = {
+        "pop": "pop all, 1,000,000 due (ns per released message)",
+        "lateness-p0": "timer lateness, precision 0 (p99 per firing, ms)",
+        "lateness-p8": "timer lateness, 8 bits (p99 per firing, ms; negative = early)",
+    }
+    rows = []
+    for part, label in labels.items():
+        row = result["parts"][part]
+        if "ratio_now_over_before" in row:
+            change, goal = f"{row['ratio_now_over_before']:.2f}×", f"{row['goal']}: {_pass(row['pass'], 'MISSED')}"
+        else:
+            change, goal = f"{row['difference_now_minus_before']:+.2f} ms", "none (early by design; the difference is shown)"
+        rows.append([label, f"{row['before']['median']:.2f}", f"{row['now']['median']:.2f}", change, goal])
+    return md_table([ "measure", f"core at `{result['ref']}` (median)", "this core (median)", "now vs before", "goal"], rows, "lrrrl") + (
+        f"\n\nOne `python -m bench.core_ab` run: {result['repetitions']} repetitions of each part after a warmup, "
+        "each in a fresh process, the two cores alternating (`bench/results/core_ab.json`)."
+    )
+
+
+def tail_log_table() -> str:
+    """``y0-x1`` with and without the C tail log (bench/memory.py, the log switched off for one run)."""
+    rows = []
+    for label, name in (("with the tail log", "memory"), ("without (one run at the commit that switched it off)",
+                                                            "repeats/memory-y0-x1-without-tail-log")):
+        result = load(name)
+        c = _case(result, "y0-x1")
+        t, b = c["tracker"], c["baseline"]
+        rows.append([label, f"{t['add_rate'] / 1e6:.2f} M", f"{b['add_rate'] / 1e6:.2f} M", f"{t['add_rate'] / b['add_rate']:.2f}×",
+                     _b(t["rss_bytes_per_msg"]), f"`bench/results/{name}.json` (`{result['meta']['git']['commit'][:7]}`)"])
+    return md_table(["`y0-x1`: precision 0, one nack per ms", "add/s ours", "add/s baseline", "ours / baseline", "RSS B/msg", "result"],
+                    rows, "lrrrrl")
 
 
 def space_table() -> str:
-    memory = _load("memory")
+    """The sealed-page model of docs/design.md beside the measurements (constants from pages.py)."""
+    from pulsar_nack.core.pages import PAGE_BYTES
+
+    slot, bytes_obj, stream_header, roaring_header, container, run = SPACE_MODEL
+
+    def ulen(value: float) -> int:
+        return max(1, -(-int(value).bit_length() // 7))
+
+    def paged(body: float, y: int) -> float:  # a record in a page, plus its share of the page's own cost
+        per_page = max(1, int(PAGE_BYTES // (body + 4)))
+        return ulen(per_page * 2**y / 2) + ulen(body) + body + (slot + bytes_obj) / per_page
+
+    memory = load("memory")
     per_ledger = memory["parameters"]["entries_per_ledger"]
-    lines = [
-        "| case | messages per bucket M = x·2^y | model B/msg | measured RSS B/msg | `memory_bytes()` B/msg |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    rows = []
     for c in memory["cases"]:
-        case = c["case"]
-        if case["pattern"] not in ("consec", "random"):
+        x, y, p, pattern = (c["case"][k] for k in ("x", "y", "fraction", "pattern"))
+        messages, ledgers = x * 2**y, 1 + x * 2**y / per_ledger  # messages and streams per bucket
+        if pattern == "consec" and messages == 1:  # one GAPS value: the entry id, averaged over a ledger's ids
+            model = paged(1 + stream_header + statistics.mean(ulen(e) for e in range(0, per_ledger, 97)), y)
+        elif pattern == "consec":  # one Roaring run per ledger
+            model = paged(1 + ledgers * (stream_header + roaring_header + container + 2 + run), y) / messages
+        elif pattern == "random":  # GAPS: one byte per gap below 128, two below 16,384
+            values = messages * p
+            model = paged(1 + ledgers * (stream_header + 3) + values * (1 + (1 - p) ** 127 + (1 - p) ** 16383), y) / values
+        else:
             continue
-        model = _model_bytes_per_msg(case, per_ledger)
-        lines.append(
-            f"| `{case['name']}` | {case['x'] * 2 ** case['y']:,} | {_b(model)} | "
-            f"{_b(c['tracker']['rss_bytes_per_msg'])} | {_b(c['tracker']['estimate_bytes_per_msg'])} |"
-        )
+        rows.append([f"`{c['case']['name']}`", f"{messages:,}", _b(model), _b(c["tracker"]["rss_bytes_per_msg"]),
+                     _b(c["tracker"]["estimate_bytes_per_msg"])])
+    return md_table(["case", "messages per bucket M = x·2^y", "model B/msg", "measured RSS B/msg", "`memory_bytes()` B/msg"], rows, "lrrrr")
+
+
+def constants_table() -> str:
+    """The constants docs/design.md names, read from the code."""
+    from pulsar_nack.consumer.nacking import COALESCE_MS, HANDOFF_DELAY_MS, client_handoff_latency_ms, handoff_lead_ms
+    from pulsar_nack.core import accel, buckets, keys, pages
+
+    lead = handoff_lead_ms(HANDOFF_DELAY_MS, buckets.DEFAULT_PRECISION_BITS, False)
+    return md_table(["constant", "value", "where"], [
+        ["default precision", f"{buckets.DEFAULT_PRECISION_BITS} bits: buckets of {buckets.bucket_ms(buckets.DEFAULT_PRECISION_BITS)} ms",
+         "`core/buckets.py` `DEFAULT_PRECISION_BITS`"],
+        ["open buckets kept mutable", "16 (`max_open_buckets`)", "`core/buckets.py` `TimeBuckets`"],
+        ["page size", f"{pages.PAGE_BYTES:,} bytes (a larger bucket is a page alone)", "`core/pages.py` `PAGE_BYTES`"],
+        ["hot slots", f"{accel.MAX_SLOTS} bitmaps", "`core/accel.py` `MAX_SLOTS`"],
+        ["tail log", f"{accel.LOG_CAPACITY:,} records, at most {accel.LOG_GROUP} per bucket", "`core/accel.py` `LOG_CAPACITY`, `LOG_GROUP`"],
+        ["batched value", f"`entry_id << {keys.BATCH_BITS} | batch_index`", "`core/keys.py` `BATCH_BITS`"],
+        ["client nack delay", f"{HANDOFF_DELAY_MS} ms", "`consumer/nacking.py` `HANDOFF_DELAY_MS`"],
+        ["handoff lead (buckets fire this early)",
+         f"{lead} ms at {buckets.DEFAULT_PRECISION_BITS} bits and more; {handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)} ms below, "
+         "or with `never_early`", "`consumer/nacking.py` `handoff_lead_ms`"],
+        ["client handoff latency", f"{client_handoff_latency_ms(HANDOFF_DELAY_MS)} ms", "`consumer/nacking.py` `client_handoff_latency_ms`"],
+        ["burst spacing", f"{COALESCE_MS} ms", "`consumer/nacking.py` `COALESCE_MS`"],
+    ])
+
+
+# ---------------------------------------------------------------------- brokers and clients
+
+
+def client_table(result: dict[str, Any] | None = None) -> str:
+    rows = [[c["system"], f"{c['ids']:,}", f"{c['rss_delta_bytes'] / 2**20:.1f} MiB", _b(c["bytes_per_id"]), _mmm(c["call_us"]),
+             f"{c['call_message_us']['median']:.2f}", *(f"{c[k]['median']:.2f}" if k in c else "–" for k in ("tracker_add_us", "tracker_add_pure_python_us"))]
+            for c in (result or load("client"))["cases"]]
+    return md_table(["system", "pending ids", "RSS delta", "bytes/id", "nack(MessageId) µs (min / median / max)",
+                     "nack(received message) µs (median)", "tracker.add µs (median)", "tracker.add, pure Python µs (median)"], rows, "lrrrrrrr")
+
+
+def e2e_table(result: dict[str, Any] | None = None) -> str:
+    e2e = result or load("e2e")
+    rows = [[c["system"], c.get("subscription", "Shared"), f"{c['delay_ms'] / 1000:g} s", c["mode"], f"{c['redelivered']}/{c['messages']}",
+             c.get("duplicates", 0), *(f"{c['lateness_ms'][k]:.0f}" for k in ("min", "p50", "p99", "max"))] for c in e2e["cases"]]
+    return f"Broker: {e2e['broker']}.\n\n" + md_table(
+        ["system", "subscription", "delay", "mode", "back", "duplicates", "min ms", "p50 ms", "p99 ms", "max ms"], rows, "llrlrrrrrr")
+
+
+def scaling_table(result: dict[str, Any] | None = None) -> str:
+    rows = [[r["system"], f"{r['pending']:,}", f"{r['rss_delta_bytes'] / 2**20:.2f} MiB", _b(r["bytes_per_msg"]), f"{r['add_us']:.2f}"]
+            for r in (result or load("scaling"))["rows"]]
+    return md_table(["system", "pending", "RSS delta", "bytes/msg", "µs per add"], rows, "lrrrr")
+
+
+def metrics_cost_table() -> str:
+    """``add`` with and without ``instrument()`` (bench/metrics.py)."""
+    result = load("metrics")
+    add, machine = result["add"], result["meta"]["machine"]
+    off = add["off"]["ns_per_add"]["median"]
+    rows = [[name, *(f"{add[name]['ns_per_add'][k]:.1f} ns" for k in ("min", "median", "max")), f"{add[name]['ns_per_add']['median'] / off:.3f}×"]
+            for name in ("off", "on", "on+collecting")]
+    return md_table(["`add`, 1M keys, tracker with timer", "min", "median", "max", "median vs off"], rows, "lrrrr") + (
+        f"\n\n{add['repetitions']} repetitions after {add['warmup']} warmup, systems in alternating order; "
+        f"{machine['cpu_model']}, {machine['cores']} cores, Python {result['meta']['python']['version']}."
+    )
+
+
+def asyncio_lateness_table(result: dict[str, Any] | None = None) -> str:
+    """Steady-stream lateness, asyncio vs blocking vs built-in (bench/asyncio_stream.py)."""
+    result = result or load("asyncio")
+    rows = [[c["system"], f"{c['redelivered']:,}/{c['messages']:,}",
+             *([f"{c['lateness_ms'][k]:,.0f} ms" for k in ("p50", "p99", "max", "min")] if c["lateness_ms"]["n"] else ["-"] * 4)]
+            for c in result["cases"]]
+    case = result["cases"][0]
+    return md_table(["system", "redelivered", "p50", "p99", "max", "min"], rows, "lrrrrr") + (
+        f"\n\n{result['broker']}; {case['messages']:,} messages, one nack every {case['nack_interval_ms']:g} ms for "
+        f"{case['stream_s']:g} s, {case['delay_ms']:,} ms delay, 8 precision bits (up to 255 ms early by design)."
+    )
+
+
+def cluster_table(result: dict[str, Any] | None = None) -> str:
+    """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
+    result = result or load("cluster")
+
+    def sec(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} s"
+
+    rows = []
+    for run in result["runs"]:
+        phases, rss, fail = run["phases_s"], run["rss_mib_at_ready"], run["failover"]
+        brokers = ", ".join(f"{v:.0f}" for k, v in rss.items() if k.startswith("broker"))
+        rows.append([
+            run["run"], f"{run['start_s']:.1f} s", f"{phases['zookeeper']:.1f} / {phases['metadata']:.1f} / {phases['brokers']:.1f} s",
+            f"{rss['zookeeper']:.0f}, {rss['bookie']:.0f}, {brokers} MiB", f"{run['rss_mib_total_at_ready']:,.0f} MiB",
+            sec(fail["lookups_on_survivor_s"]), sec(fail["first_message_from_moved_partition_s"]),
+            sec(fail["all_sent_after_kill_received_s"]), fail["lost"], sec(fail["restart_s"]), f"{run['load_average_1_5_15_before'][0]:.1f}",
+        ])
+    summary = result["summary"]
+    return md_table(
+        ["run", "start", "ready at: ZooKeeper / metadata / all", "RSS at ready: ZooKeeper, bookie, brokers", "total RSS",
+         "lookups moved", "first message back", "all 500 back", "lost", "restart", "load avg"], rows, "rrllrrrrrrr",
+    ) + (
+        f"\n\nMedian of {len(result['runs'])} fresh clusters: started in {summary['start_s']['median']:.1f} s "
+        f"({summary['start_s']['min']:.1f}–{summary['start_s']['max']:.1f} s), "
+        f"{summary['rss_mib_total_at_ready']['median']:,.0f} MiB RSS in all when ready; after SIGKILL of a broker "
+        f"(metadata session timeout {result['runs'][0]['session_timeout_ms']:,} ms), lookups moved in "
+        f"{summary['lookups_on_survivor_s']['median']:.1f} s and the consumer had every message sent after the "
+        f"kill in {summary['all_sent_after_kill_received_s']['median']:.1f} s, {summary['lost']} lost. Times are "
+        "from the kill; load avg is the machine's 1-minute load when the run began (2 cores, shared)."
+    )
+
+
+def _plain_way_rows(plain_way: dict[str, Any]) -> list[str]:
+    """Rows of the plain-way memory measurement (issue 24, point 5)."""
+    plain, ours = plain_way["cases"]
+    ratio, net = plain_way["ratio_ours_over_plain"], plain_way["net_ratio_ours_over_plain"]
+    trim = ours["after_trim_bytes_per_pending_nack"] / plain["after_trim_bytes_per_pending_nack"]
+    return [
+        f"| bytes per pending nack the plain way: {plain['messages']:,} messages in batches of 10, every tenth nacked "
+        f"for 10 min, RSS delta after `gc.collect()` (median of {plain_way['runs_per_case']}) | "
+        f"{plain['bytes_per_pending_nack']:.0f} | {ours['bytes_per_pending_nack']:.1f} | {ratio:.3f}× | "
+        f"≤ 0.1×: {'pass' if ratio <= 0.1 else 'MISSED'} | - |",
+        f"| the same, net of a control run that acks everything | {plain['net_bytes_per_pending_nack']:.0f} | "
+        f"{ours['net_bytes_per_pending_nack']:.1f} | {net:.3f}× | - | - |",
+        f"| the same, RSS read again after `malloc_trim(0)` | {plain['after_trim_bytes_per_pending_nack']:.0f} | "
+        f"{ours['after_trim_bytes_per_pending_nack']:.1f} | {trim:.3f}× | - | - |",
+    ]
+
+
+def _plain_way_note(plain_way: dict[str, Any]) -> str:
+    """Where the bytes of the plain-way measurement go, from its runs."""
+    plain, ours = plain_way["cases"]
+
+    def runs(case: dict[str, Any], key: str) -> str:
+        return ", ".join(f"{v / case['pending_nacks']:.0f}" for v in case[key])
+
+    return (
+        f"The plain way, run by run (B per pending nack): plain {runs(plain, 'rss_delta_bytes_runs')}, ours "
+        f"{runs(ours, 'rss_delta_bytes_runs')}; the control runs, which nack nothing, grew by "
+        f"{runs(plain, 'control_rss_delta_bytes_runs')} (plain) and {runs(ours, 'control_rss_delta_bytes_runs')} "
+        f"(ours) per would-be nack. After `malloc_trim(0)` ours is {runs(ours, 'rss_delta_after_trim_bytes_runs')}: "
+        f"what the plain way counts beyond our structures ({ours['structures_bytes_per_pending_nack']:.1f} B per "
+        "pending nack by their own estimate) is heap the allocator freed but kept, and it moves by tens of bytes "
+        "per nack from run to run with or without nacks (see the text below)."
+    )
+
+
+def consumer_table() -> str:
+    """Issue 13 goals A, B, D and issue 24 points 4-5: NackingConsumer beside the plain consumer (bench/consumer.py)."""
+    data = load("consumer")
+    memory = data["pending_nack_memory_batched"]
+    plain_mem, ours_mem = memory["cases"]
+    without = data.get("no_batch_index_acks")
+    lines = [
+        f"{data['broker']}, with batch-index acks (`acknowledgmentAtBatchIndexLevelEnabled=true`) and, in the same run, "
+        f"a second standalone without them (the broker's own default); {data['repetitions']} repetitions after a "
+        "warmup (median), both consumers subscribed with the same keywords (Shared, `batch_index_ack_enabled=True`). "
+        "Lower is better. The last column is a `NackingConsumer` that reads every id all the time "
+        "(`always_guard=True`), as every consumer does around nacks; it has no goal.",
+        "",
+        "| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal | guarding all the time |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    settings = [("", data)] + ([(" (no batch-index acks)", without)] if without else [])
+    for setting, calls in settings:
+        for case, label, goal in (
+            ("receive_ack_batched", "receive + acknowledge, batches of 10 (µs/msg)", 1.15),
+            ("receive_ack_unbatched", "receive + acknowledge, not batched (µs/msg)", 1.15),
+            ("nack_message", "`negative_acknowledge(message)` (µs/call)", 0.6),
+        ):
+            c = calls[case]
+            ratio = c["ratio_ours_over_plain"]
+            guarding = c["us"].get("pulsar-nack-guarding")
+            extra = f"{guarding['median']:.2f} ({c['ratio_guarding_over_plain']:.2f}×)" if guarding else "-"
+            lines.append(
+                f"| {label}{setting}, {c['messages']:,} messages | {c['us']['plain']['median']:.2f} | "
+                f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}× | ≤ {goal}×: "
+                f"{'pass' if ratio <= goal else 'MISSED'} | {extra} |"
+            )
+    ratio = memory["ratio_ours_over_plain"]
+    lines.append(
+        f"| bytes per pending nack, {plain_mem['messages']:,} messages in batches of 10, one of each nacked "
+        f"(RSS delta, queue settled) | {plain_mem['bytes_per_pending_nack']:.0f} | "
+        f"{ours_mem['bytes_per_pending_nack']:.1f} | {ratio:.3f}× | ≤ 0.1×: {'pass' if ratio <= 0.1 else 'MISSED'} | - |"
+    )
+    net = memory["net_ratio_ours_over_plain"]
+    lines.append(
+        f"| the same, net of a control run that acks everything (B) | {plain_mem['net_bytes_per_pending_nack']:.0f} | "
+        f"{ours_mem['net_bytes_per_pending_nack']:.1f} | {net:.3f}× | ≤ 0.1×: {'pass' if net <= 0.1 else 'MISSED'} | - |"
+    )
+    plain_way = data.get("pending_nack_memory_plain_way")
+    if plain_way:
+        lines += _plain_way_rows(plain_way)
+    lines.append("")
+    lines.append(
+        f"Our structures' own estimate for that workload: {ours_mem['structures_bytes_per_pending_nack']:.1f} B "
+        f"per pending nack (tracker {ours_mem['tracker_memory_bytes']:,} B, admission structures "
+        f"{ours_mem['pending_set_bytes']:,} B for {int(ours_mem['pending_nacks']):,} nacks)."
+    )
+    if plain_way:
+        lines += ["", _plain_way_note(plain_way)]
+    other_runs = _consumer_other_runs(data)
+    if other_runs:
+        lines += ["", other_runs]
+    lines += ["", _nack_cost_profile()]
     return "\n".join(lines)
 
 
-def _known(value: int | None, unit: str = "") -> str:
-    """A count, or "n/a" where the run could not see it (the built-in tracker)."""
-    return "n/a" if value is None else f"{value:,}{unit}"
+def _consumer_other_runs(data: dict[str, Any]) -> str | None:
+    """The ratios of the other committed runs of ``bench/consumer.py`` (bench/results/repeats/)."""
+    paths = sorted((RESULTS / "repeats").glob("consumer-run*.json"))
+    if not paths:
+        return None
+    rows, ratios = [], [data["receive_ack_batched"]["ratio_ours_over_plain"]]
+    for path in paths:
+        run = load(f"repeats/{path.stem}")
+        ratios.append(run["receive_ack_batched"]["ratio_ours_over_plain"])
+        memory = run["pending_nack_memory_batched"]
+        rows.append(
+            f"`{path.relative_to(REPO).as_posix()}` (commit {run['meta']['git']['commit'][:7]}): receive + acknowledge "
+            f"{run['receive_ack_batched']['ratio_ours_over_plain']:.2f}× batched, "
+            f"{run['receive_ack_unbatched']['ratio_ours_over_plain']:.2f}× not batched; "
+            f"`negative_acknowledge(message)` {run['nack_message']['ratio_ours_over_plain']:.2f}×; bytes per pending "
+            f"nack {memory['ratio_ours_over_plain']:.3f}× (net {memory['net_ratio_ours_over_plain']:.3f}×)"
+        )
+    return (
+        "Other committed runs of the same benchmark (the commit each measured), ours / plain: " + "; ".join(rows)
+        + f". Over the {len(ratios)} runs, the batched receive + acknowledge ratio ranged from {min(ratios):.2f}× "
+        f"to {max(ratios):.2f}× (median {statistics.median(ratios):.2f}×) on this shared 2-core machine."
+    )
+
+
+def _nack_cost_profile() -> str:
+    """Where the time of ``negative_acknowledge(message)`` goes (bench/client.py's profile)."""
+    client = load("client")
+    built_in, ours = _client(client, "built-in"), _client(client, "pulsar-nack")
+    steps, theirs, whole = ours["call_message_us"]["id_read_steps_us"], built_in["call_message_us"], ours["call_message_us"]["median"]
+
+    def step(name: str) -> str:
+        return f"{steps[name]['median']:.2f} µs"
+
+    return (
+        f"Where a nack of a received message goes (`bench/client.py`, {client['broker']}, medians): ours costs "
+        f"{whole:.2f} µs, of which reading the message's id costs {step('id read, one serialize() parsed in C (used)')} "
+        f"(`message_id()` {step('message_id()')}, `message_id()` + `serialize()` {step('message_id() + serialize()')}, "
+        f"`topic_name()` {step('topic_name()')}; the four getters in Python took "
+        f"{step('id read, four getters (pure Python)')}), and `tracker.add` {ours['tracker_add_us']['median']:.2f} µs. "
+        f"The built-in's call on the same kind of messages, with {built_in['ids']:,} ids already in its map, "
+        f"took {_mmm(theirs)} µs (min / median / max): "
+        f"{whole / theirs['median']:.2f}× of its median, {whole / theirs['min']:.2f}× of its best. Against a "
+        "fresh built-in consumer (the table above) ours is slower: the client's own calls to read the id through "
+        "its bindings are most of a 0.6× budget, so that goal is out of reach for a wrapper that must read the id."
+    )
+
+
+def consumer_summary() -> str:
+    """One README line per consumer-level goal, from bench/results/consumer.json."""
+    data = load("consumer")
+    plain_mem, ours_mem = data["pending_nack_memory_batched"]["cases"]
+    a, b, d = data["receive_ack_batched"], data["receive_ack_unbatched"], data["nack_message"]
+
+    def us(case: dict[str, Any], system: str) -> str:
+        return f"{case['us'][system]['median']:.2f} µs"
+
+    return (
+        f"At the consumer level (`bench/consumer.py`, {data['broker']}): receive + acknowledge costs "
+        f"{us(a, 'pulsar-nack')} per batched message against the plain consumer's {us(a, 'plain')} "
+        f"({a['ratio_ours_over_plain']:.2f}×), {us(b, 'pulsar-nack')} against {us(b, 'plain')} not batched "
+        f"({b['ratio_ours_over_plain']:.2f}×); a pending nack of a batched workload holds "
+        f"{ours_mem['bytes_per_pending_nack']:.0f} B against the built-in's {plain_mem['bytes_per_pending_nack']:.0f} B; "
+        f"`negative_acknowledge(message)` costs {us(d, 'pulsar-nack')} against {us(d, 'plain')}."
+    )
+
+
+# ---------------------------------------------------------------------- Spark
 
 
 def _throughput_ratio(run: dict[str, Any], runs: list[dict[str, Any]]) -> str:
-    """ours / builtin messages/s, for an ``ours`` run with a builtin peer of the same broker and size."""
-    if run.get("tracker", "ours") != "ours":
-        return "–"
-    peer = next(
-        (
-            r
-            for r in runs
-            if r.get("tracker") == "builtin"
-            and (r["broker"], r["size"], r.get("repeat", 0)) == (run["broker"], run["size"], run.get("repeat", 0))
-        ),
-        None,
-    )
-    if peer is None:
+    """ours / builtin messages/s, for an ``ours`` run with a builtin peer of the same broker, size and repeat."""
+    peer = next((r for r in runs if r.get("tracker") == "builtin" and (r["broker"], r["size"], r.get("repeat", 0))
+                 == (run["broker"], run["size"], run.get("repeat", 0))), None)
+    if run.get("tracker", "ours") != "ours" or peer is None:
         return "–"
     return f"{run['summary']['messages_per_s'] / peer['summary']['messages_per_s']:.2f}×"
 
 
-def demo_table() -> str:
+def demo_table(result: dict[str, Any] | None = None) -> str:
     """The demo runs of one ``python -m bench.demo``: ours beside pulsar-client's built-in nack."""
-    lines = [
-        "| broker, tracker, size (JSON) | events | lost | left in subscription | acked (with duplicates) | nacked | duplicates "
-        "| retry lateness p50 / p99 / max | peak pending nacks / tracker memory (one worker) "
-        "| Spark start / consume / demo total | process wall time | messages/s | ours / builtin messages/s | stderr lines |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|",
-    ]
-    for name in DEMO_RESULTS:
-        runs = _load(name)["runs"]
-        for run in runs:
-            s = run["summary"]
-            late = s["redelivery_lateness_ms"]
-            lines.append(
-                f"| {run['broker']}, {run.get('tracker', 'ours')}, {run['size']} (`bench/results/{name}.json`) | {s['produced']:,} | "
-                f"{s['lost']} | {s['left_in_subscription']} | {s['acked']:,} | {s['nacked']:,} | "
-                f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %) | "
-                f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | "
-                f"{_known(s['peak_pending_nacks'])} / {_known(s['peak_tracker_memory_bytes'], ' B')} | "
-                f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s | {run['process_wall_s']:.1f} s | "
-                f"{s['messages_per_s']:,.0f} | {_throughput_ratio(run, runs)} | {run['stderr_lines']} |"
-            )
-    summary = _demo_repeats_summary(_load("demo-apache")["runs"])
-    return "\n".join(lines + ([] if summary is None else ["", summary]))
+    runs = (result or load("demo-apache"))["runs"]
+
+    def known(value: int | None, unit: str = "") -> str:
+        return "n/a" if value is None else f"{value:,}{unit}"
+
+    rows = []
+    for run in runs:
+        s, late = run["summary"], run["summary"]["redelivery_lateness_ms"]
+        rows.append([
+            f"{run['broker']}, {run.get('tracker', 'ours')}, {run['size']} (`bench/results/demo-apache.json`)", f"{s['produced']:,}",
+            s["lost"], s["left_in_subscription"], f"{s['acked']:,}", f"{s['nacked']:,}", f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %)",
+            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms",
+            f"{known(s['peak_pending_nacks'])} / {known(s['peak_tracker_memory_bytes'], ' B')}",
+            f"{s['spark_start_s']:.1f} / {s['consume_s']:.1f} / {s['wall_s']:.1f} s", f"{run['process_wall_s']:.1f} s",
+            f"{s['messages_per_s']:,.0f}", _throughput_ratio(run, runs), run["stderr_lines"],
+        ])
+    table = md_table(
+        ["broker, tracker, size (JSON)", "events", "lost", "left in subscription", "acked (with duplicates)", "nacked", "duplicates",
+         "retry lateness p50 / p99 / max", "peak pending nacks / tracker memory (one worker)", "Spark start / consume / demo total",
+         "process wall time", "messages/s", "ours / builtin messages/s", "stderr lines"], rows, "lrrrrrrlllrrrr")
+    summary = _demo_repeats_summary(runs)
+    return table if summary is None else f"{table}\n\n{summary}"
 
 
 def _demo_repeats_summary(runs: list[dict[str, Any]]) -> str | None:
@@ -380,284 +563,39 @@ def _demo_repeats_summary(runs: list[dict[str, Any]]) -> str | None:
         ratios = [float(_throughput_ratio(r, runs).rstrip("×")) for r in ours]
         p99s = [r["summary"]["redelivery_lateness_ms"]["p99"] for r in ours]
         parts.append(
-            f"`{size}`: ours / builtin messages/s {statistics.median(ratios):.2f}× (runs: "
-            + ", ".join(f"{x:.2f}×" for x in ratios)
-            + f"), ours' p99 lateness {statistics.median(p99s):,.0f} ms (runs: "
-            + ", ".join(f"{x:,.0f}" for x in p99s)
-            + " ms)"
+            f"`{size}`: ours / builtin messages/s {statistics.median(ratios):.2f}× (runs: " + ", ".join(f"{x:.2f}×" for x in ratios)
+            + f"), ours' p99 lateness {statistics.median(p99s):,.0f} ms (runs: " + ", ".join(f"{x:,.0f}" for x in p99s) + " ms)"
         )
     return f"Medians of the {len(repeats)} repetitions on Apache Pulsar: " + "; ".join(parts) + "."
 
 
-def metrics_cost_table() -> str:
-    """``add`` with and without ``instrument()`` (bench/metrics.py)."""
-    result = _load("metrics")
-    add = result["add"]
-    meta = result["meta"]
-    lines = [
-        "| `add`, 1M keys, tracker with timer | min | median | max | median vs off |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name in ("off", "on", "on+collecting"):
-        ns = add[name]["ns_per_add"]
-        ratio = ns["median"] / add["off"]["ns_per_add"]["median"]
-        lines.append(f"| {name} | {ns['min']:.1f} ns | {ns['median']:.1f} ns | {ns['max']:.1f} ns | {ratio:.3f}× |")
-    lines.append("")
-    lines.append(
-        f"{add['repetitions']} repetitions after {add['warmup']} warmup, systems in alternating order; "
-        f"{meta['machine']['cpu_model']}, {meta['machine']['cores']} cores, Python {meta['python']['version']}."
-    )
-    return "\n".join(lines)
-
-
-def core_ab_table() -> str:
-    """pop_due and timer lateness, the current core beside an earlier one (bench/core_ab.py)."""
-    result = _load("core_ab")
-    labels = {
-        "pop": "pop all, 1,000,000 due (ns per released message)",
-        "lateness-p0": "timer lateness, precision 0 (p99 per firing, ms)",
-        "lateness-p8": "timer lateness, 8 bits (p99 per firing, ms; negative = early)",
-    }
-    lines = [
-        f"| measure | core at `{result['ref']}` (median) | this core (median) | now vs before | goal |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for part, label in labels.items():
-        row = result["parts"][part]
-        if "ratio_now_over_before" in row:
-            change = f"{row['ratio_now_over_before']:.2f}×"
-            goal = f"{row['goal']}: {'pass' if row['pass'] else 'MISSED'}"
-        else:
-            change = f"{row['difference_now_minus_before']:+.2f} ms"
-            goal = "none (early by design; the difference is shown)"
-        lines.append(f"| {label} | {row['before']['median']:.2f} | {row['now']['median']:.2f} | {change} | {goal} |")
-    lines += [
-        "",
-        f"One `python -m bench.core_ab` run: {result['repetitions']} repetitions of each part after a warmup, "
-        "each in a fresh process, the two cores alternating (`bench/results/core_ab.json`).",
-    ]
-    return "\n".join(lines)
-
-
-def asyncio_lateness_table() -> str:
-    """Steady-stream lateness, asyncio vs blocking vs built-in (bench/asyncio_stream.py)."""
-    result = _load("asyncio")
-    lines = [
-        "| system | redelivered | p50 | p99 | max | min |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for case in result["cases"]:
-        late = case["lateness_ms"]
-        cells = [f"{late[k]:,.0f} ms" for k in ("p50", "p99", "max", "min")] if late["n"] else ["-"] * 4
-        lines.append(f"| {case['system']} | {case['redelivered']:,}/{case['messages']:,} | " + " | ".join(cells) + " |")
-    case = result["cases"][0]
-    lines.append("")
-    lines.append(
-        f"{result['broker']}; {case['messages']:,} messages, one nack every {case['nack_interval_ms']:g} ms for "
-        f"{case['stream_s']:g} s, {case['delay_ms']:,} ms delay, 8 precision bits (up to 255 ms early by design)."
-    )
-    return "\n".join(lines)
-
-
-def cluster_table() -> str:
-    """PulsarCluster start time, RSS per JVM and a broker failover (bench/cluster_start.py)."""
-    result = _load("cluster")
-    lines = [
-        "| run | start | ready at: ZooKeeper / metadata / all | RSS at ready: ZooKeeper, bookie, brokers | total RSS "
-        "| lookups moved | first message back | all 500 back | lost | restart | load avg |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for run in result["runs"]:
-        phases, rss, fail = run["phases_s"], run["rss_mib_at_ready"], run["failover"]
-        brokers = ", ".join(f"{v:.0f}" for k, v in rss.items() if k.startswith("broker"))
-
-        def sec(value: float | None) -> str:
-            return "-" if value is None else f"{value:.1f} s"
-
-        lines.append(
-            f"| {run['run']} | {run['start_s']:.1f} s "
-            f"| {phases['zookeeper']:.1f} / {phases['metadata']:.1f} / {phases['brokers']:.1f} s "
-            f"| {rss['zookeeper']:.0f}, {rss['bookie']:.0f}, {brokers} MiB | {run['rss_mib_total_at_ready']:,.0f} MiB "
-            f"| {sec(fail['lookups_on_survivor_s'])} | {sec(fail['first_message_from_moved_partition_s'])} "
-            f"| {sec(fail['all_sent_after_kill_received_s'])} | {fail['lost']} | {sec(fail['restart_s'])} "
-            f"| {run['load_average_1_5_15_before'][0]:.1f} |"
-        )
-    summary = result["summary"]
-    lines.append("")
-    lines.append(
-        f"Median of {len(result['runs'])} fresh clusters: started in {summary['start_s']['median']:.1f} s "
-        f"({summary['start_s']['min']:.1f}–{summary['start_s']['max']:.1f} s), "
-        f"{summary['rss_mib_total_at_ready']['median']:,.0f} MiB RSS in all when ready; after SIGKILL of a broker "
-        f"(metadata session timeout {result['runs'][0]['session_timeout_ms']:,} ms), lookups moved in "
-        f"{summary['lookups_on_survivor_s']['median']:.1f} s and the consumer had every message sent after the "
-        f"kill in {summary['all_sent_after_kill_received_s']['median']:.1f} s, {summary['lost']} lost. Times are "
-        "from the kill; load avg is the machine's 1-minute load when the run began (2 cores, shared)."
-    )
-    return "\n".join(lines)
-
-
-def consumer_table() -> str:
-    """Issue 13 goals A, B, D: NackingConsumer beside the plain consumer (bench/consumer.py)."""
-    data = _load("consumer")
-    memory = data["pending_nack_memory_batched"]
-    plain_mem, ours_mem = memory["cases"]
-    lines = [
-        f"{data['broker']}, one run, {data['repetitions']} repetitions after a warmup (median), both "
-        "consumers subscribed with the same keywords (Shared, `batch_index_ack_enabled=True`). Lower is better.",
-        "",
-        "| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for case, label, goal in (
-        ("receive_ack_batched", "receive + acknowledge, batches of 10 (µs/msg)", 1.15),
-        ("receive_ack_unbatched", "receive + acknowledge, not batched (µs/msg)", 1.15),
-        ("nack_message", "`negative_acknowledge(message)` (µs/call)", 0.6),
-    ):
-        c = data[case]
-        ratio = c["ratio_ours_over_plain"]
-        lines.append(
-            f"| {label}, {c['messages']:,} messages | {c['us']['plain']['median']:.2f} | "
-            f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}× | ≤ {goal}×: {'pass' if ratio <= goal else 'MISSED'} |"
-        )
-    ratio = memory["ratio_ours_over_plain"]
-    lines.append(
-        f"| bytes per pending nack, {plain_mem['messages']:,} messages in batches of 10, one of each nacked "
-        f"(RSS delta) | {plain_mem['bytes_per_pending_nack']:.0f} | {ours_mem['bytes_per_pending_nack']:.1f} | "
-        f"{ratio:.3f}× | ≤ 0.1×: {'pass' if ratio <= 0.1 else 'MISSED'} |"
-    )
-    net = memory["net_ratio_ours_over_plain"]
-    lines.append(
-        f"| the same, net of a control run that acks everything (B) | {plain_mem['net_bytes_per_pending_nack']:.0f} | "
-        f"{ours_mem['net_bytes_per_pending_nack']:.1f} | {net:.3f}× | ≤ 0.1×: {'pass' if net <= 0.1 else 'MISSED'} |"
-    )
-    lines.append("")
-    lines.append(
-        f"Our structures' own estimate for that workload: {ours_mem['structures_bytes_per_pending_nack']:.1f} B "
-        f"per pending nack (tracker {ours_mem['tracker_memory_bytes']:,} B, pending set "
-        f"{ours_mem['pending_set_bytes']:,} B for {int(ours_mem['pending_nacks']):,} nacks)."
-    )
-    other_runs = _consumer_other_runs()
-    if other_runs:
-        lines += ["", other_runs]
-    lines += ["", _nack_cost_profile()]
-    return "\n".join(lines)
-
-
-def _consumer_other_runs() -> str | None:
-    """The ratios of the other committed runs of ``bench/consumer.py`` (bench/results/repeats/)."""
-    paths = sorted((RESULTS / "repeats").glob("consumer-run*.json"))
-    if not paths:
-        return None
-    rows = []
-    ratios = [_load("consumer")["receive_ack_batched"]["ratio_ours_over_plain"]]
-    for path in paths:
-        run = _load(f"repeats/{path.stem}")
-        ratios.append(run["receive_ack_batched"]["ratio_ours_over_plain"])
-        memory = run["pending_nack_memory_batched"]
-        rows.append(
-            f"`{path.relative_to(REPO).as_posix()}` (commit {run['meta']['git']['commit'][:7]}): receive + acknowledge "
-            f"{run['receive_ack_batched']['ratio_ours_over_plain']:.2f}× batched, "
-            f"{run['receive_ack_unbatched']['ratio_ours_over_plain']:.2f}× not batched; "
-            f"`negative_acknowledge(message)` {run['nack_message']['ratio_ours_over_plain']:.2f}×; bytes per pending "
-            f"nack {memory['ratio_ours_over_plain']:.3f}× (net {memory['net_ratio_ours_over_plain']:.3f}×)"
-        )
-    return (
-        "Other committed runs of the same benchmark (the commit each measured), ours / plain: "
-        + "; ".join(rows)
-        + f". Over the {len(ratios)} runs, the batched receive + acknowledge ratio ranged from {min(ratios):.2f}× "
-        f"to {max(ratios):.2f}× (median {statistics.median(ratios):.2f}×) on this shared 2-core machine."
-    )
-
-
-def _nack_cost_profile() -> str:
-    """Where the time of ``negative_acknowledge(message)`` goes (bench/client.py's profile)."""
-    client = _load("client")
-    built_in, ours = (next(c for c in client["cases"] if c["system"] == s) for s in ("built-in", "pulsar-nack"))
-    steps = ours["call_message_us"]["id_read_steps_us"]
-    theirs = built_in["call_message_us"]
-    whole = ours["call_message_us"]["median"]
-
-    def step(name: str) -> str:
-        return f"{steps[name]['median']:.2f} µs"
-
-    return (
-        f"Where a nack of a received message goes (`bench/client.py`, {client['broker']}, medians): ours costs "
-        f"{whole:.2f} µs, of which reading the message's id costs {step('id read, one serialize() parsed in C (used)')} "
-        f"(`message_id()` {step('message_id()')}, `message_id()` + `serialize()` {step('message_id() + serialize()')}, "
-        f"`topic_name()` {step('topic_name()')}; the four getters in Python took "
-        f"{step('id read, four getters (pure Python)')}), and `tracker.add` {ours['tracker_add_us']['median']:.2f} µs. "
-        f"The built-in's call on the same kind of messages, with {built_in['ids']:,} ids already in its map, "
-        f"took {theirs['min']:.2f} / {theirs['median']:.2f} / {theirs['max']:.2f} µs (min / median / max): "
-        f"{whole / theirs['median']:.2f}× of its median, {whole / theirs['min']:.2f}× of its best. Against a "
-        "fresh built-in consumer (the table above) ours is slower: the client's own calls to read the id through "
-        "its bindings are most of a 0.6× budget, so that goal is out of reach for a wrapper that must read the id."
-    )
-
-
-def consumer_summary() -> str:
-    """One README line per consumer-level goal, from bench/results/consumer.json."""
-    data = _load("consumer")
-    memory = data["pending_nack_memory_batched"]
-    plain_mem, ours_mem = memory["cases"]
-    a, b = data["receive_ack_batched"], data["receive_ack_unbatched"]
-    d = data["nack_message"]
-    return (
-        f"At the consumer level (`bench/consumer.py`, {data['broker']}): receive + acknowledge costs "
-        f"{a['us']['pulsar-nack']['median']:.2f} µs per batched message against the plain consumer's "
-        f"{a['us']['plain']['median']:.2f} µs ({a['ratio_ours_over_plain']:.2f}×), "
-        f"{b['us']['pulsar-nack']['median']:.2f} µs against {b['us']['plain']['median']:.2f} µs not batched "
-        f"({b['ratio_ours_over_plain']:.2f}×); a pending nack of a batched workload holds "
-        f"{ours_mem['bytes_per_pending_nack']:.0f} B against the built-in's {plain_mem['bytes_per_pending_nack']:.0f} B; "
-        f"`negative_acknowledge(message)` costs {d['us']['pulsar-nack']['median']:.2f} µs against "
-        f"{d['us']['plain']['median']:.2f} µs."
-    )
-
-
-def replay_table() -> str:
+def replay_table(result: dict[str, Any] | None = None) -> str:
     """Retry lateness by stage while a consumer drains a backlog (bench/replay.py)."""
-    result = _load("replay")
-    lines = [
-        "| case | backlog | msg/s | lateness p50 / p99 / max | handoff − requested p50 / p99 "
-        "| arrival − handoff p50 / p99 / max | acked messages received again | peak `availablePermits` (receiver queue) |",
-        "|---|---:|---:|---|---|---|---:|---:|",
-    ]
+    result = result or load("replay")
+    rows = []
     for case in result["cases"]:
         late, handoff, wait = (case[k] for k in ("lateness_ms", "handoff_minus_requested_ms", "arrival_minus_handoff_ms"))
-        lines.append(
-            f"| `{case['case']}` | {case['messages']:,} | {case['messages_per_s']:,} | "
-            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms | {handoff['p50']:,.0f} / {handoff['p99']:,.0f} ms | "
-            f"{wait['p50']:,.0f} / {wait['p99']:,.0f} / {wait['max']:,.0f} ms | {case['duplicates']:,} | "
-            f"{case['peak_available_permits']:,} ({case['receiver_queue_size']:,}) |"
-        )
-    brokers = sorted(set(result["brokers"].values()))
-    lines += [
-        "",
-        f"{', '.join(brokers)}; one `NackingConsumer`, {result['spin_us']:g} µs of handler time per message, "
-        f"backoff from {result['backoff_ms'][0]} ms (`bench/results/replay.json`). `availablePermits` is the "
-        "broker's count of messages it may still push to the consumer, sampled from the topic's stats every 250 ms.",
-    ]
-    return "\n".join(lines)
+        rows.append([
+            f"`{case['case']}`", f"{case['messages']:,}", f"{case['messages_per_s']:,}",
+            f"{late['p50']:,.0f} / {late['p99']:,.0f} / {late['max']:,.0f} ms", f"{handoff['p50']:,.0f} / {handoff['p99']:,.0f} ms",
+            f"{wait['p50']:,.0f} / {wait['p99']:,.0f} / {wait['max']:,.0f} ms", f"{case['duplicates']:,}",
+            f"{case['peak_available_permits']:,} ({case['receiver_queue_size']:,})",
+        ])
+    headers = ["case", "backlog", "msg/s", "lateness p50 / p99 / max", "handoff − requested p50 / p99",
+               "arrival − handoff p50 / p99 / max", "acked messages received again", "peak `availablePermits` (receiver queue)"]
+    return md_table(headers, rows, "lrrlllrr") + (
+        f"\n\n{', '.join(sorted(set(result['brokers'].values())))}; one `NackingConsumer`, {result['spin_us']:g} µs of handler "
+        f"time per message, backoff from {result['backoff_ms'][0]} ms (`bench/results/replay.json`). `availablePermits` is the "
+        "broker's count of messages it may still push to the consumer, sampled from the topic's stats every 250 ms."
+    )
 
 
-BLOCKS = {
-    "replay": replay_table,
-    "asyncio-lateness": asyncio_lateness_table,
-    "metrics-cost": metrics_cost_table,
-    "demo": demo_table,
-    "space": space_table,
-    "results-table": results_table,
-    "goals": goals_table,
-    "memory": memory_table,
-    "profile": profile_table,
-    "core": core_table,
-    "core-ab": core_ab_table,
-    "client": client_table,
-    "e2e": e2e_table,
-    "scaling": scaling_table,
-    "meta": meta_table,
-    "consumer": consumer_table,
-    "consumer-summary": consumer_summary,
-    "cluster": cluster_table,
+BLOCKS: dict[str, Callable[[], str]] = {
+    "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
+    "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
+    "goals": goals_table, "memory": memory_table, "profile": profile_table, "core": core_table, "core-ab": core_ab_table,
+    "client": client_table, "e2e": e2e_table, "scaling": scaling_table, "meta": meta_table, "consumer": consumer_table,
+    "consumer-summary": consumer_summary, "cluster": cluster_table,
 }
 
 
@@ -673,22 +611,15 @@ def render(text: str, names: list[str]) -> str:
 
 def stale_blocks() -> list[str]:
     """Doc files whose generated blocks differ from the committed JSON."""
-    stale = []
-    for rel, names in DOCS.items():
-        path = REPO / rel
-        if path.read_text() != render(path.read_text(), names):
-            stale.append(rel)
-    return stale
+    return [rel for rel, names in DOCS.items() if (REPO / rel).read_text() != render((REPO / rel).read_text(), names)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the blocks in README.md and docs/benchmarks.md")
-    args = parser.parse_args(argv)
-    if args.write:
+    parser.add_argument("--write", action="store_true", help="rewrite the blocks in README.md and docs/")
+    if parser.parse_args(argv).write:
         for rel, names in DOCS.items():
-            path = REPO / rel
-            path.write_text(render(path.read_text(), names))
+            (REPO / rel).write_text(render((REPO / rel).read_text(), names))
             print(f"updated {rel}")
         return 0
     for name, block in BLOCKS.items():

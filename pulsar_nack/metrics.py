@@ -22,7 +22,7 @@ name                                     kind             unit         meaning
 ``pulsar_nack.redeliver.errors``         counter          {error}      failed ``redeliver`` calls (keys retried)
 ``pulsar_nack.pending.messages``         gauge            {message}    messages waiting for their delay
 ``pulsar_nack.pending.entries``          gauge            {entry}      distinct entries among them
-``pulsar_nack.core.buckets``                  gauge            {bucket}     open time buckets
+``pulsar_nack.buckets``                  gauge            {bucket}     time buckets, open and sealed
 ``pulsar_nack.memory``                   gauge            By           tracker memory (``memory_bytes``)
 ``pulsar_nack.redelivery.lateness``      histogram        ms           release time − bucket due time, per burst
 ======================================== ================ ============ ==========================================
@@ -34,20 +34,17 @@ it was given); for a consumer it is the consumer's ``nacked`` count.
 from __future__ import annotations
 
 import operator
-import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .core.base import BaseTracker
+from .core.keys import PARTITION_SUFFIX, split_topic
 
 __all__ = ["NACK_COUNTER", "Instrumentation", "RunStatsExporter", "instrument", "topic_attributes"]
 
 NACK_COUNTER = "pulsar.client.consumer.message.nack"
 """The Java client's counter (PIP-342), same name and meaning."""
-
-_TOPIC = re.compile(r"^(?:(?P<domain>[a-z-]+)://)?(?P<tenant>[^/]+)/(?P<namespace>[^/]+)/(?P<local>.+)$")
-_PARTITION = re.compile(r"-partition-(\d+)$")
 
 # name, unit, description, the stats reader: consumer stats -> value (None: tracker only)
 _COUNTERS: tuple[tuple[str, str, str, str], ...] = (
@@ -56,12 +53,13 @@ _COUNTERS: tuple[tuple[str, str, str, str], ...] = (
 )
 _CONSUMER_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
     ("pulsar_nack.handoff.bursts", "{burst}", "Handoff bursts to the Pulsar client", "handoff_bursts"),
-    ("pulsar_nack.message.swallowed", "{message}", "Redelivered batch copies swallowed", "swallowed"),
+    ("pulsar_nack.message.swallowed", "{message}", "Copies of pending or returned nacks swallowed", "swallowed"),
+    ("pulsar_nack.message.filtered", "{message}", "Copies of acked messages dropped (and acked again)", "filtered"),
 )
 _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pulsar_nack.pending.messages", "{message}", "Messages waiting for their redelivery delay", "pending_messages"),
     ("pulsar_nack.pending.entries", "{entry}", "Distinct entries among the pending messages", "pending_entries"),
-    ("pulsar_nack.core.buckets", "{bucket}", "Open time buckets", "buckets"),
+    ("pulsar_nack.buckets", "{bucket}", "Time buckets holding pending messages, open and sealed", "buckets"),
     ("pulsar_nack.memory", "By", "Tracker memory in bytes", "memory_bytes"),
 )
 LATENESS_HISTOGRAM = "pulsar_nack.redelivery.lateness"
@@ -81,22 +79,17 @@ def topic_attributes(topic: str | None, subscription: str | None = None) -> dict
     """
     attributes: dict[str, str | int] = {}
     if topic:
-        if "/" not in topic:
-            topic = f"public/default/{topic}"
-        match = _TOPIC.match(topic)
-        if match:
-            domain = match["domain"] or "persistent"
-            local = match["local"]
-            partition = _PARTITION.search(local)
-            if partition:
-                local = local[: partition.start()]
-            attributes["pulsar.tenant"] = match["tenant"]
-            attributes["pulsar.namespace"] = f"{match['tenant']}/{match['namespace']}"
-            attributes["pulsar.topic"] = f"{domain}://{match['tenant']}/{match['namespace']}/{local}"
+        try:
+            domain, tenant, namespace, local = split_topic(topic)
+        except ValueError:  # not a topic name the client would take: reported as given
+            attributes["pulsar.topic"] = topic
+        else:
+            partition = PARTITION_SUFFIX.search(local)
+            attributes["pulsar.tenant"] = tenant
+            attributes["pulsar.namespace"] = f"{tenant}/{namespace}"
+            attributes["pulsar.topic"] = f"{domain}://{tenant}/{namespace}/{PARTITION_SUFFIX.sub('', local)}"
             if partition:
                 attributes["pulsar.partition"] = int(partition.group(1))
-        else:
-            attributes["pulsar.topic"] = topic
     if subscription:
         attributes["pulsar.subscription"] = subscription
     return attributes

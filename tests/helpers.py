@@ -52,7 +52,7 @@ class PurePythonTracker(NegativeAcksTracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, speedups=False, **kwargs)
-        assert type(self._buckets._hot) is _accel.PyHotSlot and "add" not in vars(self)
+        assert type(self._buckets.hot_slot) is _accel.PyHotSlot and "add" not in vars(self)
 
 
 def _varint(value: int) -> bytes:
@@ -99,15 +99,18 @@ def out_of_batch_id(message_id: Any, batch_index: int) -> Any:
 def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int = 0) -> None:
     """Send *payloads* to *topic*; with *batch_size* > 0 they go out in batches of that many."""
     if batch_size:
+        failed: list[Any] = []
         producer = client.create_producer(
             topic,
             batching_enabled=True,
             batching_max_messages=batch_size,
             batching_max_publish_delay_ms=1_000,
+            block_if_queue_full=True,  # else send_async drops what exceeds the 1,000 pending messages
         )
         for payload in payloads:
-            producer.send_async(payload, None)
+            producer.send_async(payload, lambda result, _id: failed.append(result) if str(result) != "Result.Ok" else None)
         producer.flush()
+        assert not failed, f"{len(failed)} messages were not sent: {failed[:3]}"
     else:
         producer = client.create_producer(topic, batching_enabled=False)
         for payload in payloads:

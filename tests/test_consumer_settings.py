@@ -66,7 +66,7 @@ def test_both_consumers_take_the_same_settings_object():
         ("dead_letter_policy", 3, TypeError),
         ("handoff_delay_ms", -5, ValueError),
         ("coalesce_ms", None, TypeError),
-        ("guard_unbatched", "yes", TypeError),
+        ("always_guard", "yes", TypeError),
     ],
 )
 def test_a_bad_setting_raises_naming_it(field: str, value: Any, error: type[Exception]) -> None:
@@ -94,7 +94,7 @@ def test_subscribe_settings_is_the_one_place_that_reads_the_client_keywords():
     for timeout, guarded in ((None, False), (0, False), (10_000, True)):
         kwargs: dict[str, Any] = {"unacked_messages_timeout_ms": timeout, "dead_letter_policy": POLICY}
         settings = subscribe_settings(kwargs, **tracker)
-        assert settings.guard_unbatched is guarded and settings.dead_letter_policy is POLICY
+        assert settings.always_guard is guarded and settings.dead_letter_policy is POLICY
         assert "dead_letter_policy" not in kwargs and kwargs["batch_index_ack_enabled"] is True
     kwargs = {"batch_index_ack_enabled": "no", "dead_letter_policy": POLICY}
     with pytest.raises(TypeError, match="batch_index_ack_enabled"):

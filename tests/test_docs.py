@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import doctest
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +34,56 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^python -m pytest -q$", ci, re.M)
     extras = re.search(r'pip install -e "\.\[([^\]]+)\]" && python -m pytest', test_line).group(1)
     assert f'-e ".[{extras}]"' in ci
+
+
+def test_doctests_that_start_a_broker_run_as_broker_tests():
+    """A doc example that starts a broker is a broker test: run with them, deselected with them, never skipped."""
+    starting = []
+    for path in sorted((REPO / "pulsar_nack").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                for example in doctest.DocTestParser().get_examples(ast.get_docstring(node, clean=True) or ""):
+                    if example.exc_msg is None and ("PulsarStandalone(" in example.source or "PulsarCluster(" in example.source):
+                        starting.append(path.relative_to(REPO).as_posix())
+                        assert not example.options.get(doctest.SKIP), f"{path.name}: a skipped example never runs"
+    assert starting, "the testing package shows how to start a broker"
+    for marks, expected in (("broker", set(starting)), ("not broker", set())):
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marks, *sorted(set(starting))],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        ).stdout
+        assert {line.split("::")[0] for line in listed.splitlines() if "::" in line} == expected, (marks, listed)
+
+
+def test_design_names_the_constants_of_the_code_and_links_only_inside():
+    """docs/design.md: its prose gives the code's numbers (the table of constants is generated), and no link leaves the repo."""
+    import inspect
+
+    from pulsar_nack.consumer import nacking
+    from pulsar_nack.core import accel
+    from pulsar_nack.core.buckets import TimeBuckets
+
+    design = (REPO / "docs" / "design.md").read_text()
+    prose = re.sub(r"<!-- (\w+):start -->.*?<!-- \1:end -->", "", design, flags=re.S)
+    max_open = inspect.signature(TimeBuckets).parameters["max_open_buckets"].default
+    slot, bytes_obj, _, roaring, container, run = report.SPACE_MODEL
+    expected = {
+        r"at most (\d+) per deadline": [accel.LOG_GROUP],
+        r"open buckets \(at most (\d+)\)": [max_open],
+        r"`entry << (\d+) \| batch_index \+ 1`": [nacking._BATCH_BITS],
+        r"about (\d+) bytes\)": [slot],
+        r"a (\d+)-byte `bytes` header": [bytes_obj],
+        r"\((\d+) \+ (\d+) \+ 2 \+ (\d+) bytes\)": [roaring, container, run],
+    }
+    for pattern, values in expected.items():
+        found = re.findall(pattern, prose)
+        assert found, f"design.md no longer says {pattern!r}: update this test with it"
+        for match in found:
+            assert [int(v) for v in ([match] if isinstance(match, str) else match)] == values, (pattern, match)
+    for target in re.findall(r"\]\(([^)\s]+)\)", design):
+        if not target.startswith(("https://", "#")):
+            path = (REPO / "docs" / target.split("#")[0]).resolve()
+            assert path.exists() and REPO in path.parents, f"design.md links outside the repository: {target}"
 
 
 def test_every_test_the_consumer_docs_name_exists():

@@ -66,7 +66,7 @@ def test_counters_and_gauges_match_a_known_workload():
     assert values["pulsar_nack.redeliver.errors"] == 0
     assert values["pulsar_nack.pending.messages"] == 5
     assert values["pulsar_nack.pending.entries"] == 1
-    assert values["pulsar_nack.core.buckets"] == 1
+    assert values["pulsar_nack.buckets"] == 1
     assert values["pulsar_nack.memory"] == tracker.stats()["memory_bytes"] > 0
     assert "pulsar_nack.handoff.bursts" not in values  # a consumer counter
 
@@ -74,7 +74,21 @@ def test_counters_and_gauges_match_a_known_workload():
     values = _values(reader)
     assert values[NACK_COUNTER] == 15
     assert values["pulsar_nack.pending.messages"] == 0
-    assert values["pulsar_nack.core.buckets"] == 0
+    assert values["pulsar_nack.buckets"] == 0
+
+
+def test_the_buckets_gauge_counts_open_and_sealed_buckets_and_says_so():
+    """Its name stays the one dashboards know, and it counts every bucket (``stats()["buckets"]``)."""
+    tracker = NegativeAcksTracker(delay_ms=0, precision_bits=0, max_open_buckets=2, clock=FakeClock(0))
+    reader, meter = _reader()
+    handle = instrument(tracker, meter)
+    for deadline in range(10):  # ten buckets: two open, eight sealed into a page
+        tracker.add((TOPIC, 7, deadline, -1), deadline)
+    with tracker._lock:
+        tracker._buckets.seal_all()
+    gauge = handle.instruments["pulsar_nack.buckets"]
+    assert _values(reader)["pulsar_nack.buckets"] == tracker.stats()["buckets"] == 10
+    assert "open" not in gauge.description.lower().replace("open and sealed", "")
 
 
 def test_attributes_follow_the_java_client():

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import wait_for
+from helpers import _varint, wait_for
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
 from pulsar_nack.consumer.settings import ConsumerSettings
 
@@ -157,3 +157,180 @@ def test_raw_id_unwraps_every_form() -> None:
     assert raw_id(wrapped).entry_id() == 2
     with pytest.raises(TypeError):
         raw_id(object())
+
+
+def test_counters_are_exact_under_threads_and_read_without_a_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """counts() reads the lock-free counters through the iterator protocol, not by parsing their repr."""
+    from pulsar_nack.consumer import nacking
+
+    def no_repr(obj: object) -> str:
+        raise AssertionError(f"a counter was read from its repr: {obj!r:.0}")
+
+    monkeypatch.setattr(nacking, "repr", no_repr, raising=False)
+    core = NackingCore(Recorder(), [T])
+    message = Stub(T, 1, 1)
+
+    def receive() -> None:
+        for _ in range(20_000):
+            core.admit(message)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=receive) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    reads = [core.counts()["received"] for _ in range(200)]  # reading while they count
+    for thread in threads:
+        thread.join()
+    assert reads == sorted(reads) and core.counts()["received"] == core.counts()["received"] == 80_000
+
+
+# ---------------------------------------------------------------- admission (which copies reach the application)
+
+
+class Member(Stub):
+    """A received batch member: its id carries the batch size, as the client's does."""
+
+    def __init__(self, ledger: int, entry: int, index: int, size: int) -> None:
+        super().__init__(T, ledger, entry)
+        fields = [(1, ledger), (2, entry), (4, index), (6, size)]
+        self._id = _pulsar.MessageId.deserialize(b"".join(_varint(n << 3) + _varint(v) for n, v in fields))
+
+
+def _core(**kwargs: Any) -> tuple[NackingCore, list[Any]]:
+    acked: list[Any] = []
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    return NackingCore(Recorder(), [T], settings, acknowledge=acked.append, **kwargs), acked
+
+
+def _ack(core: NackingCore, message: Any) -> None:
+    core.before_ack(message)
+    core.after_ack()
+
+
+def test_a_pending_unbatched_nack_is_swallowed_by_default() -> None:
+    core, _ = _core()
+    message = Stub(T, 5, 1)
+    assert core.admit(message)
+    core.nack(message, delay_ms=60_000)
+    assert not core.admit(message), "a reconnect's copy of a pending nack reached the application"
+    assert core.counts()["swallowed"] == 1
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_a_handed_off_message_comes_back_once_and_its_later_copy_is_acked_with_it() -> None:
+    core, acked = _core()
+    message = Member(5, 2, 1, 3)
+    assert core.admit(message)
+    core.nack(message, delay_ms=0)
+    assert wait_for(lambda: core._handed, 10)
+    assert core.admit(message), "the copy after the handoff is the one the application sees"
+    second = Member(5, 2, 1, 3)
+    assert not core.admit(second), "a second copy (the entry handed off twice) must not be delivered"
+    core._check()
+    _ack(core, message)
+    assert acked == [second], "the held copy is acked with the message"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_acked_members_are_filtered_and_acked_again_until_the_entry_settles() -> None:
+    core, acked = _core()
+    members = [Member(6, 3, i, 3) for i in range(3)]
+    assert all(core.admit(m) for m in members)
+    _ack(core, members[0])
+    core.nack(members[1], delay_ms=60_000)
+    _ack(core, members[2])
+    assert len(core._complete) == 1 and len(core._entries) == 0, "every member acked or nacked: complete"
+    copies = [Member(6, 3, i, 3) for i in range(3)]
+    assert [core.admit(c) for c in copies] == [False, False, False]
+    assert acked == [copies[0], copies[2]], "the acked members' copies are acked again; the pending one is not"
+    assert core.counts()["filtered"] == 2 and core.counts()["swallowed"] == 1
+    core.reset(forget_counts=False)  # the pending member is forgotten: its copy must be delivered now
+    assert core.admit(Member(6, 3, 1, 3))
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_an_entry_settles_when_its_nacked_member_is_acked_after_its_return() -> None:
+    core, _ = _core()
+    members = [Member(7, 4, i, 2) for i in range(2)]
+    assert all(core.admit(m) for m in members)
+    core.nack(members[0], delay_ms=0)
+    _ack(core, members[1])
+    assert wait_for(lambda: core._handed, 10)
+    returned = Member(7, 4, 0, 2)
+    assert core.admit(returned)
+    _ack(core, returned)
+    assert len(core._complete) == 0 and core._entries.counts() == (0, 1)
+    assert not core.admit(Member(7, 4, 0, 2)) and not core.admit(Member(7, 4, 1, 2)), "a settled entry's copy"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_the_core_goes_quiet_after_guard_messages_and_guards_again_on_a_nack() -> None:
+    core, _ = _core(guard_messages=5)
+    messages = [Stub(T, 8, e) for e in range(6)]
+    for message in messages[:5]:
+        assert core.admit(message)
+    assert core.quiet, "no nack state for guard_messages deliveries: quiet"
+    core.nack(messages[5], delay_ms=60_000)
+    assert not core.quiet
+    assert not core.admit(Stub(T, 8, 5))
+    core.close(redeliver_pending=False)
+
+
+def test_a_handed_off_message_that_never_returns_is_forgotten_and_its_entry_with_it(monkeypatch) -> None:
+    from pulsar_nack.consumer import nacking
+
+    now = [1_000_000]
+    monkeypatch.setattr(nacking, "monotonic_ms", lambda: now[0])
+    core, _ = _core(guard_messages=1)
+    members = [Member(9, 5, i, 2) for i in range(2)]
+    assert all(core.admit(m) for m in members)
+    core.nack(members[0], delay_ms=0)
+    _ack(core, members[1])
+    assert wait_for(lambda: core._handed, 10)
+    assert len(core._complete) == 1
+    now[0] += nacking.STALE_MS
+    assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ages the states once: not yet stale
+    assert core._handed and core._complete
+    now[0] += nacking.STALE_MS
+    assert core.admit(Stub(T, 1, 2))  # twice: stale
+    assert not core._handed and not core._complete, "a stale handoff must leave no knowledge behind"
+    assert core.admit(Member(9, 5, 1, 2)), "an entry no longer known is delivered, never filtered"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_an_id_built_for_a_member_is_recorded_and_an_out_of_range_one_refused() -> None:
+    core, acked = _core()
+    members = [Member(10, 6, i, 3) for i in range(3)]
+    assert all(core.admit(m) for m in members)
+    with pytest.raises(ValueError, match="outside its batch of 3"):
+        core.before_ack(_pulsar.MessageId(-1, 10, 6, 3))
+    assert core.before_ack(_pulsar.MessageId(-1, 10, 6, 0)) is None, "the client would ack the whole entry"
+    _ack(core, members[1])
+    _ack(core, members[2])
+    whole = acked[-1]
+    assert (whole.ledger_id(), whole.entry_id(), whole.batch_index()) == (10, 6, -1), "then the entry is acked"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_a_returned_member_of_a_complete_entry_is_never_taken_for_acked() -> None:
+    """With an ack timeout (always_guard) a returned message's copy is delivered again: its
+    entry is complete (every member nacked), but a member in a nack set was not acked."""
+    acked: list[Any] = []
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0, always_guard=True)
+    core = NackingCore(Recorder(), [T], settings, acknowledge=acked.append)
+    members = [Member(11, 7, i, 2) for i in range(2)]
+    assert all(core.admit(m) for m in members)
+    for member in members:
+        core.nack(member, delay_ms=0)
+    assert len(core._complete) == 1
+    assert wait_for(lambda: len(core._handed) == 2, 10)
+    assert core.admit(Member(11, 7, 0, 2)) and core.admit(Member(11, 7, 1, 2))  # returned
+    assert core.admit(Member(11, 7, 0, 2)), "an ack timeout's copy of an unsettled message must be delivered"
+    assert not acked, "nothing the application did not ack may be acked"
+    core._check()
+    core.close(redeliver_pending=False)

@@ -112,6 +112,66 @@ def test_unusual_calls_behave_as_in_pure_python(call):
     assert outcome(fast, *call, delay_ms=7) == outcome(pure, *call, delay_ms=7)
 
 
+KEY = ("t", 7, 20, -1)
+CALL_FORMS = [
+    ((KEY,), {}),
+    ((KEY, 50), {}),
+    ((KEY,), {"delay_ms": 50}),
+    ((KEY, None, 2), {}),
+    ((KEY,), {"redelivery_count": 2}),
+    ((KEY, None), {"redelivery_count": 2}),
+    ((KEY,), {"delay_ms": None, "redelivery_count": 2}),
+    ((KEY, 50), {"redelivery_count": -1}),  # an explicit delay: the count is not looked at
+    ((KEY,), {"delay_ms": MAX_DELAY_MS}),
+    ((KEY,), {"delay_ms": MAX_DELAY_MS + 1}),
+    ((KEY,), {"delay_ms": -1}),
+    ((KEY,), {"delay_ms": True}),
+    ((KEY,), {"delay_ms": 5.0}),
+    ((KEY,), {"redelivery_count": -1}),
+    ((KEY,), {"redelivery_count": True}),
+    ((KEY,), {"redelivery_count": 2**70}),
+    ((KEY, 50), {"delay_ms": 50}),
+    ((KEY, None, 2), {"redelivery_count": 2}),
+    ((KEY,), {"key_or_message": KEY}),
+    ((), {"key_or_message": KEY, "delay_ms": 5}),
+    ((KEY,), {"other": 1}),
+    ((KEY, None, None, None), {}),
+    (("not a key",), {"delay_ms": 5}),
+]
+
+
+@pytest.mark.parametrize("backoff", [None, MultiplierRedeliveryBackoff(100, 1000, 2)], ids=["fixed", "backoff"])
+@pytest.mark.parametrize("call", CALL_FORMS, ids=repr)
+def test_every_call_form_behaves_as_in_pure_python(call, backoff):
+    args, kwargs = call
+    fast, pure = pair(delay_ms=100, precision_bits=4, backoff=backoff)
+    for tracker in (fast, pure):
+        tracker.add(("t", 7, 1, -1), 50)  # makes (t, 7) hot at the 50 ms bucket
+    assert outcome(fast, *args, **kwargs) == outcome(pure, *args, **kwargs)
+    for tracker in (fast, pure):
+        tracker._check()
+    assert list(fast._buckets) == list(pure._buckets) and len(fast) == len(pure)
+
+
+@pytest.mark.parametrize("delays", [None, (10, 20, 40)], ids=["fixed", "backoff"])
+def test_every_documented_call_form_stays_in_c(delays):
+    """The forms the docs show never call back into Python when a hot slot takes the key."""
+    from pyroaring import BitMap
+
+    lock, slot, bitmap = threading.Lock(), _accel.HotSlot(), BitMap()
+    slot.set(0, MAX_DELAY_MS + 1000, "t", 1, 0, bitmap)  # one slot for every deadline
+    calls = []
+    fast = _accel.FastAdd(slot, lock, lambda: 100, 1000, MAX_DELAY_MS, lambda *a, **k: calls.append(a), calls.append, delays)
+    add = fast.add
+    by_count = 1000 if delays is None else 40
+    assert add(("t", 1, 0, -1)) == 100 + (1000 if delays is None else 10)
+    assert add(("t", 1, 1, -1), 5) == add(("t", 1, 2, -1), delay_ms=5) == 105
+    assert add(("t", 1, 3, -1), None, 2) == add(("t", 1, 4, -1), redelivery_count=2) == 100 + by_count
+    assert add(("t", 1, 5, -1), None, redelivery_count=9) == add(("t", 1, 6, -1), delay_ms=None, redelivery_count=2)
+    assert add(("t", 1, 7, -1), delay_ms=MAX_DELAY_MS) == 100 + MAX_DELAY_MS
+    assert calls == [] and list(bitmap) == list(range(8)) and not lock.locked()
+
+
 @pytest.mark.parametrize("now", [-5, 2**62, 2**80, "soon", None, 10.5, ShiftedInt(10_000)])
 def test_unusual_clock_values_behave_as_in_pure_python(now):
     fast, pure = pair(now, delay_ms=100)
@@ -133,12 +193,12 @@ def test_stored_topics_are_exact_str():
 
 def test_a_failing_bitmap_add_raises_its_own_error_and_releases_the_lock():
     lock, slot, bitmap = threading.Lock(), _accel.HotSlot(), FailingBitmap()
-    slot.set(0, "t", 1, 0, bitmap)
+    slot.set(0, 0, "t", 1, 0, bitmap)
 
     def python_path(*args):
         raise AssertionError(f"the key belongs to the slot, not to the Python path: {args}")
 
-    fast = _accel.FastAdd(slot, lock, lambda: 0, 0, 0, False, python_path, python_path)
+    fast = _accel.FastAdd(slot, lock, lambda: 0, 0, MAX_DELAY_MS, python_path, python_path)
     with pytest.raises(MemoryError, match="no room"):
         fast.add(("t", 1, 2, -1))
     assert not lock.locked()
@@ -172,7 +232,7 @@ def test_hot_adds_are_counted_once_and_duplicates_not_at_all():
         tracker.add(("t", 1, entry, -1))
     assert len(tracker) == 4 and tracker.stats()["pending_entries"] == 4
     tracker._check()
-    assert tracker._buckets._hot.growth() == 3  # the first add (slow) set the slot up
+    assert tracker._buckets.hot_slot.growth() == 3  # the first add (slow) set the slot up
     assert tracker.pop_due(20_000) == {"t": [("t", 1, e, -1) for e in (1, 2, 3, 4)]}
     assert len(tracker) == 0
 
@@ -279,24 +339,24 @@ def test_hot_slot_interface(slot_type):
     slot = slot_type()
     assert (slot.slots(), slot.growth(), slot.entry_growth()) == ([], 0, 0)
     plain, batched = BitMap([5]), BitMap([3 << 10 | 1])
-    assert slot.set(256, "t", 3, 0, plain) == (0, 0)
-    assert slot.set(256, "t", 3, 1, batched) == (0, 0)
-    assert slot.slots() == [(256, "t", 3, 0, plain, 1), (256, "t", 3, 1, batched, 1)]
-    assert slot.add(("t", 3, 6, -1), 256) and slot.add(("t", 3, 3, 2), 256) and slot.add(("t", 3, 4, 0), 256)
-    assert not slot.add(("t", 3, 6, -1), 512) and not slot.add(("u", 3, 6, -1), 256)
+    assert slot.set(256, 511, "t", 3, 0, plain) == (0, 0)  # a bucket of 256 ms: deadlines 256..511
+    assert slot.set(256, 511, "t", 3, 1, batched) == (0, 0)
+    assert slot.slots() == [(256, 511, "t", 3, 0, plain, 1), (256, 511, "t", 3, 1, batched, 1)]
+    assert slot.add(("t", 3, 6, -1), 256) and slot.add(("t", 3, 3, 2), 300) and slot.add(("t", 3, 4, 0), 511)
+    assert not slot.add(("t", 3, 6, -1), 512) and not slot.add(("t", 3, 6, -1), 255) and not slot.add(("u", 3, 6, -1), 256)
     assert not slot.add(("t", 4, 6, -1), 256) and not slot.add(("t", 3, 2**32, -1), 256)
     assert not slot.add(("t", 3, 2**22, 0), 256) and not slot.add(("t", 3, 1, 1024), 256)
     plain.update([7, 5])
     assert (slot.growth(), slot.entry_growth()) == (4, 3)  # plain 6, 7; batched (3, 2) and entry 4
     assert slot.forget_bitmap(batched) == (2, 1) and slot.forget(512) == (0, 0)
-    assert slot.forget(256) == (2, 2) and slot.slots() == [] and slot.clear() == (0, 0)
-    # Room for 16: the 17th evicts the oldest and returns its growth.
-    bitmaps = [BitMap() for _ in range(17)]
-    for i, bitmap in enumerate(bitmaps[:16]):
-        assert slot.set(i, "t", 1, 0, bitmap) == (0, 0)
+    assert slot.forget(300) == (2, 2) and slot.slots() == [] and slot.clear() == (0, 0)
+    # Room for MAX_SLOTS: one more evicts the oldest and returns its growth.
+    bitmaps = [BitMap() for _ in range(_accel.MAX_SLOTS + 1)]
+    for i, bitmap in enumerate(bitmaps[:-1]):
+        assert slot.set(i, i, "t", 1, 0, bitmap) == (0, 0)
     bitmaps[0].add(1)
-    assert slot.set(16, "t", 1, 0, bitmaps[16]) == (1, 1)
-    assert [s[0] for s in slot.slots()] == list(range(1, 17))
+    assert slot.set(16, 16, "t", 1, 0, bitmaps[-1]) == (1, 1)
+    assert [s[0] for s in slot.slots()] == list(range(1, _accel.MAX_SLOTS + 1))
     assert slot.clear() == (0, 0) and slot.slots() == []
 
 
@@ -305,21 +365,21 @@ def test_c_hot_slot_refuses_bad_arguments():
 
     slot = _accel.HotSlot()
     with pytest.raises(TypeError):
-        slot.set(1, "t", 2, 0)
+        slot.set(1, 1, "t", 2, 0)
     with pytest.raises(TypeError):
-        slot.set(1, b"t", 2, 0, BitMap())
+        slot.set(1, 1, b"t", 2, 0, BitMap())
     with pytest.raises(TypeError):
-        slot.set(1, "t", 2, 0, object())
+        slot.set(1, 1, "t", 2, 0, object())
     with pytest.raises(ValueError):
-        slot.set(1, "t", 2, 2, BitMap())
+        slot.set(1, 1, "t", 2, 2, BitMap())
     with pytest.raises(TypeError):
         slot.add(("t", 1, 2, -1), "256")
     with pytest.raises(TypeError):
         _accel.HotSlot(1)
     with pytest.raises(TypeError):
-        _accel.FastAdd(slot, threading.Lock(), None, 0, 0, False, print, print, delays=(1, "2"))
+        _accel.FastAdd(slot, threading.Lock(), None, 0, MAX_DELAY_MS, print, print, delays=(1, "2"))
     with pytest.raises(ValueError):
-        _accel.FastAdd(slot, threading.Lock(), None, 0, 0, False, print, print, delays=(-1,))
+        _accel.FastAdd(slot, threading.Lock(), None, 0, MAX_DELAY_MS, print, print, delays=(-1,))
     assert slot.slots() == []
 
 
@@ -328,8 +388,8 @@ def test_c_tail_log_interface():
 
     from pulsar_nack.core import pages as _pages
 
-    slot = _accel.HotSlot()
-    assert slot.log() is None and slot.take_log(4096) is None
+    slot, tag = _accel.HotSlot(), _pages.tag(2, _pages.GAPS)
+    assert slot.log() is None and slot.take_log(tag, 4096) is None
     assert not slot.add(("t", 3, 1, -1), 5)  # no log stream
     slot.set_log("t", 3, 1, 2, 100)  # batched keys of ("t", 3), sid 2, no bucket after 100
     assert not slot.add(("t", 3, 1, 0), 100)  # not after the floor
@@ -345,34 +405,37 @@ def test_c_tail_log_interface():
         slot.set_log("t", 3, 1, 2, 200)
     with pytest.raises(RuntimeError):
         slot.unset_log()
-    sid, pages, messages, entries, buckets, page_last, deadline, values = slot.take_log(4096)
-    assert (sid, messages, entries, buckets, page_last, deadline, values) == (2, 4, 3, 2, 102, 103, [9 << 10 | 9])
+    sid, pages, messages, entries, buckets, last_sealed, deadline, values = slot.take_log(tag, 4096)
+    assert (sid, messages, entries, buckets, last_sealed, deadline, values) == (2, 4, 3, 2, 102, 103, [9 << 10 | 9])
     bodies = [(101, _pages.encode_body([(2, BitMap([1 << 10, 1 << 10 | 5, 2 << 10]))])), (102, _pages.encode_body([(2, BitMap([0]))]))]
-    assert pages == [(101, _pages.build(101, bodies))]  # the bytes sealing gives the same buckets
+    assert pages == _pages.pack(bodies)  # the bytes sealing gives the same buckets
     assert slot.log() == ("t", 3, 1, 2, 103, []) and (slot.growth(), slot.entry_growth()) == (0, 0)
-    # At most 8 records per deadline; a full log misses.
+    # At most LOG_GROUP records per deadline; a full log (LOG_CAPACITY) misses.
     slot.set_log("t", 3, 0, 1, 0)
-    assert all(slot.add(("t", 3, e, -1), 1) for e in range(8)) and not slot.add(("t", 3, 8, -1), 1)
-    assert all(slot.add(("t", 3, 8 + d, -1), d) for d in range(2, 2042))
-    assert not slot.add(("t", 3, 5000, -1), 5000) and slot.growth() == 2048
+    group, capacity = _accel.LOG_GROUP, _accel.LOG_CAPACITY
+    assert all(slot.add(("t", 3, e, -1), 1) for e in range(group)) and not slot.add(("t", 3, group, -1), 1)
+    assert all(slot.add(("t", 3, group + d, -1), d) for d in range(2, capacity - group + 2))
+    assert not slot.add(("t", 3, 5000, -1), 5000) and slot.growth() == capacity
     # Pages split at page_bytes; their records hold every bucket but the last, in order.
-    sid, pages, messages, entries, buckets, page_last, deadline, values = slot.take_log(64)
-    assert len(pages) > 1 and all(len(page) <= 64 for _, page in pages) and (messages, entries, buckets) == (2047, 2047, 2040)
+    sid, pages, messages, entries, buckets, last_sealed, deadline, values = slot.take_log(_pages.tag(1, _pages.GAPS), 64)
+    assert len(pages) > 1 and all(len(page) <= 64 for _, page in pages)
+    assert (messages, entries, buckets) == (capacity - 1, capacity - 1, capacity - group)
     got = []
     for key, page in pages:
         for record_deadline, _, start, end in _pages.records(key, page):
             for sid_, codec, payload in _pages.body_streams(page, start, end):
                 got += [(record_deadline, sid_, v) for v in _pages.decode_values(codec, payload)]
-    assert got == [(1, 1, e) for e in range(8)] + [(d, 1, 8 + d) for d in range(2, 2041)]
-    assert (page_last, deadline, values) == (2040, 2041, [2049])
+    last = capacity - group + 1
+    assert got == [(1, 1, e) for e in range(group)] + [(d, 1, group + d) for d in range(2, last)]
+    assert (last_sealed, deadline, values) == (last - 1, last, [group + last])
     slot.unset_log()
     assert slot.log() is None and not slot.add(("t", 3, 9000, -1), 9000)
     with pytest.raises(TypeError):
         slot.set_log(b"t", 3, 0, 1, 0)
     with pytest.raises(ValueError):
         slot.set_log("t", 3, 2, 1, 0)
-    with pytest.raises(ValueError):
-        slot.take_log(0)
+    with pytest.raises(TypeError):
+        slot.take_log(tag)
     slot.set_log("t", 3, 0, 1, 2**64)  # beyond 64 bits (fake clocks only): no log
     assert slot.log() is None
 
@@ -387,13 +450,13 @@ def test_tail_log_holds_one_new_bucket_per_add_with_the_content_of_pure_python()
     for i in range(5000):
         for b in (fast, pure):
             b.add(("t", 7, i, -1), 1000 + i)
-    log = fast._hot.log()
+    log = fast.hot_slot.log()
     assert log[:4] == ("t", 7, 0, fast._log_sid) and 0 < len(log[5]) <= 2048
     assert len(fast) == len(pure) == 5000 and fast.entries == pure.entries == 5000
     fast._check()  # checks the records, does not flush them
-    assert fast._hot.log() == log and fast.peek_deadline() == pure.peek_deadline() == 1000
+    assert fast.hot_slot.log() == log and fast.peek_deadline() == pure.peek_deadline() == 1000
     assert fast.bucket_count == pure.bucket_count == 5000  # flushes
-    assert fast._hot.log()[5] == []
+    assert fast.hot_slot.log()[5] == []
     fast._check()
     assert list(fast) == list(pure)
     pages = [(k, p) for k, p in fast._buckets.items() if type(p) is bytes]
@@ -404,12 +467,12 @@ def test_tail_log_holds_one_new_bucket_per_add_with_the_content_of_pure_python()
     # A second stream's add is slow (the log takes one stream); the log follows it.
     fast.add(("u", 1, 1, -1), 7000)
     fast.add(("u", 1, 2, -1), 7001)
-    assert fast._hot.log()[:2] == ("u", 1) and len(fast._hot.log()[5]) == 1
+    assert fast.hot_slot.log()[:2] == ("u", 1) and len(fast.hot_slot.log()[5]) == 1
     fast.add(("t", 7, 9, -1), 7002)  # another stream: slow; it flushes the log, which then takes this stream
-    assert fast._hot.log()[:2] == ("t", 7) and fast._hot.log()[5] == [] and type(fast._buckets[7001]) is dict
+    assert fast.hot_slot.log()[:2] == ("t", 7) and fast.hot_slot.log()[5] == [] and type(fast._buckets[7001]) is dict
     fast._check()
     assert fast.clear() == {"t": [("t", 7, i, -1) for i in range(3000, 5000)] + [("t", 7, 9, -1)], "u": [("u", 1, 1, -1), ("u", 1, 2, -1)]}
-    assert fast._hot.log() is None and len(fast) == 0
+    assert fast.hot_slot.log() is None and len(fast) == 0
     fast._check()
 
 
@@ -422,17 +485,17 @@ def test_tail_log_hands_a_dense_bucket_back_as_a_hot_bitmap():
     b.add(("t", 1, 0, -1), 10)
     for e in range(1, 9):
         b.add(("t", 1, e, -1), 11)  # 8 records of bucket 11
-    assert len(b._hot.log()[5]) == 8
+    assert len(b.hot_slot.log()[5]) == 8
     b.add(("t", 1, 9, -1), 11)  # the 9th: slow; the flush opens bucket 11, its bitmap becomes hot
-    assert b._hot.log()[5] == [] and b._buckets[11] == {0: BitMap(range(1, 10))}
-    assert [s[0] for s in b._hot.slots()] == [10, 11] and b.add(("t", 1, 10, -1), 11) and b._hot.log()[5] == []
+    assert b.hot_slot.log()[5] == [] and b._buckets[11] == {0: BitMap(range(1, 10))}
+    assert [s[0] for s in b.hot_slot.slots()] == [10, 11] and b.add(("t", 1, 10, -1), 11) and b.hot_slot.log()[5] == []
     # After a dense bucket the log waits for a sparse one: it would only take first adds.
     b.add(("t", 1, 0, 0), 12)
-    assert b._hot.log() is None and b._log_sid == -1
+    assert b.hot_slot.log() is None and b._log_sid == -1
     # Batched keys: entries count each entry once per bucket.
     for entry, index, deadline in [(0, 1, 13), (0, 2, 13), (1, 0, 13), (1, 0, 14), (5, 3, 14)]:
         b.add(("t", 1, entry, index), deadline)
-    assert b._hot.log()[2:] == (1, b._log_sid, 13, [(14, 1 << 10), (14, 5 << 10 | 3)])
+    assert b.hot_slot.log()[2:] == (1, b._log_sid, 13, [(14, 1 << 10), (14, 5 << 10 | 3)])
     assert b.entries == 11 + 1 + 2 + 2
     b._check()
     b.seal_all()

@@ -9,9 +9,11 @@ On an injected clock, with adds, clock advances and pops interleaved:
 * ``_check()`` holds after every step.
 
 Each run builds the tracker with or without the C hot path (``pulsar_nack.core._speedups``)
-and with or without a multiplier backoff. The ``add_run`` and ``add_batch_run`` rules make
-the ``add(key)`` / ``add(key, None, count)`` calls the hot slots serve (plain and batched
-keys, interleaved topics, the buckets of several backoff delays); sparse steps give the
+and with or without a multiplier backoff. Adds take every documented call form in turn
+(``add(key)``, ``add(key, delay)`` and ``delay_ms=``, ``add(key, None, count)`` and
+``redelivery_count=``). The ``add_run`` and ``add_batch_run`` rules make the calls the hot
+slots serve (plain and batched keys, interleaved topics, the buckets of several backoff
+delays); sparse steps give the
 pages' GAPS codec gaps of one, two and three bytes, and ``seal_all`` and small
 ``max_open`` values seal, split and unseal pages between adds and pops. ``add_ticks``
 moves the clock between the adds of one stream (at precision 0 a new bucket per add), the
@@ -58,6 +60,7 @@ class TrackerMachine(RuleBasedStateMachine):
         self.model: dict[int, set] = {}  # trimmed bucket -> keys
         self.baseline_pending: set = set()
         self.released_by_tracker: Counter = Counter()
+        self.calls = 0
         self.tracker: NegativeAcksTracker
         self.baseline: HashMapNegativeAcksTracker
 
@@ -141,12 +144,13 @@ class TrackerMachine(RuleBasedStateMachine):
             self.now += tick
 
     def _add(self, key, delay, rc=None) -> None:
+        self.calls += 1  # every documented call form, by position and by keyword, in turn
         if delay is not None:
-            deadline = self.tracker.add(key, delay_ms=delay)
+            deadline = self.tracker.add(key, delay_ms=delay) if self.calls % 2 else self.tracker.add(key, delay)
         elif rc is None:
             deadline = self.tracker.add(key)
         else:
-            deadline = self.tracker.add(key, None, rc)
+            deadline = self.tracker.add(key, redelivery_count=rc) if self.calls % 2 else self.tracker.add(key, None, rc)
         assert deadline == self.now + (self.delay_of(rc) if delay is None else delay)
         self.model.setdefault(self.bucket_of(deadline), set()).add(key)
         if key not in self.baseline_pending:  # the baseline replaces; keep its keys unique

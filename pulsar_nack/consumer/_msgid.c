@@ -11,12 +11,30 @@
  *
  * parse_id(bytes) decodes fields 1, 2, 3, 4 and 6 and skips the rest; message_key(message)
  * is the consumer's nack fast path: (topic_name(), ledger, entry, batch_index) of a
- * _pulsar.Message. The pure-Python stand-in in pulsar_nack/_msgid_py.py returns the same.
- * Both run in O(length of the serialized id).
+ * _pulsar.Message. The pure-Python stand-ins in pulsar_nack/consumer/msgid.py return the
+ * same. Both run in O(length of the serialized id).
+ *
+ * EntryTable: what the consumer knows of the entries in flight, keyed by (ledger, entry):
+ *
+ *     open record     a batch entry received (or settled in part) while the consumer
+ *                     guards: its batch size, the members the application acked (A) and
+ *                     those it nacked (N), one bit each (inline up to 64 members, else
+ *                     two heap arrays of words);
+ *     settled record  an entry whose every member was acked (or an acked non-batched
+ *                     message), kept in a FIFO ring of the last `settled_capacity`
+ *                     settlements: the client drops grouped acks it could not send when
+ *                     its connection drops, so such an entry can come back.
+ *
+ * When A | N covers an open batch entry and N is not empty the record is dropped and the
+ * caller moves the entry to its compact set of complete entries (roaring bitmaps). Records
+ * live in one pool (free list), chained from a power-of-two bucket array by index; the
+ * ring holds (index, generation) pairs, so a stale pair of a freed and reused record is
+ * ignored. Every operation is O(1) (amortized for growth), except sweeps and clears.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 static PyObject *str_message_id;
 static PyObject *str_serialize;
@@ -143,6 +161,681 @@ message_key(PyObject *module, PyObject *message)
     return Py_BuildValue("(NLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3]);
 }
 
+
+/* ------------------------------------------------------------------ EntryTable */
+
+/* admit() verdicts */
+#define V_DELIVER 0 /* an open record, member neither acked nor nacked: hand it to the application */
+#define V_ACKED 1   /* the member (or the whole entry) was acked: filter the copy */
+#define V_NACKED 2  /* the member was nacked: the caller's nack sets decide */
+#define V_FRESH 3   /* no record: the caller decides (and opens one for a batch entry) */
+/* ack() / nack() outcomes */
+#define R_NONE 0
+#define R_SETTLED 1         /* every member acked: now a settled record */
+#define R_SETTLED_FOREIGN 2 /* the same, and some member was acked through an id the client made up */
+#define R_COMPLETE 3        /* every member acked or nacked, some nacked: record dropped */
+#define R_MISSING 4         /* no record, and none was created */
+
+#define F_SETTLED 1u
+#define F_FOREIGN 2u
+#define NIL 0xFFFFFFFFu
+
+typedef struct {
+    int64_t ledger, entry;
+    uint32_t next; /* chain (or free list) */
+    uint32_t gen;  /* bumped when the slot is freed */
+    int32_t size;  /* members; 0 for a non-batched message */
+    uint32_t flags;
+    uint64_t acked, nacked; /* size <= 64 */
+    uint64_t *wide;         /* size > 64: words acked, then words nacked */
+} Rec;
+
+typedef struct {
+    PyObject_HEAD
+    Rec *recs;
+    uint32_t cap, used, free_head;
+    uint32_t *buckets; /* first record of each chain, or NIL */
+    uint32_t nbuckets; /* a power of two, >= cap */
+    uint64_t *ring;    /* settled records, oldest first: index << 32 | generation */
+    uint32_t ring_cap, ring_head, ring_len;
+    uint32_t settled;
+    Py_ssize_t wide_bytes;
+} EntryTable;
+
+static inline uint32_t
+key_hash(int64_t ledger, int64_t entry, uint32_t mask)
+{
+    uint64_t x = (uint64_t)ledger * 0x9E3779B97F4A7C15ull ^ (uint64_t)entry;
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (uint32_t)x & mask;
+}
+
+static inline int
+rec_words(const Rec *r)
+{
+    return r->size > 64 ? (r->size + 63) / 64 : 0;
+}
+
+static inline int
+bit_get(const Rec *r, int nacked, int32_t i)
+{
+    if (r->wide == NULL)
+        return (int)(((nacked ? r->nacked : r->acked) >> i) & 1u);
+    int words = rec_words(r);
+    return (int)((r->wide[(nacked ? words : 0) + i / 64] >> (i % 64)) & 1u);
+}
+
+static inline void
+bit_set(Rec *r, int nacked, int32_t i)
+{
+    if (r->wide == NULL) {
+        if (nacked)
+            r->nacked |= 1ull << i;
+        else
+            r->acked |= 1ull << i;
+        return;
+    }
+    int words = rec_words(r);
+    r->wide[(nacked ? words : 0) + i / 64] |= 1ull << (i % 64);
+}
+
+/* 1 if A covers every member, 2 if only A | N does, 0 otherwise. */
+static int
+coverage(const Rec *r)
+{
+    if (r->size <= 0)
+        return 1;
+    if (r->wide == NULL) {
+        uint64_t all = r->size == 64 ? ~0ull : (1ull << r->size) - 1;
+        if ((r->acked & all) == all)
+            return 1;
+        return ((r->acked | r->nacked) & all) == all ? 2 : 0;
+    }
+    int words = rec_words(r), acked_all = 1;
+    for (int w = 0; w < words; w++) {
+        int bits = (w == words - 1 && r->size % 64) ? r->size % 64 : 64;
+        uint64_t all = bits == 64 ? ~0ull : (1ull << bits) - 1;
+        uint64_t a = r->wide[w] & all, n = r->wide[words + w] & all;
+        if ((a | n) != all)
+            return 0;
+        if (a != all)
+            acked_all = 0;
+    }
+    return acked_all ? 1 : 2;
+}
+
+static uint32_t
+table_find(EntryTable *t, int64_t ledger, int64_t entry)
+{
+    if (t->nbuckets == 0)
+        return NIL;
+    uint32_t i = t->buckets[key_hash(ledger, entry, t->nbuckets - 1)];
+    while (i != NIL) {
+        Rec *r = &t->recs[i];
+        if (r->ledger == ledger && r->entry == entry)
+            return i;
+        i = r->next;
+    }
+    return NIL;
+}
+
+/* Grow the pool and the buckets (rehashing every used record); -1 on MemoryError. */
+static int
+table_grow(EntryTable *t)
+{
+    uint32_t cap = t->cap ? t->cap * 2 : 64;
+    if (cap > (1u << 30)) {
+        PyErr_SetString(PyExc_MemoryError, "EntryTable is full");
+        return -1;
+    }
+    Rec *recs = PyMem_Realloc(t->recs, (size_t)cap * sizeof(Rec));
+    if (recs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t *buckets = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
+    if (buckets == NULL) {
+        t->recs = recs;
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(buckets, 0xFF, (size_t)cap * sizeof(uint32_t));
+    /* the new slots join the free list, in index order */
+    for (uint32_t i = t->cap; i < cap; i++) {
+        recs[i].next = i + 1 < cap ? i + 1 : t->free_head;
+        recs[i].gen = 0;
+        recs[i].size = -1; /* free */
+        recs[i].wide = NULL;
+    }
+    t->free_head = t->cap;
+    /* rehash the used ones */
+    for (uint32_t i = 0; i < t->cap; i++) {
+        if (recs[i].size < 0)
+            continue;
+        uint32_t h = key_hash(recs[i].ledger, recs[i].entry, cap - 1);
+        recs[i].next = buckets[h];
+        buckets[h] = i;
+    }
+    PyMem_Free(t->buckets);
+    t->recs = recs;
+    t->buckets = buckets;
+    t->cap = t->nbuckets = cap;
+    return 0;
+}
+
+/* A new open record; NIL with an exception set on failure. */
+static uint32_t
+table_insert(EntryTable *t, int64_t ledger, int64_t entry, int32_t size)
+{
+    if (t->free_head == NIL && table_grow(t) < 0)
+        return NIL;
+    uint32_t i = t->free_head;
+    Rec *r = &t->recs[i];
+    uint64_t *wide = NULL;
+    if (size > 64) {
+        size_t words = (size_t)(size + 63) / 64;
+        wide = PyMem_Calloc(2 * words, sizeof(uint64_t));
+        if (wide == NULL) {
+            PyErr_NoMemory();
+            return NIL;
+        }
+        t->wide_bytes += (Py_ssize_t)(2 * words * sizeof(uint64_t));
+    }
+    t->free_head = r->next;
+    r->ledger = ledger;
+    r->entry = entry;
+    r->size = size < 0 ? 0 : size;
+    r->flags = 0;
+    r->acked = r->nacked = 0;
+    r->wide = wide;
+    uint32_t h = key_hash(ledger, entry, t->nbuckets - 1);
+    r->next = t->buckets[h];
+    t->buckets[h] = i;
+    t->used++;
+    return i;
+}
+
+static void
+table_delete(EntryTable *t, uint32_t i)
+{
+    Rec *r = &t->recs[i];
+    uint32_t *link = &t->buckets[key_hash(r->ledger, r->entry, t->nbuckets - 1)];
+    while (*link != i)
+        link = &t->recs[*link].next;
+    *link = r->next;
+    if (r->wide != NULL) {
+        t->wide_bytes -= (Py_ssize_t)(2 * (size_t)rec_words(r) * sizeof(uint64_t));
+        PyMem_Free(r->wide);
+        r->wide = NULL;
+    }
+    if (r->flags & F_SETTLED)
+        t->settled--;
+    r->size = -1;
+    r->flags = 0;
+    r->gen++;
+    r->next = t->free_head;
+    t->free_head = i;
+    t->used--;
+}
+
+/* Mark record i settled and put it in the ring, evicting the oldest settlement if full. */
+static void
+table_settle(EntryTable *t, uint32_t i)
+{
+    Rec *r = &t->recs[i];
+    r->flags |= F_SETTLED;
+    t->settled++;
+    if (t->ring_cap == 0) {
+        table_delete(t, i);
+        return;
+    }
+    if (t->ring_len == t->ring_cap) {
+        uint64_t old = t->ring[t->ring_head];
+        t->ring_head = (t->ring_head + 1) % t->ring_cap;
+        t->ring_len--;
+        uint32_t j = (uint32_t)(old >> 32), gen = (uint32_t)old;
+        if (j < t->cap && t->recs[j].size >= 0 && t->recs[j].gen == gen && (t->recs[j].flags & F_SETTLED))
+            table_delete(t, j);
+    }
+    t->ring[(t->ring_head + t->ring_len) % t->ring_cap] = (uint64_t)i << 32 | r->gen;
+    t->ring_len++;
+}
+
+static int
+parse_key(PyObject *args, int64_t *ledger, int64_t *entry, int *index, int *size)
+{
+    long long l, e;
+    if (!PyArg_ParseTuple(args, "LLii", &l, &e, index, size))
+        return -1;
+    *ledger = l;
+    *entry = e;
+    return 0;
+}
+
+static PyObject *
+EntryTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"settled_capacity", NULL};
+    int capacity = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", names, &capacity))
+        return NULL;
+    if (capacity < 0 || capacity > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError, "settled_capacity must be between 0 and 2**24");
+        return NULL;
+    }
+    EntryTable *t = (EntryTable *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    t->free_head = NIL;
+    t->ring_cap = (uint32_t)capacity;
+    if (capacity) {
+        t->ring = PyMem_Malloc((size_t)capacity * sizeof(uint64_t));
+        if (t->ring == NULL) {
+            Py_DECREF(t);
+            return PyErr_NoMemory();
+        }
+    }
+    return (PyObject *)t;
+}
+
+static void
+EntryTable_free_all(EntryTable *t)
+{
+    for (uint32_t i = 0; i < t->cap; i++)
+        if (t->recs[i].size >= 0 && t->recs[i].wide != NULL)
+            PyMem_Free(t->recs[i].wide);
+    PyMem_Free(t->recs);
+    PyMem_Free(t->buckets);
+    t->recs = NULL;
+    t->buckets = NULL;
+    t->cap = t->nbuckets = t->used = t->settled = 0;
+    t->free_head = NIL;
+    t->ring_head = t->ring_len = 0;
+    t->wide_bytes = 0;
+}
+
+static void
+EntryTable_dealloc(EntryTable *t)
+{
+    EntryTable_free_all(t);
+    PyMem_Free(t->ring);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* The verdict for member (ledger, entry, index) of an entry of `size` members. */
+static int
+verdict(EntryTable *t, int64_t ledger, int64_t entry, int index)
+{
+    uint32_t i = table_find(t, ledger, entry);
+    if (i == NIL)
+        return V_FRESH;
+    Rec *r = &t->recs[i];
+    if ((r->flags & F_SETTLED) || index < 0 || r->size == 0)
+        return (r->flags & F_SETTLED) ? V_ACKED : V_FRESH;
+    if (index >= r->size)
+        return V_FRESH;
+    if (bit_get(r, 0, index))
+        return V_ACKED;
+    return bit_get(r, 1, index) ? V_NACKED : V_DELIVER;
+}
+
+PyDoc_STRVAR(admit_doc,
+"admit(message) -> (verdict, data)\n\n"
+"Read a received _pulsar.Message's id (message_id().serialize(), as data) and say what\n"
+"is known of it: 0 deliver, 1 acked, 2 nacked, 3 no record.");
+
+static PyObject *
+EntryTable_admit(EntryTable *t, PyObject *message)
+{
+    int64_t f[5];
+    PyObject *id = PyObject_CallMethodNoArgs(message, str_message_id);
+    if (id == NULL)
+        return NULL;
+    PyObject *data = PyObject_CallMethodNoArgs(id, str_serialize);
+    Py_DECREF(id);
+    if (data == NULL)
+        return NULL;
+    if (!PyBytes_Check(data)) {
+        Py_DECREF(data);
+        PyErr_SetString(PyExc_TypeError, "MessageId.serialize() did not return bytes");
+        return NULL;
+    }
+    if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    int v = verdict(t, f[0], f[1], (int)f[3]);
+    return Py_BuildValue("(iN)", v, data);
+}
+
+PyDoc_STRVAR(verdict_doc, "verdict(ledger, entry, index) -> int: admit()'s verdict for a known id.");
+
+static PyObject *
+EntryTable_verdict(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    int index;
+    if (!PyArg_ParseTuple(args, "LLi", &l, &e, &index))
+        return NULL;
+    return PyLong_FromLong(verdict(t, l, e, index));
+}
+
+PyDoc_STRVAR(open_doc, "open(ledger, entry, size): an open record for a batch entry, if it has none.");
+
+static PyObject *
+EntryTable_open(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    int size;
+    if (!PyArg_ParseTuple(args, "LLi", &l, &e, &size))
+        return NULL;
+    if (size > 0 && table_find(t, l, e) == NIL && table_insert(t, l, e, size) == NIL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Record an ack or a nack of (ledger, entry, index) in an entry of `size` members. */
+static PyObject *
+record(EntryTable *t, int64_t ledger, int64_t entry, int index, int size, int nacked, int create, int foreign)
+{
+    uint32_t i = table_find(t, ledger, entry);
+    if (index < 0 || size <= 0) { /* a non-batched message */
+        if (nacked || (i != NIL && t->recs[i].size > 0))
+            return PyLong_FromLong(R_NONE);
+        if (i != NIL)
+            return PyLong_FromLong(R_NONE);
+        if (!create)
+            return PyLong_FromLong(R_MISSING);
+        i = table_insert(t, ledger, entry, 0);
+        if (i == NIL)
+            return NULL;
+        table_settle(t, i);
+        return PyLong_FromLong(R_SETTLED);
+    }
+    if (i == NIL) {
+        if (!create)
+            return PyLong_FromLong(R_MISSING);
+        i = table_insert(t, ledger, entry, size);
+        if (i == NIL)
+            return NULL;
+    }
+    Rec *r = &t->recs[i];
+    if ((r->flags & F_SETTLED) || index >= r->size)
+        return PyLong_FromLong(R_NONE);
+    bit_set(r, nacked, index);
+    if (foreign)
+        r->flags |= F_FOREIGN;
+    switch (coverage(r)) {
+    case 1: {
+        int was_foreign = (r->flags & F_FOREIGN) != 0;
+        table_settle(t, i);
+        return PyLong_FromLong(was_foreign ? R_SETTLED_FOREIGN : R_SETTLED);
+    }
+    case 2:
+        table_delete(t, i);
+        return PyLong_FromLong(R_COMPLETE);
+    default:
+        return PyLong_FromLong(R_NONE);
+    }
+}
+
+PyDoc_STRVAR(ack_doc,
+"ack(ledger, entry, index, size, create=True, foreign=False) -> int\n\n"
+"Record an acked member: 0 nothing else, 1 the entry is settled, 2 settled and some member\n"
+"was acked through a made-up id, 3 every member acked or nacked (record dropped), 4 no\n"
+"record (create False). A non-batched message (index < 0) becomes a settled record.");
+
+static PyObject *
+EntryTable_ack(EntryTable *t, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"ledger", "entry", "index", "size", "create", "foreign", NULL};
+    long long l, e;
+    int index, size, create = 1, foreign = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LLii|pp", names, &l, &e, &index, &size, &create, &foreign))
+        return NULL;
+    return record(t, l, e, index, size, 0, create, foreign);
+}
+
+PyDoc_STRVAR(ack_data_doc,
+"ack_data(data, create=True) -> int: ack() for the serialized id of a received message.");
+
+static PyObject *
+EntryTable_ack_data(EntryTable *t, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"data", "create", NULL};
+    PyObject *data;
+    int create = 1;
+    int64_t f[5];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|p", names, &PyBytes_Type, &data, &create))
+        return NULL;
+    if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0)
+        return NULL;
+    return record(t, f[0], f[1], (int)f[3], (int)f[4], 0, create, 0);
+}
+
+PyDoc_STRVAR(nack_doc,
+"nack(ledger, entry, index, size, create=True) -> int: record a nacked member of a batch\n"
+"entry (as ack(); a non-batched message is not recorded).");
+
+static PyObject *
+EntryTable_nack(EntryTable *t, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"ledger", "entry", "index", "size", "create", NULL};
+    long long l, e;
+    int index, size, create = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LLii|p", names, &l, &e, &index, &size, &create))
+        return NULL;
+    return record(t, l, e, index, size, 1, create, 0);
+}
+
+PyDoc_STRVAR(settle_doc, "settle(ledger, entry): a settled record for an entry whose every member is acked.");
+
+static PyObject *
+EntryTable_settle(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+        return NULL;
+    uint32_t i = table_find(t, l, e);
+    if (i != NIL && (t->recs[i].flags & F_SETTLED))
+        Py_RETURN_NONE;
+    if (i != NIL)
+        table_delete(t, i);
+    i = table_insert(t, l, e, 0);
+    if (i == NIL)
+        return NULL;
+    table_settle(t, i);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(size_of_doc, "size_of(ledger, entry) -> int: the batch size of an open record, else 0.");
+
+static PyObject *
+EntryTable_size_of(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+        return NULL;
+    uint32_t i = table_find(t, l, e);
+    return PyLong_FromLong(i == NIL || (t->recs[i].flags & F_SETTLED) ? 0 : t->recs[i].size);
+}
+
+/* Delete every record for which keep() is false. */
+static void
+table_sweep(EntryTable *t, int (*keep)(const Rec *))
+{
+    for (uint32_t i = 0; i < t->cap; i++)
+        if (t->recs[i].size >= 0 && !keep(&t->recs[i]))
+            table_delete(t, i);
+    if (t->settled == 0)
+        t->ring_head = t->ring_len = 0;
+}
+
+static int
+keep_open(const Rec *r)
+{
+    return !(r->flags & F_SETTLED);
+}
+
+static int
+keep_nacked(const Rec *r)
+{
+    if (r->flags & F_SETTLED)
+        return 0;
+    if (r->wide == NULL)
+        return r->nacked != 0;
+    int words = rec_words(r);
+    for (int w = 0; w < words; w++)
+        if (r->wide[words + w])
+            return 1;
+    return 0;
+}
+
+PyDoc_STRVAR(forget_settled_doc, "forget_settled(): drop every settled record.");
+
+static PyObject *
+EntryTable_forget_settled(EntryTable *t, PyObject *unused)
+{
+    table_sweep(t, keep_open);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(sweep_doc, "sweep(): drop every record without a nacked member (settled ones too).");
+
+static PyObject *
+EntryTable_sweep(EntryTable *t, PyObject *unused)
+{
+    table_sweep(t, keep_nacked);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(clear_nacks_doc, "clear_nacks(): forget the nacked members of every open record.");
+
+static PyObject *
+EntryTable_clear_nacks(EntryTable *t, PyObject *unused)
+{
+    for (uint32_t i = 0; i < t->cap; i++) {
+        Rec *r = &t->recs[i];
+        if (r->size < 0)
+            continue;
+        if (r->wide == NULL)
+            r->nacked = 0;
+        else
+            memset(r->wide + rec_words(r), 0, (size_t)rec_words(r) * sizeof(uint64_t));
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(clear_doc, "clear(): drop every record.");
+
+static PyObject *
+EntryTable_clear(EntryTable *t, PyObject *unused)
+{
+    EntryTable_free_all(t);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(counts_doc, "counts() -> (open, settled): the records of each kind.");
+
+static PyObject *
+EntryTable_counts(EntryTable *t, PyObject *unused)
+{
+    return Py_BuildValue("(II)", t->used - t->settled, t->settled);
+}
+
+PyDoc_STRVAR(memory_doc, "memory_bytes() -> int: the bytes the table holds (pool, buckets, ring, wide bit sets).");
+
+static PyObject *
+EntryTable_memory_bytes(EntryTable *t, PyObject *unused)
+{
+    return PyLong_FromSsize_t((Py_ssize_t)t->cap * (Py_ssize_t)(sizeof(Rec) + sizeof(uint32_t)) +
+                              (Py_ssize_t)t->ring_cap * (Py_ssize_t)sizeof(uint64_t) + t->wide_bytes +
+                              (Py_ssize_t)sizeof(EntryTable));
+}
+
+PyDoc_STRVAR(check_doc, "_check(): assert the invariants (AssertionError if broken). For tests.");
+
+static PyObject *
+EntryTable_check(EntryTable *t, PyObject *unused)
+{
+    uint32_t used = 0, settled = 0, chained = 0, freed = 0;
+    for (uint32_t i = 0; i < t->cap; i++) {
+        const Rec *r = &t->recs[i];
+        if (r->size < 0)
+            continue;
+        used++;
+        settled += (r->flags & F_SETTLED) != 0;
+        /* findable by its key; an open record of a batch entry is not yet covered */
+        if (table_find(t, r->ledger, r->entry) != i)
+            goto bad;
+        if (!(r->flags & F_SETTLED) && (r->size == 0 || coverage(r) != 0))
+            goto bad;
+        if ((r->size > 64) != (r->wide != NULL))
+            goto bad;
+    }
+    for (uint32_t b = 0; b < t->nbuckets; b++)
+        for (uint32_t i = t->buckets[b]; i != NIL; i = t->recs[i].next)
+            chained++;
+    for (uint32_t i = t->free_head; i != NIL; i = t->recs[i].next)
+        freed++;
+    /* counts agree; every record is chained once, every other slot is free */
+    if (used != t->used || settled != t->settled || chained != used || freed != t->cap - used)
+        goto bad;
+    /* every settled record has its pair in the ring */
+    if (settled > t->ring_len)
+        goto bad;
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_AssertionError, "EntryTable invariant broken");
+    return NULL;
+}
+
+static Py_ssize_t
+EntryTable_len(EntryTable *t)
+{
+    return (Py_ssize_t)t->used;
+}
+
+static PySequenceMethods EntryTable_as_sequence = {
+    .sq_length = (lenfunc)EntryTable_len,
+};
+
+static PyMethodDef EntryTable_methods[] = {
+    {"admit", (PyCFunction)EntryTable_admit, METH_O, admit_doc},
+    {"verdict", (PyCFunction)EntryTable_verdict, METH_VARARGS, verdict_doc},
+    {"open", (PyCFunction)EntryTable_open, METH_VARARGS, open_doc},
+    {"ack", (PyCFunction)(void (*)(void))EntryTable_ack, METH_VARARGS | METH_KEYWORDS, ack_doc},
+    {"ack_data", (PyCFunction)(void (*)(void))EntryTable_ack_data, METH_VARARGS | METH_KEYWORDS, ack_data_doc},
+    {"nack", (PyCFunction)(void (*)(void))EntryTable_nack, METH_VARARGS | METH_KEYWORDS, nack_doc},
+    {"settle", (PyCFunction)EntryTable_settle, METH_VARARGS, settle_doc},
+    {"size_of", (PyCFunction)EntryTable_size_of, METH_VARARGS, size_of_doc},
+    {"forget_settled", (PyCFunction)EntryTable_forget_settled, METH_NOARGS, forget_settled_doc},
+    {"sweep", (PyCFunction)EntryTable_sweep, METH_NOARGS, sweep_doc},
+    {"clear_nacks", (PyCFunction)EntryTable_clear_nacks, METH_NOARGS, clear_nacks_doc},
+    {"clear", (PyCFunction)EntryTable_clear, METH_NOARGS, clear_doc},
+    {"counts", (PyCFunction)EntryTable_counts, METH_NOARGS, counts_doc},
+    {"memory_bytes", (PyCFunction)EntryTable_memory_bytes, METH_NOARGS, memory_doc},
+    {"_check", (PyCFunction)EntryTable_check, METH_NOARGS, check_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EntryTable_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pulsar_nack.consumer._msgid.EntryTable",
+    .tp_doc = PyDoc_STR("EntryTable(settled_capacity): acked and nacked members of batch entries in flight, "
+                        "and the last settled entries (C version)."),
+    .tp_basicsize = sizeof(EntryTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = EntryTable_new,
+    .tp_dealloc = (destructor)EntryTable_dealloc,
+    .tp_methods = EntryTable_methods,
+    .tp_as_sequence = &EntryTable_as_sequence,
+};
+
 static PyMethodDef methods[] = {
     {"parse_id", parse_id, METH_O, parse_id_doc},
     {"message_key", message_key, METH_O, message_key_doc},
@@ -162,5 +855,16 @@ PyInit__msgid(void)
     str_topic_name = PyUnicode_InternFromString("topic_name");
     if (!str_message_id || !str_serialize || !str_topic_name)
         return NULL;
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&EntryTable_Type) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&EntryTable_Type);
+    if (PyModule_AddObject(module, "EntryTable", (PyObject *)&EntryTable_Type) < 0) {
+        Py_DECREF(&EntryTable_Type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -36,7 +36,7 @@ from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from .common import ConsumerBase
-from .nacking import TopicMatcher
+from .nacking import TopicMatcher, raw_id
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
@@ -80,18 +80,22 @@ class AsyncNackingConsumer(ConsumerBase):
     async def receive(self) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Early copies of messages whose nack is still pending (a batch sibling's
-        redelivery, an ack timeout) are swallowed here, left unacked: their own handoff
-        brings them back. With a dead-letter policy, a message the application has seen
-        ``max_redeliver_count + 1`` times goes to the dead-letter topic instead.
-        Cancelling a receive (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``.
-        Runtime complexity: O(1) per received message.
+        Copies the application must not see (of a message whose nack is pending, of a
+        message that came back and is not settled yet, of an acked message) are dropped
+        here: see :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit`. With a
+        dead-letter policy, a message the application has seen ``max_redeliver_count +
+        1`` times goes to the dead-letter topic instead. Cancelling a receive
+        (``asyncio.wait_for``) behaves as in ``pulsar.asyncio``. Runtime complexity:
+        O(1) per received message.
         """
         self._check_open()
-        admit = self._core.admit
+        core = self._core
         while True:
             message = await self._consumer.receive()
-            if admit(message._message):
+            if core.quiet and not core.counting:
+                next(core.received)
+                return message
+            if core.admit(message):
                 return message
 
     # ------------------------------------------------------------------ settling
@@ -104,14 +108,17 @@ class AsyncNackingConsumer(ConsumerBase):
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge(raw)
+        if raw is not None:  # None: recorded, acked with its entry
+            await self._consumer.acknowledge(raw)
+        self._core.after_ack()
         next(self._core.acked)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
         """Acknowledge everything up to *message* (not on Shared subscriptions)."""
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw)
+        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.

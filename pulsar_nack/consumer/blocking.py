@@ -27,13 +27,15 @@ Bursts, not a trickle
     handoffs closer together than that starve it. The tracker coalesces: one burst per
     due bucket, never two bursts less than ``coalesce_ms`` (50) apart.
 
-Batches
-    The broker redelivers whole entries. With batch-index acknowledgement (which
-    :func:`subscribe` turns on) the broker's ack set makes the client skip acked
-    siblings of a redelivered entry. Siblings whose own nack is still pending are
-    swallowed (left unacked; their own handoff brings them back); every other sibling is
-    delivered again, as the plain client does, so nothing unsettled is stuck. No state
-    is kept for a batch without a pending nack.
+Copies
+    The broker redelivers whole entries, and every unacked message after a reconnect.
+    Which copies reach the application is decided by
+    :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit` (see
+    :mod:`pulsar_nack.consumer.nacking`): a copy of a message whose nack is pending is
+    swallowed (left unacked; its own handoff brings it back), a message comes back once
+    per nack, and an acked message is filtered (and acked again, so that a broker
+    without batch-index acks settles the entry). Every other copy is delivered, as the
+    plain client does, so nothing unsettled is stuck.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from .common import ConsumerBase, ConsumerStats
-from .nacking import TopicMatcher, client_handoff_latency_ms
+from .nacking import TopicMatcher, client_handoff_latency_ms, raw_id
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
@@ -153,12 +155,12 @@ class NackingConsumer(ConsumerBase):
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Receive the next message the application should see.
 
-        Early copies of messages whose nack is still pending (a batch sibling's
-        redelivery, the client's ack timeout) are swallowed here, left unacked: their own
-        handoff brings them back. With a dead-letter policy, a message the application
-        has seen ``max_redeliver_count + 1`` times goes to the dead-letter topic instead.
-        Raises ``pulsar.Timeout`` as the client does when nothing arrives within
-        *timeout_millis*. Runtime complexity: O(1).
+        Copies the application must not see (of a message whose nack is pending, of a
+        message that came back and is not settled yet, of an acked message) are dropped
+        here: see :meth:`~pulsar_nack.consumer.nacking.NackingCore.admit`. With a
+        dead-letter policy, a message the application has seen ``max_redeliver_count +
+        1`` times goes to the dead-letter topic instead. Raises ``pulsar.Timeout`` as the
+        client does when nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
@@ -174,19 +176,19 @@ class NackingConsumer(ConsumerBase):
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            if not core.pending.count and not core.counting:  # the common path: nothing to compare with
-                next(core.received)
-            elif not core.admit(message):  # swallowed or dead-lettered: wait for the next
-                if timeout_millis is None:
-                    message = raw.receive()
-                else:
-                    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
-                    message = raw.receive(max(left, 0))
-                continue
             wrapped = _Message()
             wrapped._message = message
             wrapped._schema = self._schema
-            return wrapped
+            if core.quiet and not core.counting:  # the common path: nothing to compare with
+                next(core.received)
+                return wrapped
+            if core.admit(message, wrapped):
+                return wrapped
+            if timeout_millis is None:  # a copy to drop, or a dead letter: wait for the next message
+                message = raw.receive()
+            else:
+                left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+                message = raw.receive(max(left, 0))
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
@@ -196,17 +198,17 @@ class NackingConsumer(ConsumerBase):
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
-            if self._core.admit(getattr(message, "_message", message)):
+            if self._core.admit(message):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Receive a batch (per the consumer's batch receive policy), early copies and dead letters removed."""
         self._check_open()
-        return [m for m in self._consumer.batch_receive() if self._core.admit(getattr(m, "_message", m))]
+        return [m for m in self._consumer.batch_receive() if self._core.admit(m)]
 
     def _admit(self, message: Any) -> bool:
         """Record a received message (wrapped or raw); False if the application must not see it."""
-        return self._core.admit(getattr(message, "_message", message))
+        return self._core.admit(message)
 
     # ------------------------------------------------------------------ settling
 
@@ -215,18 +217,25 @@ class NackingConsumer(ConsumerBase):
 
         Raises TypeError for something that is not a message or id, ValueError for a
         message of another topic or a batch index outside its batch (nothing is sent).
+        An id built without a batch size for a member of an entry in flight is recorded,
+        and its entry acked whole once every member is (the client would ack the whole
+        entry at once).
         """
         if self._closed:
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and not core.pending.count and not core.counting and self._raw is not None:
+        if type(message) is _Message and core.quiet and not core.counting and self._raw is not None:
             self._raw.acknowledge(message._message)  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
-            if self._raw is not None:
+            if raw is None:  # recorded; acked with its entry
+                pass
+            elif self._raw is not None:
                 self._raw.acknowledge(raw)
             else:
                 self._consumer.acknowledge(raw)
+            if core._after_ack:
+                core.after_ack()
         next(core.acked)
 
     def acknowledge_cumulative(self, message: Any) -> None:
@@ -237,7 +246,8 @@ class NackingConsumer(ConsumerBase):
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        self._consumer.acknowledge_cumulative(raw)
+        self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._core.after_ack()
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
         """Redeliver *message* after *delay_ms*, the backoff's delay, or the fixed delay.
@@ -265,11 +275,11 @@ class NackingConsumer(ConsumerBase):
         """Ask the broker to redeliver every unacked message now.
 
         Pending nacks are dropped: their messages are unacked, so they come back now
-        with the rest (and count as a redelivery for dead letters). With batch-index
-        acknowledgement (what :func:`subscribe` sets) the broker's ack set keeps acked
-        batch siblings from coming back. The client groups acks for 100 ms before
-        sending them, so this call first waits ``ACK_FLUSH_MS`` (150 ms): the broker has
-        then recorded every earlier ack when the request arrives.
+        with the rest (and count as a redelivery for dead letters). Acked members of
+        entries still being processed stay known, so their copies are filtered. The
+        client groups acks for 100 ms before sending them, so this call first waits
+        ``ACK_FLUSH_MS`` (150 ms): the broker has then recorded every earlier ack when
+        the request arrives.
         """
         self._check_open()
         self._core.reset(forget_counts=False)

@@ -10,6 +10,7 @@ that block or are awaited.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any, TypedDict
@@ -23,6 +24,8 @@ from .settings import ConsumerSettings
 
 __all__ = ["DEAD_LETTER_DRAIN_S", "ConsumerBase", "ConsumerStats"]
 
+_log = logging.getLogger(__name__)
+
 DEAD_LETTER_DRAIN_S = 5.0
 """``close()`` waits this long for dead letters in flight, so their originals get acknowledged."""
 
@@ -33,6 +36,7 @@ class ConsumerStats(TypedDict):
     received: int
     delivered: int
     swallowed: int
+    filtered: int
     acked: int
     nacked: int
     dead_lettered: int
@@ -82,7 +86,7 @@ class ConsumerBase:
             raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
         self._raw = raw_consumer(consumer)
         self._consumer = consumer
-        core = NackingCore(self._hand_off, topics, settings)
+        core = NackingCore(self._hand_off, topics, settings, acknowledge=self._ack_quietly)
         self._route = None
         if core.counting:
             try:
@@ -106,6 +110,20 @@ class ConsumerBase:
         nack = self._raw.negative_acknowledge if self._raw is not None else self._consumer.negative_acknowledge
         for message_id in ids:
             nack(message_id)
+
+    def _ack_quietly(self, message: Any) -> None:
+        """Core callback: acknowledge a copy the application does not see (or a whole entry).
+
+        ``acknowledge`` only queues the ack in the client's ack group; it never waits.
+        Not counted as an acknowledgement of the application.
+        """
+        try:
+            if self._raw is not None:
+                self._raw.acknowledge(message)
+            else:
+                self._consumer.acknowledge(message)
+        except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
+            _log.warning("could not acknowledge a filtered copy", exc_info=True)
 
     def _acknowledge_async(self, message_id: RawMessageId) -> None:
         """Acknowledge without waiting (dead letters: runs on a client thread)."""

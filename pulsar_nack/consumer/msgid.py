@@ -1,18 +1,60 @@
-"""The reader of a received message's id: the optional C ``pulsar_nack.consumer._msgid`` and its
-pure-Python stand-in, with the same results and errors.
+"""The reader of a received message's id and the table of entries in flight: the optional C
+``pulsar_nack.consumer._msgid`` and its pure-Python stand-ins, with the same results and errors.
 
 The consumer's nack path reads ``(topic, ledger, entry, batch_index)`` of every message it
 is given. The C reader takes them from one ``serialize()`` of the id instead of four
-calls (``bench/client.py`` measures both). ``PULSAR_NACK_PURE_PYTHON=1`` before import
-forces the stand-in.
+calls (``bench/client.py`` measures both). :class:`PyEntryTable` (C: ``EntryTable``) keeps,
+per batch entry in flight, which members the application acked and nacked, and the last
+settled entries (see ``_msgid.c``). ``PULSAR_NACK_PURE_PYTHON=1`` before import forces the
+stand-ins.
 """
 
 from __future__ import annotations
 
-import os
+from collections import deque
 from typing import Any
 
-__all__ = ["MSGID", "message_key", "parse_id", "py_message_key", "py_parse_id"]
+from ..core.accel import load_optional
+from ..core.keys import message_key as py_message_key
+
+__all__ = [
+    "ACKED",
+    "COMPLETE",
+    "DELIVER",
+    "FRESH",
+    "MISSING",
+    "MSGID",
+    "NACKED",
+    "NONE",
+    "SETTLED",
+    "SETTLED_FOREIGN",
+    "EntryTable",
+    "PyEntryTable",
+    "message_key",
+    "parse_id",
+    "py_message_key",
+    "py_parse_id",
+]
+
+# EntryTable.admit() / verdict() verdicts
+DELIVER = 0
+"""An open record; the member is neither acked nor nacked: hand it to the application."""
+ACKED = 1
+"""The member (or its whole entry) was acked: a copy to filter."""
+NACKED = 2
+"""The member was nacked: the consumer's nack sets decide."""
+FRESH = 3
+"""No record: the consumer decides (and opens one for a batch entry)."""
+# EntryTable.ack() / nack() outcomes
+NONE = 0
+SETTLED = 1
+"""Every member acked: the record is now a settled one."""
+SETTLED_FOREIGN = 2
+"""Settled, and some member was acked through an id the client made (no batch acker)."""
+COMPLETE = 3
+"""Every member acked or nacked, some nacked: the record is dropped (the entry goes to the complete set)."""
+MISSING = 4
+"""No record, and none was created (``create=False``)."""
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -73,28 +115,211 @@ def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
     return fields[0], fields[1], fields[2], fields[3], fields[4]
 
 
-def py_message_key(message: Any) -> tuple[str, int, int, int]:
-    """``(topic, ledger, entry, batch_index)`` of a received ``_pulsar.Message``: four id reads. O(1).
+class _Record:
+    """One entry: its batch size (0: a non-batched message), acked and nacked members as int bit sets."""
 
-    The stand-in for the C ``message_key`` of ``pulsar_nack.consumer._msgid``, which reads the same
-    fields from one ``serialize()`` of the id (about 0.3 µs less per call: ``bench/client.py``).
+    __slots__ = ("acked", "foreign", "gen", "nacked", "settled", "size")
+
+    def __init__(self, size: int, gen: int) -> None:
+        self.size, self.gen = size, gen
+        self.acked = self.nacked = 0
+        self.settled = self.foreign = False
+
+    def coverage(self) -> int:
+        """1 if every member is acked, 2 if every member is acked or nacked, else 0."""
+        full = (1 << self.size) - 1
+        if self.acked & full == full:
+            return 1
+        return 2 if (self.acked | self.nacked) & full == full else 0
+
+
+class PyEntryTable:
+    """What the consumer knows of the entries in flight: the stand-in for the C ``EntryTable``.
+
+    Keyed by ``(ledger, entry)``. An *open* record is a batch entry with its batch size and
+    the members the application acked and nacked; a *settled* record is an entry whose
+    every member was acked (or an acked non-batched message), kept in a FIFO of the last
+    *settled_capacity* settlements. Same results as the C version; every operation O(1)
+    but the sweeps. Not thread-safe (the consumer's core holds its lock).
+
+    >>> t = PyEntryTable(8)
+    >>> t.ack(7, 1, 0, 2), t.verdict(7, 1, 0), t.verdict(7, 1, 1), t.ack(7, 1, 1, 2), t.counts()
+    (0, 1, 0, 1, (0, 1))
     """
-    message_id = message.message_id()
-    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
+
+    def __init__(self, settled_capacity: int) -> None:
+        if not isinstance(settled_capacity, int) or isinstance(settled_capacity, bool):
+            raise TypeError("settled_capacity must be an int")
+        if not 0 <= settled_capacity <= 1 << 24:
+            raise ValueError("settled_capacity must be between 0 and 2**24")
+        self._records: dict[tuple[int, int], _Record] = {}
+        self._ring: deque[tuple[tuple[int, int], int]] = deque()
+        self._capacity = settled_capacity
+        self._settled = 0
+        self._gen = 0
+
+    def admit(self, message: Any) -> tuple[int, bytes]:
+        """Read a received message's id (its ``serialize()`` bytes) and its verdict."""
+        data = message.message_id().serialize()
+        if not isinstance(data, bytes):
+            raise TypeError("MessageId.serialize() did not return bytes")
+        ledger, entry, _, index, _ = py_parse_id(data)
+        return self.verdict(ledger, entry, index), data
+
+    def verdict(self, ledger: int, entry: int, index: int) -> int:
+        """:data:`DELIVER`, :data:`ACKED`, :data:`NACKED` or :data:`FRESH` for a member."""
+        record = self._records.get((ledger, entry))
+        if record is None:
+            return FRESH
+        if record.settled:
+            return ACKED
+        if index < 0 or record.size == 0 or index >= record.size:
+            return FRESH
+        if record.acked >> index & 1:
+            return ACKED
+        return NACKED if record.nacked >> index & 1 else DELIVER
+
+    def open(self, ledger: int, entry: int, size: int) -> None:
+        """An open record for a batch entry, if it has none."""
+        if size > 0 and (ledger, entry) not in self._records:
+            self._insert(ledger, entry, size)
+
+    def ack(self, ledger: int, entry: int, index: int, size: int, create: bool = True, foreign: bool = False) -> int:
+        """Record an acked member; see the outcome constants."""
+        return self._record(ledger, entry, index, size, False, create, foreign)
+
+    def ack_data(self, data: bytes, create: bool = True) -> int:
+        """:meth:`ack` for the serialized id of a received message."""
+        if not isinstance(data, bytes):
+            raise TypeError(f"data must be bytes, not {type(data).__name__}")
+        ledger, entry, _, index, size = py_parse_id(data)
+        return self._record(ledger, entry, index, size, False, create, False)
+
+    def nack(self, ledger: int, entry: int, index: int, size: int, create: bool = True) -> int:
+        """Record a nacked member of a batch entry (a non-batched message is not recorded)."""
+        return self._record(ledger, entry, index, size, True, create, False)
+
+    def settle(self, ledger: int, entry: int) -> None:
+        """A settled record for an entry whose every member is acked."""
+        record = self._records.get((ledger, entry))
+        if record is not None and record.settled:
+            return
+        if record is not None:
+            self._delete((ledger, entry))
+        self._settle((ledger, entry), self._insert(ledger, entry, 0))
+
+    def size_of(self, ledger: int, entry: int) -> int:
+        """The batch size of an open record, else 0."""
+        record = self._records.get((ledger, entry))
+        return 0 if record is None or record.settled else record.size
+
+    def forget_settled(self) -> None:
+        """Drop every settled record."""
+        self._sweep(lambda r: not r.settled)
+
+    def sweep(self) -> None:
+        """Drop every record without a nacked member (settled ones too)."""
+        self._sweep(lambda r: not r.settled and r.nacked != 0)
+
+    def clear_nacks(self) -> None:
+        """Forget the nacked members of every open record."""
+        for record in self._records.values():
+            record.nacked = 0
+
+    def clear(self) -> None:
+        """Drop every record."""
+        self._records.clear()
+        self._ring.clear()
+        self._settled = 0
+
+    def counts(self) -> tuple[int, int]:
+        """``(open, settled)`` record counts."""
+        return len(self._records) - self._settled, self._settled
+
+    def memory_bytes(self) -> int:
+        """A rough estimate: about 200 bytes per record (dict slot, key tuple, record)."""
+        return 200 * len(self._records) + 8 * self._capacity
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        # The settled count is right, every settled record is in the ring, and no open
+        # record of a batch entry is covered yet.
+        assert self._settled == sum(r.settled for r in self._records.values())
+        assert self._settled <= len(self._ring)
+        assert all(r.settled or (r.size > 0 and r.coverage() == 0) for r in self._records.values())
+
+    # ------------------------------------------------------------------ private
+
+    def _insert(self, ledger: int, entry: int, size: int) -> _Record:
+        self._gen += 1
+        record = self._records[(ledger, entry)] = _Record(max(size, 0), self._gen)
+        return record
+
+    def _delete(self, key: tuple[int, int]) -> None:
+        record = self._records.pop(key)
+        self._settled -= record.settled
+
+    def _settle(self, key: tuple[int, int], record: _Record) -> None:
+        record.settled = True
+        self._settled += 1
+        if not self._capacity:
+            self._delete(key)
+            return
+        if len(self._ring) == self._capacity:
+            old_key, gen = self._ring.popleft()
+            old = self._records.get(old_key)
+            if old is not None and old.gen == gen and old.settled:
+                self._delete(old_key)
+        self._ring.append((key, record.gen))
+
+    def _record(self, ledger: int, entry: int, index: int, size: int, nacked: bool, create: bool, foreign: bool) -> int:
+        key = (ledger, entry)
+        record = self._records.get(key)
+        if index < 0 or size <= 0:  # a non-batched message
+            if nacked or record is not None:
+                return NONE
+            if not create:
+                return MISSING
+            self._settle(key, self._insert(ledger, entry, 0))
+            return SETTLED
+        if record is None:
+            if not create:
+                return MISSING
+            record = self._insert(ledger, entry, size)
+        if record.settled or index >= record.size:
+            return NONE
+        if nacked:
+            record.nacked |= 1 << index
+        else:
+            record.acked |= 1 << index
+        record.foreign = record.foreign or foreign
+        coverage = record.coverage()
+        if coverage == 1:
+            self._settle(key, record)
+            return SETTLED_FOREIGN if record.foreign else SETTLED
+        if coverage == 2:
+            self._delete(key)
+            return COMPLETE
+        return NONE
+
+    def _sweep(self, keep: Any) -> None:
+        for key in [k for k, r in self._records.items() if not keep(r)]:
+            self._delete(key)
+        if not self._settled:
+            self._ring.clear()
 
 
-message_key: Any = py_message_key
-"""``message_key(message)``: the C reader of ``pulsar_nack.consumer._msgid``, or :func:`py_message_key`."""
-parse_id: Any = py_parse_id
+_c = load_optional("pulsar_nack.consumer._msgid")
+MSGID = _c is not None
+"""Whether the C reader is in use."""
+EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable
+"""``EntryTable(settled_capacity)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
+message_key: Any = py_message_key if _c is None else _c.message_key
+"""``message_key(message)``: ``(topic, ledger, entry, batch_index)`` of a message, read from one
+``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
+getters; about 0.3 µs more per call: ``bench/client.py``)."""
+parse_id: Any = py_parse_id if _c is None else _c.parse_id
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
-MSGID = False
-
-if not os.environ.get("PULSAR_NACK_PURE_PYTHON"):
-    try:
-        from ._msgid import message_key as _c_message_key
-        from ._msgid import parse_id as _c_parse_id
-
-        message_key, parse_id = _c_message_key, _c_parse_id
-        MSGID = True
-    except ImportError:  # built without a C compiler: pure Python
-        pass

@@ -65,10 +65,11 @@ class ConsumerSettings:
         made that much early. Leave the default unless you subscribed it yourself.
     coalesce_ms : int
         Minimum gap between two handoff bursts.
-    guard_unbatched : bool
-        Also swallow early copies of nacked non-batched messages (the client's ack
-        timeout would redeliver them before their delay). ``subscribe`` sets it when
-        ``unacked_messages_timeout_ms`` is given.
+    always_guard : bool
+        Check every received message all the time, not only from the start, around
+        nacks and for a while after (see ``docs/consumer.md``, "Reconnects").
+        ``subscribe`` sets it when ``unacked_messages_timeout_ms`` is given: the
+        client's ack timeout then redelivers messages at any moment.
 
     >>> ConsumerSettings(negative_ack_redelivery_delay_ms=5_000).negative_ack_precision_bit_cnt
     8
@@ -85,7 +86,7 @@ class ConsumerSettings:
     dead_letter_policy: pulsar.ConsumerDeadLetterPolicy | None = None
     handoff_delay_ms: int = HANDOFF_DELAY_MS
     coalesce_ms: int = COALESCE_MS
-    guard_unbatched: bool = False
+    always_guard: bool = False
 
     def __post_init__(self) -> None:
         check_ms("negative_ack_redelivery_delay_ms", self.negative_ack_redelivery_delay_ms)
@@ -100,7 +101,7 @@ class ConsumerSettings:
             raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
         check_ms("handoff_delay_ms", self.handoff_delay_ms)
         check_ms("coalesce_ms", self.coalesce_ms)
-        check_bool("guard_unbatched", self.guard_unbatched)
+        check_bool("always_guard", self.always_guard)
 
     @property
     def max_redeliver_count(self) -> int | None:
@@ -124,7 +125,7 @@ def subscribe_settings(
     """The settings of a ``subscribe`` call; adjusts the keywords passed on to the client.
 
     Takes ``dead_letter_policy`` out of *subscribe_kwargs* (the wrapper sends dead
-    letters itself, counting deliveries to the application), guards unbatched nacks when
+    letters itself, counting deliveries to the application), guards all the time when
     an ack timeout is set (``unacked_messages_timeout_ms``, 0 meaning none as in
     pulsar), and defaults ``batch_index_ack_enabled`` to True. Validates everything it
     reads before changing anything.
@@ -136,7 +137,7 @@ def subscribe_settings(
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
         dead_letter_policy=subscribe_kwargs.get("dead_letter_policy"),
-        guard_unbatched=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+        always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
     )
     subscribe_kwargs.pop("dead_letter_policy", None)
     subscribe_kwargs.setdefault("batch_index_ack_enabled", True)

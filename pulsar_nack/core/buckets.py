@@ -14,8 +14,8 @@ entry.  Inside a stream, entry ids live in a Roaring bitmap:
 
 * ``PLAIN`` (non-batched message, ``batch_index == -1``): value = ``entry_id``;
 * ``BATCHED`` (``0 <= batch_index < 1024`` and ``entry_id < 2**53``):
-  value = ``entry_id << 10 | batch_index``, so the messages of one batch sit side by
-  side in one Roaring container;
+  value = ``entry_id << BATCH_BITS | batch_index`` (:data:`~pulsar_nack.core.keys.BATCH_BITS`
+  is 10), so the messages of one batch sit side by side in one Roaring container;
 * ``WIDE`` (any other batched message): a stream per entry, value = ``batch_index``.
   This is the slow path for rare, huge values; it is never an error.
 
@@ -34,11 +34,14 @@ cost of a dict, an int key and bitmap objects: a bucket with one message costs a
 bytes, consecutive entry ids a few bytes per *run*, a sparse selection about one byte
 per message.  An add to a sealed bucket unseals it (and splits its page).
 
-Adds that land after every bucket (one nack per ms at precision 0: every add a new
-bucket) are appended by the C hot path to a *tail log* of one stream instead
-(:mod:`pulsar_nack.core._speedups`); the next Python operation on the structure first
-*flushes* it (:meth:`TimeBuckets._flush_log`): its buckets come back encoded as pages,
-put after the last bucket, and its last bucket as an open one.
+This class owns the trimming rule (:meth:`TimeBuckets.bucket_of`): the C hot path
+(:mod:`pulsar_nack.core.accel`) never trims; each hot slot gets the range of deadlines
+its bucket holds (:meth:`TimeBuckets.deadlines_of`). At precision 0 (a bucket per ms),
+adds that land after every bucket (one nack per ms: every add a new bucket) are appended
+by the C hot path to a *tail log* of one stream instead; the next Python operation on the
+structure first *flushes* it (:meth:`TimeBuckets._flush_log`): its buckets are sealed
+into pages (by :mod:`pulsar_nack.core.pages`, the one page writer) put after the last
+bucket, and its last bucket is opened.
 
 This module has no threads and no locks; :class:`~pulsar_nack.core.tracker.NegativeAcksTracker`
 adds both.
@@ -59,17 +62,26 @@ from sortedcontainers import SortedDict
 from .._validate import check_bool, check_int
 from . import accel as _accel
 from . import pages as _pages
-from .keys import MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
+from .keys import BATCH_BITS, MAX_BATCH_INDEX, MAX_ID, MessageKey, validate_key
 
-__all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets"]
+__all__ = ["DEFAULT_PRECISION_BITS", "MAX_PRECISION_BITS", "TimeBuckets", "bucket_ms"]
 
 DEFAULT_PRECISION_BITS = 8
 """Default trimming: 256 ms buckets, as Java's ``negativeAckPrecisionBitCnt``."""
 MAX_PRECISION_BITS = 30
 
-_BATCH_BITS = 10
-_BATCH_LIMIT = 1 << _BATCH_BITS
-_BATCHED_ENTRY_LIMIT = 1 << (63 - _BATCH_BITS)  # packed values stay below 2**63
+
+def bucket_ms(precision_bits: int) -> int:
+    """How many ms one bucket spans: deadlines trimmed by *precision_bits* bits. O(1).
+
+    >>> bucket_ms(DEFAULT_PRECISION_BITS), bucket_ms(0)
+    (256, 1)
+    """
+    return 1 << check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
+
+
+_BATCH_LIMIT = 1 << BATCH_BITS
+_BATCHED_ENTRY_LIMIT = 1 << (63 - BATCH_BITS)  # packed values stay below 2**63
 _U32 = 1 << 32
 
 
@@ -94,7 +106,7 @@ def _encode(key: MessageKey) -> tuple[_Stream, int]:
     if batch_index < 0:
         return (topic, ledger_id, _Kind.PLAIN, -1), entry_id
     if batch_index < _BATCH_LIMIT and entry_id < _BATCHED_ENTRY_LIMIT:
-        return (topic, ledger_id, _Kind.BATCHED, -1), entry_id << _BATCH_BITS | batch_index
+        return (topic, ledger_id, _Kind.BATCHED, -1), entry_id << BATCH_BITS | batch_index
     return (topic, ledger_id, _Kind.WIDE, entry_id), batch_index
 
 
@@ -104,7 +116,7 @@ def _decode(stream: _Stream, values: Iterator[int] | _Values) -> Iterator[Messag
     if kind is _Kind.PLAIN:
         return zip(repeat(topic), repeat(ledger_id), values, repeat(-1))
     if kind is _Kind.BATCHED:
-        return ((topic, ledger_id, v >> _BATCH_BITS, v & (_BATCH_LIMIT - 1)) for v in values)
+        return ((topic, ledger_id, v >> BATCH_BITS, v & (_BATCH_LIMIT - 1)) for v in values)
     return zip(repeat(topic), repeat(ledger_id), repeat(wide_entry), values)
 
 
@@ -114,7 +126,7 @@ def _count_entries(kind: _Kind, bitmap: _Values) -> int:
         return len(bitmap)
     if kind is _Kind.WIDE:
         return 1
-    return len({v >> _BATCH_BITS for v in bitmap})
+    return len({v >> BATCH_BITS for v in bitmap})
 
 
 class TimeBuckets:
@@ -153,7 +165,8 @@ class TimeBuckets:
     precision_bits: int
     round_up: bool
     max_open_buckets: int
-    _low_mask: int
+    _low_mask: int  # the bits trimming clears
+    _round: int  # added before clearing them: _low_mask when rounding up, else 0
     _buckets: SortedDict  # deadline -> _Bucket
     _open: dict[int, None]  # open bucket deadlines, least recently written first
     _stream_ids: dict[_Stream, int]
@@ -166,13 +179,14 @@ class TimeBuckets:
     _sealed_max: int  # no page holds a bucket later than this (an upper bound)
     _sealed_count: int  # buckets in pages
     _log_sid: int  # the stream of the hot slot's tail log, -1 when none (then the log is empty)
-    # Whether the bucket written before the last new one held at most _LOG_GROUP messages:
+    # Whether the bucket written before the last new one held at most LOG_GROUP messages:
     # the tail log's pattern (a new bucket every few adds). Where buckets fill up, the log
     # would take only the first adds of each and hand them back in a flush: not worth it.
     _sparse_tail: bool
-    # The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
-    # adds are counted as the bitmaps' growth when a slot goes (_settle).
-    _hot: _accel.PyHotSlot
+    hot_slot: _accel.PyHotSlot
+    """The bitmaps recent adds went to: the hot path of add() skips every lookup, and its
+    adds are counted as the bitmaps' growth when a slot goes (_settle). Read-only; the
+    tracker hands it to the C ``add`` (:data:`pulsar_nack.core.accel.FastAdd`)."""
 
     def __init__(
         self,
@@ -183,9 +197,10 @@ class TimeBuckets:
         speedups: bool = True,
     ) -> None:
         self.precision_bits = check_int("precision_bits", precision_bits, 0, MAX_PRECISION_BITS)
+        self._low_mask = bucket_ms(self.precision_bits) - 1
         self.round_up = check_bool("round_up", round_up)
         self.max_open_buckets = check_int("max_open_buckets", max_open_buckets, 1)
-        self._low_mask = (1 << precision_bits) - 1
+        self._round = self._low_mask if round_up else 0
         self._buckets = SortedDict()
         self._open = {}
         self._stream_ids = {}
@@ -199,19 +214,19 @@ class TimeBuckets:
         self._sealed_count = 0
         self._log_sid = -1
         self._sparse_tail = True
-        self._hot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
-        self._hot_add = self._hot.add
+        self.hot_slot = _accel.HotSlot() if check_bool("speedups", speedups) else _accel.PyHotSlot()
+        self._hot_add = self.hot_slot.add
 
     # ------------------------------------------------------------------ queries
 
     def __len__(self) -> int:
         """Number of pending messages. O(1)."""
-        return self._messages + self._hot.growth()
+        return self._messages + self.hot_slot.growth()
 
     @property
     def entries(self) -> int:
         """Pending entries (a batch counts once per bucket it appears in). O(1)."""
-        return self._entries + self._hot.entry_growth()
+        return self._entries + self.hot_slot.entry_growth()
 
     @property
     def bucket_count(self) -> int:
@@ -220,14 +235,21 @@ class TimeBuckets:
         return len(self._open) + self._sealed_count
 
     def bucket_of(self, deadline_ms: int) -> int:
-        """The bucket a deadline falls into (floored, or rounded up if ``round_up``).
+        """The bucket a deadline falls into (floored, or rounded up if ``round_up``): the trimming rule. O(1).
 
         >>> TimeBuckets(8).bucket_of(1000), TimeBuckets(8, round_up=True).bucket_of(1000)
         (768, 1024)
         """
-        if self.round_up:
-            deadline_ms += self._low_mask
-        return deadline_ms & ~self._low_mask
+        return (deadline_ms + self._round) & ~self._low_mask
+
+    def deadlines_of(self, bucket: int) -> tuple[int, int]:
+        """The first and last deadline that fall into *bucket* (the inverse of :meth:`bucket_of`). O(1).
+
+        >>> TimeBuckets(8).deadlines_of(768), TimeBuckets(8, round_up=True).deadlines_of(1024)
+        ((768, 1023), (769, 1024))
+        """
+        first = bucket - self._round
+        return first, first + self._low_mask
 
     def peek_deadline(self) -> int | None:
         """Earliest bucket deadline, or None when empty. O(1).
@@ -277,12 +299,9 @@ class TimeBuckets:
             topic, ledger_id, entry_id, batch_index = key = validate_key(key)
         if type(key) is not tuple:
             key = validate_key(key)
-        if self.round_up:
-            bucket_deadline = (deadline_ms + self._low_mask) & ~self._low_mask
-        else:
-            bucket_deadline = deadline_ms & ~self._low_mask
+        bucket_deadline = (deadline_ms + self._round) & ~self._low_mask  # bucket_of(), inlined
         # Hot path: a bitmap a recent add went to takes the key (it checks the key itself).
-        if self._hot_add(key, bucket_deadline):
+        if self._hot_add(key, deadline_ms):
             return bucket_deadline
         if (
             type(topic) is not str
@@ -313,7 +332,7 @@ class TimeBuckets:
             bucket[sid] = bitmap
             self._stream_refs[sid] += 1
         else:
-            self._settle(self._hot.forget_bitmap(bitmap))  # count its hot adds before this one
+            self._settle(self.hot_slot.forget_bitmap(bitmap))  # count its hot adds before this one
             if value >= _U32 and type(bitmap) is BitMap:
                 bitmap = BitMap64(bitmap)
                 bucket[sid] = bitmap  # type: ignore[index]  # (sid is set: the bitmap was found by it)
@@ -334,30 +353,31 @@ class TimeBuckets:
             self._messages += 1
             self._entries += new_entry
         if kind is not _Kind.WIDE and type(bitmap) is BitMap:
-            self._settle(self._hot.set(bucket_deadline, key[0], key[1], kind, bitmap))
-            if self._sparse_tail:
+            self._settle(self.hot_slot.set(*self.deadlines_of(bucket_deadline), key[0], key[1], kind, bitmap))
+            if self._sparse_tail and not self._low_mask:  # the log takes buckets of one ms only
                 last = self._buckets.keys()[-1]
-                self._hot.set_log(key[0], key[1], kind, sid, max(last, self._sealed_max))  # type: ignore[arg-type]  # (sid is set: found or made above)
+                self.hot_slot.set_log(key[0], key[1], kind, sid, max(last, self._sealed_max))  # type: ignore[arg-type]  # (sid is set: found or made above)
                 self._log_sid = sid  # type: ignore[assignment]  # (as above)
                 return
         if self._log_sid >= 0:  # the last bucket may be later now: the log's floor is stale
-            self._hot.unset_log()
+            self.hot_slot.unset_log()
             self._log_sid = -1
 
     def _flush_log(self) -> None:
         """Move the tail log's adds into the structure; every other method calls this first.
 
-        The log's buckets (all later than every bucket here) come back as pages, put after
-        the last bucket, except the last one, opened as a normal bucket: a dense bucket then
-        gets a hot bitmap and Roaring runs, as without the log. O(1) when the log is empty,
-        else O(log records + log b).
+        The log's buckets (all later than every bucket here) come back sealed into pages
+        (by the page framing of :mod:`pulsar_nack.core.pages`), put after the last bucket,
+        except the last one, opened as a normal bucket: a dense bucket then gets a hot
+        bitmap and Roaring runs, as without the log. O(1) when the log is empty, else
+        O(log records + log b).
         """
         if self._log_sid < 0:  # no log stream, so no records: the common case, no C call
             return
-        taken = self._hot.take_log(_pages.PAGE_BYTES)
+        taken = self.hot_slot.take_log(_pages.tag(self._log_sid, _pages.GAPS), _pages.PAGE_BYTES)
         if taken is None:
             return
-        sid, pages, messages, entries, sealed, page_last, deadline, values = taken
+        sid, pages, messages, entries, sealed, last_sealed, deadline, values = taken
         if pages:
             for key, page in pages:
                 self._put_page(key, page)
@@ -365,8 +385,7 @@ class TimeBuckets:
             self._entries += entries
             self._sealed_count += sealed
             self._stream_refs[sid] += sealed
-            if page_last > self._sealed_max:
-                self._sealed_max = page_last
+            self._sealed_max = max(self._sealed_max, last_sealed)
         bucket = self._open_bucket(deadline)  # a new bucket: later than every other one
         bitmap = bucket[sid] = BitMap(values)
         self._stream_refs[sid] += 1
@@ -391,7 +410,7 @@ class TimeBuckets:
             del buckets[deadline]
             if type(bucket) is dict:
                 del self._open[deadline]
-                self._settle(self._hot.forget(deadline))
+                self._settle(self.hot_slot.forget(deadline))
                 self._release(bucket.items(), due)
                 continue
             self._sealed_bytes -= sys.getsizeof(bucket)
@@ -462,7 +481,7 @@ class TimeBuckets:
                 bitmap.run_optimize()
                 bitmap.shrink_to_fit()
                 messages += len(bitmap)
-            self._sparse_tail = messages <= _LOG_GROUP
+            self._sparse_tail = messages <= _accel.LOG_GROUP
         else:
             self._sparse_tail = True
         buckets[deadline] = opened
@@ -510,22 +529,20 @@ class TimeBuckets:
         buckets = self._buckets
         bucket: _OpenBucket = buckets[deadline]
         del self._open[deadline]
-        self._settle(self._hot.forget(deadline))
+        self._settle(self.hot_slot.forget(deadline))
         body = _pages.encode_body(bucket.items())
         if deadline > self._sealed_max:
             self._sealed_max = deadline
         self._sealed_count += 1
         index = buckets.index(deadline)
-        if index:
-            key, before = buckets.peekitem(index - 1)
-            if type(before) is bytes and len(before) + len(body) <= _pages.PAGE_BYTES:
-                # Join the page just before: it then covers this deadline too.
-                del buckets[deadline]
-                self._sealed_bytes -= len(before) + _BYTES_HEADER
-                self._put_page(key, _pages.append(before, key, deadline, body))
-                return
         del buckets[deadline]
-        self._put_page(deadline, _pages.build(deadline, [(deadline, body)]))
+        key, before = buckets.peekitem(index - 1) if index else (-1, None)
+        if type(before) is not bytes:
+            key, before = -1, None
+        pages = _pages.pack([(deadline, body)], key, before)
+        if before is not None and len(pages) == 1:  # it joined the page just before, which now covers it
+            self._sealed_bytes -= len(before) + _BYTES_HEADER
+        self._put_page(*pages[-1])
 
     def seal_all(self) -> None:
         """Seal every open bucket (e.g. before measuring memory). O(open buckets)."""
@@ -559,7 +576,7 @@ class TimeBuckets:
             self._streams[sid] = None
             self._free_sids.append(sid)
             if sid == self._log_sid:  # (the log is empty: every caller flushed it)
-                self._hot.unset_log()
+                self.hot_slot.unset_log()
                 self._log_sid = -1
 
     def _new_sid(self, stream: _Stream) -> int:
@@ -574,11 +591,15 @@ class TimeBuckets:
         self._stream_ids[stream] = sid
         return sid
 
-    def _forget_hot(self) -> None:
-        """Empty every hot slot and the tail log, counting the adds that went through them. O(slots)."""
+    def forget_hot(self) -> None:
+        """Empty every hot slot and the tail log, counting the adds that went through them. O(slots).
+
+        A closed tracker calls it after storing keys again, so that no C ``add`` can go
+        past its closed check into a hot slot.
+        """
         self._flush_log()
-        self._settle(self._hot.clear())
-        self._hot.unset_log()
+        self._settle(self.hot_slot.clear())
+        self.hot_slot.unset_log()
         self._log_sid = -1
 
     def _settle(self, grown: tuple[int, int]) -> None:
@@ -670,12 +691,13 @@ class TimeBuckets:
                     for message in _decode(stream, values):
                         # Every stored value decodes to a valid key of its own stream.
                         assert validate_key(message) == message and _encode(message)[0] == stream
-        # The tail log: one live plain or batched stream, only while the structure is not
-        # empty; records after every bucket (floor), aligned, strictly increasing, at most
-        # 8 per bucket, 32-bit values. They count as messages (and entries) not yet stored.
-        # (set_log() may decline a stream, and PyHotSlot never logs: then log() is None.)
-        log = self._hot.log()
-        assert self._log_sid < 0 or self._streams[self._log_sid] is not None
+        # The tail log: only at precision 0, one live plain or batched stream, only while the
+        # structure is not empty; records after every bucket (floor), strictly increasing,
+        # at most LOG_GROUP per bucket, 32-bit values. They count as messages (and entries)
+        # not yet stored. (set_log() may decline a stream, and PyHotSlot never logs: then
+        # log() is None.)
+        log = self.hot_slot.log()
+        assert self._log_sid < 0 or (self._streams[self._log_sid] is not None and not self._low_mask)
         assert log is None or self._log_sid >= 0
         if log is not None:
             topic, ledger, kind, sid, floor, log_records = log
@@ -683,9 +705,9 @@ class TimeBuckets:
             assert keys and floor >= latest
             assert all(d > floor and d & self._low_mask == 0 and 0 <= v < _U32 for d, v in log_records)
             assert log_records == sorted(set(log_records))
-            assert max(Counter(d for d, _ in log_records).values(), default=0) <= _LOG_GROUP
+            assert max(Counter(d for d, _ in log_records).values(), default=0) <= _accel.LOG_GROUP
             messages += len(log_records)
-            entries += len({(d, v >> _BATCH_BITS if kind == _Kind.BATCHED else v) for d, v in log_records})
+            entries += len({(d, v >> BATCH_BITS if kind == _Kind.BATCHED else v) for d, v in log_records})
         # Reference counts, free list and stream table agree.
         assert refs == self._stream_refs
         assert all(self._streams[s] is None and refs[s] == 0 for s in self._free_sids)
@@ -694,16 +716,16 @@ class TimeBuckets:
         # Counters match the content.
         assert (messages, entries, sealed) == (len(self), self.entries, self._sealed_bytes)
         # Each hot bitmap is the live 32-bit bitmap of its plain or batched stream in an open bucket.
-        slots = self._hot.slots()
-        assert len({id(bitmap) for *_, bitmap, _ in slots}) == len(slots) <= 16
-        for deadline, topic, ledger, kind, bitmap, base in slots:
+        slots = self.hot_slot.slots()
+        assert len({id(bitmap) for *_, bitmap, _ in slots}) == len(slots) <= _accel.MAX_SLOTS
+        for first, last, topic, ledger, kind, bitmap, base in slots:
+            deadline = self.bucket_of(first)
+            assert self.deadlines_of(deadline) == (first, last)
             sid = self._stream_ids[(topic, ledger, _Kind(kind), -1)]
             assert self._buckets[deadline][sid] is bitmap and type(bitmap) is BitMap
             assert len(bitmap) >= base
 
 
-_LOG_GROUP = 8
-"""Records per bucket the C tail log takes (``LOG_GROUP`` in ``_speedups.c``)."""
 _BYTES_HEADER = sys.getsizeof(b"")
 """``sys.getsizeof`` of a bytes object beyond its length."""
 _BITMAP_OVERHEAD = 96

@@ -5,8 +5,10 @@ A message is identified by ``(topic, ledger_id, entry_id, batch_index)``, with
 of the topic name (``persistent://t/ns/x-partition-3``), so keys of different topics or
 partitions never collide even where ledger ids repeat.
 
-:func:`key_of` accepts ``pulsar.Message``, ``_pulsar.Message``, ``pulsar.MessageId`` and
-``_pulsar.MessageId`` by duck typing: this module never imports pulsar.
+This module holds the rules about names and ids that every layer uses: how a topic name
+reads (:func:`split_topic`, :func:`full_topic_name`, :data:`PARTITION_SUFFIX`), how a
+message's key is read (:func:`message_key`, duck-typed: this module never imports pulsar)
+and how a batched key packs into a bitmap value (:data:`BATCH_BITS`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from typing import Any
 from .._validate import check_int
 
 __all__ = [
+    "BATCH_BITS",
     "MAX_BATCH_INDEX",
     "MAX_ID",
     "PARTITION_SUFFIX",
     "MessageKey",
     "checked_key",
+    "full_topic_name",
     "key_of",
+    "message_key",
     "redelivery_count_of",
+    "split_topic",
     "validate_key",
 ]
 
@@ -36,6 +42,61 @@ MAX_BATCH_INDEX = 2**31 - 1
 """Largest batch index (signed 32-bit in the Pulsar protocol)."""
 PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 """The ``-partition-N`` suffix of a partition's topic name; group 1 is N."""
+BATCH_BITS = 10
+"""A batched message with ``batch_index < 2**BATCH_BITS`` is stored as the bitmap value
+``entry_id << BATCH_BITS | batch_index``, so the messages of one batch sit side by side."""
+
+
+def split_topic(topic: str) -> tuple[str, str, str, str]:
+    """``(domain, tenant, namespace, local name)`` of a topic name, short or full, as the client reads it.
+
+    A short name ``orders`` is ``persistent://public/default/orders``; ``t/ns/orders`` is
+    ``persistent://t/ns/orders``. O(len(topic)).
+
+    >>> split_topic("orders")
+    ('persistent', 'public', 'default', 'orders')
+    >>> split_topic("non-persistent://t/ns/x-partition-3")
+    ('non-persistent', 't', 'ns', 'x-partition-3')
+
+    Raises
+    ------
+    TypeError
+        For a topic that is not a str.
+    ValueError
+        For a name that is neither ``local`` nor ``[domain://]tenant/namespace/local``.
+    """
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be str, not {type(topic).__name__}")
+    domain, full, rest = topic.partition("://")
+    if not full:
+        domain, rest = "persistent", topic
+    parts = rest.split("/", 2)
+    if len(parts) == 1 and not full:
+        parts = ["public", "default", rest]
+    if not domain or len(parts) != 3 or not all(parts):
+        raise ValueError(f"topic must be a topic name (local or tenant/namespace/local), got {topic!r}")
+    return domain, parts[0], parts[1], parts[2]
+
+
+def full_topic_name(topic: str) -> str:
+    """``persistent://public/default/orders`` for ``orders``, as the client names it. O(len(topic)).
+
+    >>> full_topic_name("orders"), full_topic_name("t/ns/orders")
+    ('persistent://public/default/orders', 'persistent://t/ns/orders')
+    """
+    domain, tenant, namespace, local = split_topic(topic)
+    return f"{domain}://{tenant}/{namespace}/{local}"
+
+
+def message_key(message: Any) -> MessageKey:
+    """``(topic, ledger, entry, batch_index)`` of a message (anything with ``topic_name()`` and
+    ``message_id()``), read with the id's four getters, not validated. O(1).
+
+    The one reader of a message's key; :mod:`pulsar_nack.consumer.msgid` has a C version that
+    reads the same fields from one ``serialize()`` of the id.
+    """
+    message_id = message.message_id()
+    return message.topic_name(), message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()
 
 
 def validate_key(key: object) -> MessageKey:
@@ -118,22 +179,23 @@ def key_of(obj: object, default_topic: str = "") -> MessageKey:
     if isinstance(obj, tuple):
         return validate_key(obj)
     if callable(getattr(obj, "message_id", None)) and callable(getattr(obj, "topic_name", None)):
-        topic = obj.topic_name()  # type: ignore[attr-defined]  # (duck-typed pulsar.Message: checked callable just above)
-        message_id = obj.message_id()  # type: ignore[attr-defined]  # (duck-typed pulsar.Message: checked callable just above)
-    elif _is_message_id(obj):
-        message_id, topic = obj, default_topic
+        try:
+            key = message_key(obj)
+        except AttributeError:  # its message_id() has no ledger_id() and friends
+            raise TypeError(f"message_id() of a {type(obj).__name__} returned no message id") from None
+        return validate_key(key)
+    if _is_message_id(obj):
+        message_id: Any = obj
+        topic = default_topic
         partition = getattr(obj, "partition", None)
         index = partition() if callable(partition) else -1
         if isinstance(index, int) and index >= 0 and topic and not PARTITION_SUFFIX.search(topic):
             topic = f"{topic}-partition-{index}"
-    else:
-        raise TypeError(
-            "expected a pulsar Message or MessageId or a (topic, ledger_id, entry_id, batch_index) "
-            f"tuple, not {type(obj).__name__}"
-        )
-    if not _is_message_id(message_id):
-        raise TypeError(f"message_id() returned {type(message_id).__name__}, not a message id")
-    return validate_key((topic, message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()))
+        return validate_key((topic, message_id.ledger_id(), message_id.entry_id(), message_id.batch_index()))
+    raise TypeError(
+        "expected a pulsar Message or MessageId or a (topic, ledger_id, entry_id, batch_index) "
+        f"tuple, not {type(obj).__name__}"
+    )
 
 
 def redelivery_count_of(obj: object) -> int:

@@ -21,6 +21,13 @@ re-encoding: a new header plus a slice. Each stream's values (the bitmap values 
 Many small buckets share one page (up to :data:`PAGE_BYTES`), so a bucket's fixed cost
 is a few bytes instead of a dict slot, an int key and an object header.
 
+This module defines the format and is its only writer and reader. Its framing loops
+(:func:`pack`, the body of :func:`encode_body`) and the GAPS codec's run in C when the
+extension is built (``pack``, ``frame_body``, ``encode_gaps``, ``decode_gaps`` in
+``_speedups.c``, which the C tail log writes its pages with too) and in the Python here
+otherwise: the same bytes, held equal by ``tests/test_pages.py``. Stream tags
+(:func:`tag`) and the page size are decided here only.
+
 Runtime complexity: encoding and decoding are O(values + bytes); every page operation
 is O(page bytes), and a page is at most :data:`PAGE_BYTES` unless one bucket alone is
 larger.
@@ -29,7 +36,7 @@ larger.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from operator import sub
 from typing import Any, Union
 
@@ -42,15 +49,15 @@ __all__ = [
     "PAGE_BYTES",
     "ROARING32",
     "ROARING64",
-    "append",
     "body_streams",
-    "build",
     "decode_values",
     "encode_body",
     "encode_values",
     "iter_records",
+    "pack",
     "read_uvarint",
     "records",
+    "tag",
     "tail",
     "uvarint",
 ]
@@ -121,6 +128,11 @@ def _encode_gaps_py(array: Any) -> bytes:
     return bytes(out)
 
 
+def _encode_gaps_list(values: list[int]) -> bytes:
+    """GAPS payload of a list of ascending values (at least two)."""
+    return uvarint(values[0]) + b"".join(uvarint(b - a) for a, b in pairwise(values))
+
+
 def _decode_gaps(payload: bytes) -> list[int]:
     """Values of a GAPS payload, ascending; in C when the extension is built."""
     if _accel.decode_gaps is not None:
@@ -144,11 +156,14 @@ def _decode_gaps_py(payload: bytes) -> list[int]:
     return values
 
 
-def encode_values(bitmap: _Bitmap) -> tuple[int, bytes]:
+def encode_values(bitmap: _Bitmap | list[int]) -> tuple[int, bytes]:
     """``(codec, payload)`` for one stream's bitmap (not empty): the smaller encoding.
 
-    Runs the bitmap's ``run_optimize()`` (it is being sealed). O(values).
+    Runs the bitmap's ``run_optimize()`` (it is being sealed). A list of ascending values
+    (at most a few, from the tail log) is GAPS, smaller than Roaring's headers. O(values).
     """
+    if isinstance(bitmap, list):
+        return GAPS, uvarint(bitmap[0]) if len(bitmap) == 1 else _encode_gaps_list(bitmap)
     if len(bitmap) == 1:
         return GAPS, uvarint(bitmap.min())
     bitmap.run_optimize()
@@ -168,13 +183,25 @@ def decode_values(codec: int, payload: bytes) -> _Bitmap | list[int]:
     return (BitMap64 if codec == ROARING64 else BitMap).deserialize(payload)
 
 
-def encode_body(streams: Iterable[tuple[int, _Bitmap]]) -> bytes:
-    """The body of one sealed bucket from its ``(sid, bitmap)`` pairs. O(values)."""
-    parts: list[bytes] = [b""]
-    for sid, bitmap in streams:
-        codec, payload = encode_values(bitmap)
-        parts += (uvarint(sid << 2 | codec), uvarint(len(payload)), payload)
-    parts[0] = uvarint(len(parts) // 3)
+def tag(sid: int, codec: int) -> int:
+    """The tag of a stream in a body: its sid and its codec. O(1)."""
+    return sid << 2 | codec
+
+
+def encode_body(streams: Iterable[tuple[int, _Bitmap | list[int]]]) -> bytes:
+    """The body of one sealed bucket from its ``(sid, bitmap or ascending values)`` pairs. O(values)."""
+    framed = []
+    for sid, values in streams:
+        codec, payload = encode_values(values)
+        framed.append((tag(sid, codec), payload))
+    return _frame_body(framed)
+
+
+def _frame_body_py(streams: list[tuple[int, bytes]]) -> bytes:
+    """``body := uvarint(streams) [uvarint(tag) uvarint(len(payload)) payload]...``; the C ``frame_body``'s stand-in."""
+    parts = [uvarint(len(streams))]
+    for stream_tag, payload in streams:
+        parts += (uvarint(stream_tag), uvarint(len(payload)), payload)
     return b"".join(parts)
 
 
@@ -182,31 +209,48 @@ def body_streams(page: bytes, start: int, end: int) -> Iterator[tuple[int, int, 
     """``(sid, codec, payload)`` of each stream in the body at ``page[start:end]``."""
     count, pos = read_uvarint(page, start)
     for _ in range(count):
-        tag, pos = read_uvarint(page, pos)
+        stream_tag, pos = read_uvarint(page, pos)
         length, pos = read_uvarint(page, pos)
-        yield tag >> 2, tag & 3, page[pos : pos + length]
+        yield stream_tag >> 2, stream_tag & 3, page[pos : pos + length]
         pos += length
     if pos != end:
         raise ValueError("corrupt page: a body does not end where its record says")
 
 
-def _record(delta: int, body: bytes) -> bytes:
-    return uvarint(delta) + uvarint(len(body)) + body
+def pack(bodies: list[tuple[int, bytes]], key: int = -1, page: bytes | None = None) -> list[tuple[int, bytes]]:
+    """``[(key, page)]``: *page* (keyed by *key*; None for none) followed by the records of
+    ``(deadline, body)`` pairs (ascending, after every record of *page*), in pages of up to
+    :data:`PAGE_BYTES` (a larger record alone). The first item is *page* grown, when its
+    first new record fits in it. O(bytes).
+    """
+    return _pack(bodies, key, page, PAGE_BYTES)
 
 
-def build(key: int, bodies: list[tuple[int, bytes]]) -> bytes:
-    """A new page of ``(deadline, body)`` records; *key* is the first deadline."""
-    return b"".join([uvarint(0)] + [_record(deadline - key, body) for deadline, body in bodies])
+def _pack_py(bodies: list[tuple[int, bytes]], key: int, page: bytes | None, page_bytes: int) -> list[tuple[int, bytes]]:
+    """:func:`pack` in Python: ``page := uvarint(key - base) record+``,
+    ``record := uvarint(deadline - base) uvarint(len(body)) body``; the C ``pack``'s stand-in."""
+    pages = []
+    base = -1 if page is None else base_of(key, page)
+    parts = [] if page is None else [page]
+    size = 0 if page is None else len(page)
+    for deadline, body in bodies:
+        record = b"" if base < 0 else uvarint(deadline - base) + uvarint(len(body)) + body
+        if base < 0 or size + len(record) > page_bytes:
+            if base >= 0:
+                pages.append((key, b"".join(parts)))
+            key = base = deadline
+            record = _ONE_BYTE[0] + uvarint(len(body)) + body
+            parts, size = [_ONE_BYTE[0]], 1  # uvarint(key - base): the key is the base
+        parts.append(record)
+        size += len(record)
+    if base >= 0:
+        pages.append((key, b"".join(parts)))
+    return pages
 
 
 def base_of(key: int, page: bytes) -> int:
     """The time a page's record deltas count from. O(1)."""
     return key - read_uvarint(page, 0)[0]
-
-
-def append(page: bytes, key: int, deadline: int, body: bytes) -> bytes:
-    """*page* plus one record at *deadline* (later than every record in it). O(page)."""
-    return page + _record(deadline - base_of(key, page), body)
 
 
 def iter_records(key: int, page: bytes) -> Iterator[Record]:
@@ -230,3 +274,7 @@ def records(key: int, page: bytes) -> list[Record]:
 def tail(page: bytes, key: int, new_key: int, offset: int) -> bytes:
     """The page of the records from byte *offset* on, keyed by *new_key* (their first deadline). O(page)."""
     return uvarint(new_key - base_of(key, page)) + page[offset:]
+
+
+_pack: Any = _accel.pack if _accel.pack is not None else _pack_py
+_frame_body: Any = _accel.frame_body if _accel.frame_body is not None else _frame_body_py

@@ -14,7 +14,7 @@ import time
 import types
 from collections.abc import Callable
 
-from .._validate import check_ms
+from .._validate import MAX_DELAY_MS, check_ms
 from . import accel as _accel
 from .backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
 from .base import NEVER, BaseTracker, DueKeys, Redeliver, TrackerStats
@@ -150,11 +150,13 @@ class NegativeAcksTracker(BaseTracker):
     def _install_fast_add(self) -> None:
         """Bind ``add`` to the C hot path when it is built.
 
-        The C code handles ``add(key)`` (and ``add(key, None, redelivery_count)`` with a
-        :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff`, whose delays it reads
-        once, here) for a key a hot slot takes, and calls the Python code (:meth:`add`,
-        :meth:`_track`) for everything else, so behaviour is the same; only the common
-        call is cheaper. Subclasses that override ``add`` keep their own, and so do
+        The C code serves every documented call form, ``add(key)``, a per-call delay
+        (``add(key, 1000)``, ``add(key, delay_ms=1000)``) and a redelivery count
+        (``add(key, None, 3)``, ``add(key, redelivery_count=3)``) with the fixed delay or a
+        :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff` (whose delays it
+        reads once, here, as a table), for a key a hot slot takes. It calls the Python code
+        (:meth:`add`, :meth:`_track`) for everything else, so behaviour is the same; only
+        these calls are cheaper. Subclasses that override ``add`` keep their own, and so do
         trackers with any other backoff.
         """
         delays = _backoff_table(self._backoff)
@@ -165,12 +167,11 @@ class NegativeAcksTracker(BaseTracker):
         # The C code reads CLOCK_MONOTONIC itself when that is what monotonic_ms reads.
         native = time.get_clock_info("monotonic").implementation == "clock_gettime(CLOCK_MONOTONIC)"
         fast = _accel.FastAdd(
-            slot=self._buckets._hot,
+            slot=self._buckets.hot_slot,
             lock=self._lock,
             clock=None if self._clock is monotonic_ms and native else self._clock,
             delay_ms=self._delay_ms,
-            low_mask=self._buckets._low_mask,
-            round_up=self._buckets.round_up,
+            max_delay_ms=MAX_DELAY_MS,
             general=types.MethodType(BaseTracker.add, self),
             track=self._track,
             delays=delays,
@@ -226,7 +227,7 @@ class NegativeAcksTracker(BaseTracker):
         if self._closed:
             # Keys stored into a closed tracker must not leave a hot slot behind: the C
             # add would take a key into it without reaching the closed check.
-            self._buckets._forget_hot()
+            self._buckets.forget_hot()
         return wake_by
 
     def wait_idle(self, timeout_s: float) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
+from ..core.keys import message_key
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import _acquire, _discard, _Entry, _next_worker_task
@@ -34,12 +35,6 @@ _HOUSEKEEPING_S = 0.2
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
 Key = tuple[str, int, int, int]
-
-
-def _message_key(message: Any) -> Key:
-    """``(topic, ledger, entry, batch index)`` of a message."""
-    mid = message.message_id()
-    return (message.topic_name(), mid.ledger_id(), mid.entry_id(), mid.batch_index())
 
 
 def _tracker_sample(tracker: Any) -> tuple[int | None, int | None]:
@@ -186,6 +181,8 @@ class _TaskRun:
                 now = time.monotonic()
                 if budget.drain_pending and self.tracker is not None and len(self.tracker):
                     last_busy = now
+                elif not self.consumer.is_connected():
+                    last_busy = now  # its broker is away (a failover): not idle, the messages are still there
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
                     return
@@ -202,7 +199,7 @@ class _TaskRun:
         if count:
             self.counts["redelivered"] += 1
             if self.record_timings:
-                self.arrivals.append((_message_key(message), time.time() * 1000, count))
+                self.arrivals.append((message_key(message), time.time() * 1000, count))
         try:
             self.handler(message)
         except BaseException as error:
@@ -241,7 +238,7 @@ class _TaskRun:
         self.counts["nacked"] += 1
         if self.record_timings:
             now_ms = time.time() * 1000
-            self.nacks.append((_message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
+            self.nacks.append((message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
         if self.tracker is not None:
             self.peak_pending = _peak(self.peak_pending, len(self.tracker))
 

@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from .._validate import check_int
+from ..core.keys import split_topic
 from ..errors import BrokerError
 
 __all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
@@ -25,18 +26,8 @@ _MAX_REDIRECTS = 3
 
 
 def topic_path(topic: str) -> str:
-    """``persistent/public/default/orders`` for ``orders`` or its full name."""
-    if not isinstance(topic, str) or not topic:
-        raise TypeError("topic must be a non-empty str")
-    domain, sep, rest = topic.partition("://")
-    if not sep:
-        domain, rest = "persistent", topic
-    parts = rest.split("/")
-    if len(parts) == 1:
-        parts = ["public", "default", *parts]
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"not a topic name: {topic!r}")
-    return "/".join([domain, *parts])
+    """``persistent/public/default/orders`` for ``orders`` or its full name (:func:`~pulsar_nack.core.keys.split_topic`)."""
+    return "/".join(split_topic(topic))
 
 
 def namespace_path(namespace: str) -> str:

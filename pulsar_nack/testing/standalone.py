@@ -22,12 +22,13 @@ Every socket is bound to 127.0.0.1. Batch-index acknowledgement
 admin API). The JVM gets its own ``JAVA_HOME`` (the newest installed JDK that runs the
 release) and a bounded heap.
 
-Example, from a plain Python shell (the first call fetches about 250 MB)::
+Example, from a plain Python shell (the first call fetches about 250 MB; the test suite
+runs it with the tests marked ``broker``)::
 
     >>> from pulsar_nack.testing import PulsarStandalone, quiet_client
-    >>> with PulsarStandalone() as broker:                       # doctest: +SKIP
+    >>> with PulsarStandalone() as broker:
     ...     client = quiet_client(broker.url)
-    ...     client.create_producer("persistent://public/default/x").send(b"hi")
+    ...     message_id = client.create_producer("persistent://public/default/x").send(b"hi")
     ...     client.close()
 """
 

@@ -1,0 +1,128 @@
+"""The table of entries in flight (``EntryTable``): the C version against the pure-Python one and
+against a plain model, no broker.
+
+The consumer keeps, per batch entry in flight, which members the application acked and
+nacked, and the last settled entries; ``pulsar_nack/consumer/_msgid.c`` explains the
+records. Both versions must give the same answer to every call.
+"""
+
+from __future__ import annotations
+
+import _pulsar
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pulsar_nack.consumer import msgid
+
+TABLES = [pytest.param(msgid.PyEntryTable, id="python")]
+if msgid.MSGID:
+    TABLES.append(pytest.param(msgid.EntryTable, id="c"))
+
+_keys = st.tuples(st.sampled_from([3, 2**40]), st.integers(0, 5))
+_sizes = st.sampled_from([0, 1, 3, 64, 65, 130])
+_ops = st.one_of(
+    st.tuples(st.just("ack"), _keys, st.integers(-1, 130), _sizes, st.booleans(), st.booleans()),
+    st.tuples(st.just("nack"), _keys, st.integers(-1, 130), _sizes, st.booleans(), st.just(False)),
+    st.tuples(st.just("open"), _keys, st.just(0), _sizes, st.just(True), st.just(False)),
+    st.tuples(st.just("settle"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
+    st.tuples(st.sampled_from(["forget_settled", "sweep", "clear_nacks", "clear"]), _keys, st.just(0),
+              st.just(0), st.just(True), st.just(False)),
+)
+
+
+def _apply(table: object, op: tuple) -> object:
+    name, (ledger, entry), index, size, create, foreign = op
+    if name == "ack":
+        return table.ack(ledger, entry, index, size, create=create, foreign=foreign)
+    if name == "nack":
+        return table.nack(ledger, entry, index, size, create=create)
+    if name == "open":
+        return table.open(ledger, entry, size)
+    if name == "settle":
+        return table.settle(ledger, entry)
+    return getattr(table, name)()
+
+
+@pytest.mark.skipif(not msgid.MSGID, reason="the C extension was not built")
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(_ops, max_size=60), capacity=st.sampled_from([0, 1, 3, 64]))
+def test_c_and_python_tables_agree_on_every_call(ops: list[tuple], capacity: int) -> None:
+    c_table, py_table = msgid.EntryTable(capacity), msgid.PyEntryTable(capacity)
+    for op in ops:
+        assert _apply(c_table, op) == _apply(py_table, op), op
+        c_table._check()
+        py_table._check()
+        assert c_table.counts() == py_table.counts() and len(c_table) == len(py_table)
+        for ledger in (3, 2**40):
+            for entry in range(6):
+                assert c_table.size_of(ledger, entry) == py_table.size_of(ledger, entry)
+                for index in (-1, 0, 1, 2, 63, 64, 129):
+                    assert c_table.verdict(ledger, entry, index) == py_table.verdict(ledger, entry, index)
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_an_entry_settles_when_every_member_is_acked(table_type) -> None:
+    table = table_type(8)
+    assert [table.ack(1, 9, i, 3) for i in (0, 2)] == [msgid.NONE, msgid.NONE]
+    assert table.verdict(1, 9, 0) == msgid.ACKED and table.verdict(1, 9, 1) == msgid.DELIVER
+    assert table.ack(1, 9, 1, 3) == msgid.SETTLED
+    assert table.counts() == (0, 1) and table.verdict(1, 9, 1) == msgid.ACKED
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_an_entry_with_a_nacked_member_completes_and_leaves(table_type) -> None:
+    table = table_type(8)
+    assert table.nack(1, 9, 1, 3) == msgid.NONE
+    assert table.verdict(1, 9, 1) == msgid.NACKED
+    assert table.ack(1, 9, 0, 3) == msgid.NONE
+    assert table.ack(1, 9, 2, 3) == msgid.COMPLETE
+    assert len(table) == 0 and table.verdict(1, 9, 0) == msgid.FRESH
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_settled_records_are_the_last_settlements(table_type) -> None:
+    table = table_type(3)
+    for entry in range(5):
+        assert table.ack(4, entry, -1, 0) == msgid.SETTLED
+    assert [table.verdict(4, e, -1) for e in range(5)] == [msgid.FRESH] * 2 + [msgid.ACKED] * 3
+    table.forget_settled()
+    assert len(table) == 0
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_a_member_acked_through_a_made_up_id_is_reported_at_settlement(table_type) -> None:
+    table = table_type(8)
+    table.open(2, 3, 2)
+    assert table.size_of(2, 3) == 2
+    assert table.ack(2, 3, 0, 2, foreign=True) == msgid.NONE
+    assert table.ack(2, 3, 1, 2) == msgid.SETTLED_FOREIGN
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_admit_reads_the_id_of_a_message(table_type) -> None:
+    class Message:
+        def __init__(self, message_id: _pulsar.MessageId) -> None:
+            self._id = message_id
+
+        def message_id(self) -> _pulsar.MessageId:
+            return self._id
+
+    table = table_type(8)
+    table.ack(11, 12, 1, 4)
+    verdict, data = table.admit(Message(_pulsar.MessageId(-1, 11, 12, 1)))
+    assert verdict == msgid.ACKED and msgid.parse_id(data)[:4] == (11, 12, -1, 1)
+    assert table.admit(Message(_pulsar.MessageId(-1, 11, 12, 2)))[0] == msgid.DELIVER
+    assert table.admit(Message(_pulsar.MessageId(-1, 11, 13, 2)))[0] == msgid.FRESH
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_wide_entries_keep_every_member(table_type) -> None:
+    table = table_type(4)
+    for index in range(0, 1000, 7):
+        table.ack(5, 6, index, 1000)
+    assert all(table.verdict(5, 6, i) == (msgid.ACKED if i % 7 == 0 else msgid.DELIVER) for i in range(1000))
+    for index in range(1000):
+        if index % 7:
+            outcome = table.ack(5, 6, index, 1000)
+    assert outcome == msgid.SETTLED and table.counts() == (0, 1)
