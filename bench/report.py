@@ -25,6 +25,7 @@ DOCS = {
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
+    "docs/consumer.md": ["faults"],
 }
 
 
@@ -590,12 +591,61 @@ def replay_table(result: dict[str, Any] | None = None) -> str:
     )
 
 
+def _ms_pair(late: dict[str, Any]) -> str:
+    """``p50 / p99`` lateness in ms, or ``-`` without answers."""
+    if late["p50"] is None:
+        return "-"
+    return f"{late['p50']:,.0f} / {late['p99']:,.0f}"
+
+
+_ARM_NAMES = {"ours": "ours", "builtin": "built-in"}
+
+
+def _faults_demo_table(demos: list[dict[str, Any]]) -> str:
+    rows = []
+    for demo in demos:
+        summary = demo["summary"]
+        rows.append([_ARM_NAMES[demo["tracker"]], f"{summary['produced']:,}", f"{100 * demo['killed_at_done']:.0f} %",
+                     f"{summary['lost']:,}", f"{summary['left_in_subscription']:,}",
+                     f"{summary['duplicates']:,} ({summary['duplicates_pct']:.1f} %)"])  # fmt: skip
+    headers = ["`pulsar-nack demo`, broker killed", "events", "killed at", "lost", "left in the subscription", "duplicates"]
+    return md_table(headers, rows, "lrrrrr") + (
+        "\n\nTwo runs one after the other on a Spark standalone cluster (two workers, one consumer each, receiver "
+        "queue 1,000), the broker owning the demo's topic killed with SIGKILL once the given share of its backlog "
+        "was acked."
+    )
+
+
+def faults_table(result: dict[str, Any] | None = None) -> str:
+    """Issue 23: each fault on the two-broker cluster, ours beside the built-in nack (bench/faults.py)."""
+    result = result or load("faults")
+    rows = []
+    for run in result["faults"]:
+        for arm, found in run["arms"].items():
+            rows.append([run["fault"] if arm == "ours" else "", _ARM_NAMES[arm], f"{found['lost']:,}", f"{found['early']:,}",
+                         f"{found['duplicates']:,}", f"{found['after_ack']:,}", _ms_pair(found["lateness_ms"])])  # fmt: skip
+    headers = ["fault", "consumer", "lost", "early", "duplicates", "after an ack", "lateness p50 / p99 (ms)"]
+    kill = next(run for run in result["faults"] if run["key"] == "kill")["timings_s"]
+    text = md_table(headers, rows, "llrrrrr") + (
+        f"\n\n{result['broker']}, one run of each fault (`python -m bench.faults`, `bench/results/faults.json`), "
+        "both consumers on the same topic at the same time, each on its own client and subscription. "
+        f"*Early*: a retry more than {result['early_ms']} ms before it was due (the floor of a "
+        f"{result['precision_bits']}-bit bucket plus 10 ms); *duplicates*: deliveries beyond one plus one per nack; "
+        "lateness: arrival minus due time of every retry (the built-in's due time is its fixed delay). "
+        f"Load average {result['load_average_1_5_15_before'][0]:.1f} on 2 cores when the run began. After the SIGKILL, "
+        f"lookups named the other broker {kill['lookups_moved_s']:.1f} s later and our consumer was connected again "
+        f"after {kill['ours_reconnected_s']:.1f} s (the client's reconnect backoff)."
+    )
+    demos = result.get("spark_demo") or []
+    return text + ("\n\n" + _faults_demo_table(demos) if demos else "")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
     "goals": goals_table, "memory": memory_table, "profile": profile_table, "core": core_table, "core-ab": core_ab_table,
     "client": client_table, "e2e": e2e_table, "scaling": scaling_table, "meta": meta_table, "consumer": consumer_table,
-    "consumer-summary": consumer_summary, "cluster": cluster_table,
+    "consumer-summary": consumer_summary, "cluster": cluster_table, "faults": faults_table,
 }
 
 

@@ -266,19 +266,40 @@ def test_quick_bench_results_go_to_a_user_directory_never_into_the_checkout(tmp_
     assert not list(_common.RESULTS.glob("*-quick.json"))
 
 
-def test_quiet_client_logs_go_to_stderr_not_stdout():
-    """pulsar.ConsoleLogger writes to stdout, where it broke ``demo --json``; quiet_client's do not."""
-    code = (
-        "import pulsar\n"
-        "from pulsar_nack.testing import quiet_client\n"
-        "client = quiet_client('pulsar://127.0.0.1:1', operation_timeout_seconds=2)\n"
-        "try:\n"
-        "    client.create_producer('persistent://public/default/x')\n"
-        "except pulsar.PulsarException:\n"
-        "    pass\n"
-        "client.close()\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "", done.stdout[:2000]
-    assert "Connection refused" in done.stderr or "Failed to establish connection" in done.stderr, done.stderr[:2000]
+_QUIET_CLIENT_SCRIPT = (
+    "import sys, pulsar\n"
+    "from pulsar_nack.testing import quiet_client\n"
+    "print('before', file=sys.stderr, flush=True)\n"
+    "client = quiet_client('pulsar://127.0.0.1:1', operation_timeout_seconds=1)\n"
+    "try:\n"
+    "    client.create_producer('persistent://public/default/x')\n"
+    "except pulsar.PulsarException:\n"
+    "    pass\n"
+    "print('after', file=sys.stderr, flush=True)\n"
+    "client.close()\n"
+)
+
+
+def test_quiet_client_logs_go_to_stderr_not_stdout_and_exit_cleanly():
+    """pulsar.ConsoleLogger writes to stdout, where it broke ``demo --json``; quiet_client's do not.
+
+    Five runs: with a Python logging.Logger, pulsar-client 3.13.0 aborted at interpreter exit
+    (status 134) in about half of them.
+    """
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", _QUIET_CLIENT_SCRIPT], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "", done.stdout[:2000]
+        assert "Connection refused" in done.stderr or "Failed to establish connection" in done.stderr, done.stderr[:2000]
+
+
+def test_quiet_client_logs_keep_a_redirected_stderr_file_whole(tmp_path):
+    """``2> file`` opens the file without O_APPEND; the client's writes and Python's must not overwrite each other."""
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", _QUIET_CLIENT_SCRIPT], stdout=subprocess.PIPE, stderr=stderr, timeout=60)
+    assert done.returncode == 0
+    lines = log.read_text().splitlines()
+    assert lines[0] == "before" and "after" in lines, lines[:5]
+    client_lines = [line for line in lines if line not in ("before", "after")]
+    assert client_lines and all(line.startswith("20") for line in client_lines), client_lines[:5]

@@ -334,3 +334,46 @@ def test_a_returned_member_of_a_complete_entry_is_never_taken_for_acked() -> Non
     assert not acked, "nothing the application did not ack may be acked"
     core._check()
     core.close(redeliver_pending=False)
+
+
+def test_a_copy_that_comes_back_while_the_handoff_runs_is_delivered() -> None:
+    """The client may redeliver before the timer thread gets the GIL back: the copy must find
+    the message handed off, not pending (else it is swallowed and nothing brings it back)."""
+    admitted: list[bool] = []
+    holder: list[NackingCore] = []
+
+    def hand_off(ids: list[_pulsar.MessageId]) -> None:
+        admitted.append(holder[0].admit(Stub(T, 12, 8)))  # the copy, inside the handoff
+
+    core = NackingCore(hand_off, [T], ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0))
+    holder.append(core)
+    message = Stub(T, 12, 8)
+    assert core.admit(message)
+    core.nack(message, delay_ms=0)
+    assert wait_for(lambda: admitted, 10)
+    assert admitted == [True], "the copy brought by the handoff was swallowed"
+    core._check()
+    core.close(redeliver_pending=False)
+
+
+def test_a_failed_handoff_leaves_the_message_pending_until_it_is_retried() -> None:
+    calls: list[int] = []
+    holder: list[NackingCore] = []
+
+    def hand_off(ids: list[_pulsar.MessageId]) -> None:
+        calls.append(len(ids))
+        if len(calls) == 1:
+            assert (12, 9, -1) in holder[0]._handed
+            raise RuntimeError("the client is busy")
+
+    settings = ConsumerSettings(negative_ack_precision_bit_cnt=0, handoff_delay_ms=0)
+    core = NackingCore(hand_off, [T], settings)
+    holder.append(core)
+    core.tracker.retry_delay_ms = 50
+    message = Stub(T, 12, 9)
+    assert core.admit(message)
+    core.nack(message, delay_ms=0)
+    assert wait_for(lambda: len(calls) >= 2, 10), "the failed handoff was not retried"
+    assert (12, 9, -1) in core._handed and (12, 9, -1) not in core.pending
+    core._check()
+    core.close(redeliver_pending=False)

@@ -17,7 +17,6 @@ downloads, and where it is cached and how to remove it afterwards.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -269,8 +268,7 @@ def check_service_url(url: str) -> None:
     why = _first_listening(_endpoints(url, {"pulsar": 6650, "pulsar+ssl": 6651}), _CONNECT_TIMEOUT_S)
     if why is not None:
         raise SetupError(f"nothing answers at --service-url {url} ({why.lower()}): {_URL_FIX}")
-    silent = logging.getLogger("pulsar_nack.cli.probe")
-    silent.setLevel(logging.CRITICAL + 1)
+    silent = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)  # the one-line error says it all
     client = quiet_client(url, logger=silent, operation_timeout_seconds=_PULSAR_CHECK_TIMEOUT_S)
     outcome: list[object] = []
 

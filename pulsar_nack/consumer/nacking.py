@@ -1092,14 +1092,25 @@ class NackingCore:
     # ------------------------------------------------------------------ handoff
 
     def _on_due(self, due: DueKeys) -> None:
-        """Tracker callback: hand each due entry to the client once, in one burst."""
-        ids = []
-        released = []
+        """Tracker callback: hand each due entry to the client once, in one burst.
+
+        Its messages leave the pending set *before* the client has the ids: the copy the
+        handoff brings can come back at once (the timer thread may wait for the GIL
+        longer than the client's 100 ms), and it must find them handed off, not pending.
+        If the handoff raises, they are pending again (the tracker retries the keys).
+        """
+        ids: list[_pulsar.MessageId] = []
+        moved: list[Item] = []
+        bare_ids: dict[tuple[int, int], _pulsar.MessageId] = {}
         with self._lock:
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()
                 for _, ledger_id, entry_id, batch_index in keys:
-                    released.append((ledger_id, entry_id, batch_index))
+                    item = (ledger_id, entry_id, batch_index)
+                    if item in self.pending:
+                        self.pending.discard(*item)
+                        self._handed.add(*item)
+                        moved.append(item)
                     if (ledger_id, entry_id) in seen:
                         continue
                     seen.add((ledger_id, entry_id))
@@ -1107,19 +1118,24 @@ class NackingCore:
                         bare = self._bare.pop((ledger_id, entry_id), None)
                         if bare is not None:
                             ids.append(bare)
+                            bare_ids[(ledger_id, entry_id)] = bare
                     else:
                         ids.append(handoff_id(topic, ledger_id, entry_id))
             self._counts["handed_off_entries"] += len(ids)
             self._counts["handoff_bursts"] += bool(ids)
-        if ids:
+            self._expire(monotonic_ms())
+        if not ids:
+            return
+        try:
             self._hand_off_ids(ids)
-        with self._lock:  # after the handoff: the copies arrive 100 ms later, to be delivered
-            now = monotonic_ms()
-            for item in released:
-                if item in self.pending:
-                    self.pending.discard(*item)
-                    self._handed.add(*item)
-            self._expire(now)
+        except BaseException:
+            with self._lock:  # retried by the tracker: pending again, bare ids kept
+                for item in moved:
+                    if item in self._handed:
+                        self._handed.discard(*item)
+                        self.pending.add(*item)
+                self._bare.update(bare_ids)
+            raise
 
     def _expire(self, now: int) -> None:
         """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.

@@ -24,7 +24,6 @@ or re-raise (the task fails; the message returns to the subscription)."""
 
 _CONSUMER_TYPES = ("Shared", "KeyShared", "Failover", "Exclusive")
 _INITIAL_POSITIONS = ("Earliest", "Latest")
-_LOG_LEVELS = ("debug", "info", "warn", "error")
 TRACKERS: tuple[str, ...] = ("ours", "builtin")
 """``ConsumerConfig.tracker``: pulsar-nack's tracker, or pulsar-client's built-in nack."""
 
@@ -194,8 +193,10 @@ class ConsumerConfig:
             raise ValueError("consumer_options must not set negative_ack_redelivery_delay_ms or pattern")
         if self.client_factory is not None and not callable(self.client_factory):
             raise TypeError("client_factory must be callable")
-        if not isinstance(self.log_level, str) or self.log_level.lower() not in _LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
+        from ..consumer.client_log import LEVELS  # imports pulsar: not at module import
+
+        if not isinstance(self.log_level, str) or self.log_level.lower() not in LEVELS:
+            raise ValueError(f"log_level must be one of {LEVELS}, got {self.log_level!r}")
         retryable = (self.retryable,) if isinstance(self.retryable, type) else tuple(self.retryable)
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in retryable):
             raise TypeError("retryable must be a tuple of exception classes")

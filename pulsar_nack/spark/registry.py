@@ -86,20 +86,11 @@ def _new_client(config: ConsumerConfig) -> Any:
         return config.client_factory(config.service_url)
     import pulsar
 
+    from ..consumer.client_log import stderr_logger  # imports pulsar: not at module import
+
     options = dict(config.client_options)
-    options.setdefault("logger", _client_logger(config.log_level))
+    options.setdefault("logger", stderr_logger(config.log_level))
     return pulsar.Client(config.service_url, **options)
-
-
-def _client_logger(level: str) -> logging.Logger:
-    """The Python logger a task's client logs to, at *level*.
-
-    Not ``pulsar.ConsoleLogger``: that one writes to stdout, which in local mode is the
-    driver's stdout. Python's logging prints warnings and errors on stderr by default.
-    """
-    logger = logging.getLogger(f"pulsar_nack.spark.client.{level.lower()}")
-    logger.setLevel({"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}[level.lower()])
-    return logger
 
 
 def _build(config: ConsumerConfig) -> _Entry:

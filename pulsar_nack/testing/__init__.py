@@ -7,7 +7,10 @@
   two brokers by default), for tests that kill, freeze, restart a broker or move topics
   between brokers. ``url`` names every broker; ``brokers[i]`` has each one's ``url``,
   ``admin_url`` and ``pid``.
-- :func:`quiet_client`: a ``pulsar.Client`` whose log goes to Python's logging.
+- :func:`quiet_client`: a ``pulsar.Client`` that logs warnings and errors to standard error.
+- :mod:`~pulsar_nack.testing.faults`: fault scenarios on a ``PulsarCluster`` (unloads, a
+  restart, a SIGKILL failover, a SIGSTOP freeze) that log what reached the application, for
+  ``tests/test_faults.py`` and ``bench/faults.py``.
 
 A broker is a context manager with ``url``, ``admin_url``, ``start()``, ``stop()``,
 ``restart()`` (keeps the data), ``pid``, ``log_path`` and

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pulsar
 
-__all__ = ["CLIENT_LOGGER", "quiet_client"]
+from ..consumer.client_log import stderr_logger
 
-CLIENT_LOGGER = "pulsar_nack.testing.client"
-"""The name of the Python logger that :func:`quiet_client`'s clients log to."""
+__all__ = ["quiet_client"]
 
 
 def quiet_client(url: str, **kwargs: Any) -> pulsar.Client:
-    """Create a ``pulsar.Client`` whose log goes to Python's :mod:`logging`, warnings and up.
+    """Create a ``pulsar.Client`` that logs warnings and errors to standard error.
 
     The C++ client logs several INFO lines per connection, producer and consumer, and
     ``pulsar.ConsoleLogger`` writes them to **stdout** (checked with pulsar-client 3.13),
-    where they would mix with a program's output. Here they go to the logger named
-    :data:`CLIENT_LOGGER`: below WARNING they are dropped, and without a logging setup
-    Python prints warnings and errors on stderr. Works for any URL.
+    where they would mix with a program's output. These clients write WARN and up to
+    standard error through the C++ client's own ``pulsar.FileLogger``.
+
+    See :mod:`pulsar_nack.consumer.client_log` for why not a Python logger.
 
     Parameters
     ----------
@@ -51,8 +50,7 @@ def quiet_client(url: str, **kwargs: Any) -> pulsar.Client:
 
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
-    logger = logging.getLogger(CLIENT_LOGGER)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.WARNING)
-    kwargs.setdefault("logger", logger)
+    if "logger" not in kwargs:
+        kwargs["logger"] = stderr_logger("warn")
     return pulsar.Client(url, **kwargs)
+
