@@ -82,6 +82,7 @@ __all__ = [
     "raw_client",
     "raw_consumer",
     "raw_id",
+    "raw_message_id",
     "received",
     "unwrap_message",
     "wrap_message",
@@ -291,6 +292,10 @@ MESSAGE_ID_TYPES: tuple[type, ...] = (pulsar.MessageId, _pulsar.MessageId)
 """A message id, wrapped or raw: for ``isinstance``."""
 
 _Message = pulsar.Message
+
+raw_message_id: Callable[[int, int, int, int], RawMessageId] = _pulsar.MessageId
+"""``_pulsar.MessageId(partition, ledger, entry, batch_index)``: a raw id, no topic set (the benchmarks
+nack made-up ids with it, as the built-in's cheapest call). O(1)."""
 
 unwrap_message: Callable[[Any], Any] = operator.attrgetter("_message")
 """The ``_pulsar.Message`` inside a ``pulsar.Message`` (no checks: the caller knows the type). O(1)."""

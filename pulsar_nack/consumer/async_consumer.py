@@ -35,8 +35,9 @@ import pulsar.asyncio as pulsar_asyncio
 from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
+from ._client import async_get_last_message_id, async_redeliver_unacknowledged, raw_id
 from .common import ConsumerBase
-from .nacking import TopicMatcher, raw_id
+from .nacking import TopicMatcher
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
@@ -91,7 +92,7 @@ class AsyncNackingConsumer(ConsumerBase):
         self._check_open()
         core = self._core
         while True:
-            message = await self._consumer.receive()
+            message = await self._plain.receive()
             if core.quiet and not core.counting:
                 next(core.received)
                 return message
@@ -109,7 +110,7 @@ class AsyncNackingConsumer(ConsumerBase):
         self._check_open()
         raw = self._core.before_ack(message)
         if raw is not None:  # None: recorded, acked with its entry
-            await self._consumer.acknowledge(raw)
+            await self._plain.acknowledge(raw)
         self._core.after_ack()
         next(self._core.acked)
 
@@ -117,7 +118,7 @@ class AsyncNackingConsumer(ConsumerBase):
         """Acknowledge everything up to *message* (not on Shared subscriptions)."""
         self._check_open()
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        await self._plain.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
@@ -163,7 +164,7 @@ class AsyncNackingConsumer(ConsumerBase):
 
     def _redeliver_now(self) -> None:
         if not self._closed:
-            self._consumer.redeliver_unacknowledged_messages()
+            async_redeliver_unacknowledged(self._plain)  # pulsar.asyncio has it from 3.10.0
 
     async def seek(self, messageid: Any) -> None:
         """Reset the subscription to a message id or a publish timestamp (ms); pending nacks are dropped.
@@ -178,11 +179,11 @@ class AsyncNackingConsumer(ConsumerBase):
         if not isinstance(target, (int, pulsar.MessageId)):  # a _pulsar.MessageId: pulsar.asyncio wants the wrapper
             target = pulsar.MessageId.wrap(target)
         self._core.reset(forget_counts=True)
-        await self._consumer.seek(target)
+        await self._plain.seek(target)
 
     async def get_last_message_id(self) -> Any:
         self._check_open()
-        return await self._consumer.get_last_message_id()
+        return await async_get_last_message_id(self._plain)  # pulsar.asyncio has it from 3.10.0
 
     async def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
@@ -192,7 +193,7 @@ class AsyncNackingConsumer(ConsumerBase):
         try:
             await loop.run_in_executor(None, self._close_core, False)
             await loop.run_in_executor(None, self._drain_dead_letters)
-            await self._consumer.unsubscribe()
+            await self._plain.unsubscribe()
             self._consumer_closed = True
         finally:
             await loop.run_in_executor(None, self._close_dead_letters)
@@ -219,7 +220,7 @@ class AsyncNackingConsumer(ConsumerBase):
             try:
                 await loop.run_in_executor(None, self._drain_dead_letters)
                 if not self._consumer_closed:
-                    await self._consumer.close()
+                    await self._plain.close()
                     self._consumer_closed = True
             finally:
                 await loop.run_in_executor(None, self._close_dead_letters)

@@ -57,8 +57,9 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
+from ._client import consumer_schema, raw_id, unwrap_message, wrap_message
 from .common import ConsumerBase, ConsumerStats
-from .nacking import TopicMatcher, client_handoff_latency_ms, raw_id
+from .nacking import TopicMatcher, client_handoff_latency_ms
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
@@ -107,7 +108,7 @@ class NackingConsumer(ConsumerBase):
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         super().__init__(consumer, topics, settings, client)
-        self._schema = getattr(consumer, "_schema", None)
+        self._value_schema = consumer_schema(consumer)
 
     @classmethod
     def wrap(
@@ -176,9 +177,7 @@ class NackingConsumer(ConsumerBase):
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            wrapped = _Message()
-            wrapped._message = message
-            wrapped._schema = self._schema
+            wrapped = wrap_message(message, self._value_schema)
             if core.quiet and not core.counting:  # the common path: nothing to compare with
                 next(core.received)
                 return wrapped
@@ -195,16 +194,16 @@ class NackingConsumer(ConsumerBase):
         deadline = None if timeout_millis is None else monotonic_ms() + check_int("timeout_millis", timeout_millis, 0)
         while True:
             if deadline is None:
-                message = self._consumer.receive()
+                message = self._plain.receive()
             else:
-                message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
+                message = self._plain.receive(max(deadline - monotonic_ms(), 0))
             if self._core.admit(message):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Receive a batch (per the consumer's batch receive policy), early copies and dead letters removed."""
         self._check_open()
-        return [m for m in self._consumer.batch_receive() if self._core.admit(m)]
+        return [m for m in self._plain.batch_receive() if self._core.admit(m)]
 
     def _admit(self, message: Any) -> bool:
         """Record a received message (wrapped or raw); False if the application must not see it."""
@@ -225,7 +224,7 @@ class NackingConsumer(ConsumerBase):
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
         if type(message) is _Message and core.quiet and not core.counting and self._raw is not None:
-            self._raw.acknowledge(message._message)  # the common path: nothing to check
+            self._raw.acknowledge(unwrap_message(message))  # the common path: nothing to check
         else:
             raw = core.before_ack(message)
             if raw is None:  # recorded; acked with its entry
@@ -233,7 +232,7 @@ class NackingConsumer(ConsumerBase):
             elif self._raw is not None:
                 self._raw.acknowledge(raw)
             else:
-                self._consumer.acknowledge(raw)
+                self._plain.acknowledge(raw)
             if core._after_ack:
                 core.after_ack()
         next(core.acked)
@@ -246,7 +245,7 @@ class NackingConsumer(ConsumerBase):
         """
         self._check_open()
         raw = self._core.before_ack(message)
-        self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._plain.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
@@ -284,7 +283,7 @@ class NackingConsumer(ConsumerBase):
         self._check_open()
         self._core.reset(forget_counts=False)
         time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
-        self._consumer.redeliver_unacknowledged_messages()
+        self._plain.redeliver_unacknowledged_messages()
 
     def seek(self, message_id: Any) -> None:
         """Reset the subscription to a message id or a publish timestamp (ms), as the client.
@@ -298,20 +297,20 @@ class NackingConsumer(ConsumerBase):
         self._check_open()
         seek_target(message_id)
         self._core.reset(forget_counts=True)
-        self._consumer.seek(message_id)
+        self._plain.seek(message_id)
 
     def get_last_message_id(self) -> Any:
         """The id of the last message of the topic, as the client returns it."""
         self._check_open()
-        return self._consumer.get_last_message_id()
+        return self._plain.get_last_message_id()
 
     def pause_message_listener(self) -> None:
         self._check_open()
-        self._consumer.pause_message_listener()
+        self._plain.pause_message_listener()
 
     def resume_message_listener(self) -> None:
         self._check_open()
-        self._consumer.resume_message_listener()
+        self._plain.resume_message_listener()
 
     def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
@@ -320,7 +319,7 @@ class NackingConsumer(ConsumerBase):
         try:
             self._close_core(redeliver_pending=False)
             self._drain_dead_letters()
-            self._consumer.unsubscribe()
+            self._plain.unsubscribe()
             self._consumer_closed = True
         finally:
             self._close_dead_letters()
@@ -345,7 +344,7 @@ class NackingConsumer(ConsumerBase):
             try:
                 self._drain_dead_letters()
                 if not self._consumer_closed:
-                    self._consumer.close()
+                    self._plain.close()
                     self._consumer_closed = True
             finally:
                 self._close_dead_letters()

@@ -85,7 +85,7 @@ class ConsumerBase:
         elif not isinstance(settings, ConsumerSettings):
             raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
         self._raw = raw_consumer(consumer)
-        self._consumer = consumer
+        self._plain = consumer
         core = NackingCore(self._hand_off, topics, settings, acknowledge=self._ack_quietly)
         self._route = None
         if core.counting:
@@ -107,7 +107,7 @@ class ConsumerBase:
 
         ``negative_acknowledge`` only queues the id in the C++ client; it never waits.
         """
-        nack = self._raw.negative_acknowledge if self._raw is not None else self._consumer.negative_acknowledge
+        nack = self._raw.negative_acknowledge if self._raw is not None else self._plain.negative_acknowledge
         for message_id in ids:
             nack(message_id)
 
@@ -121,7 +121,7 @@ class ConsumerBase:
             if self._raw is not None:
                 self._raw.acknowledge(message)
             else:
-                self._consumer.acknowledge(message)
+                self._plain.acknowledge(message)
         except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
             _log.warning("could not acknowledge a filtered copy", exc_info=True)
 
@@ -130,25 +130,25 @@ class ConsumerBase:
         if self._raw is not None:
             self._raw.acknowledge_async(message_id, _ignore_result)
         else:
-            self._consumer.acknowledge(message_id)
+            self._plain.acknowledge(message_id)
         next(self._core.acked)
 
     # ------------------------------------------------------------------ the plain parts of the API
 
     def topic(self) -> str:
-        return str(self._consumer.topic())
+        return str(self._plain.topic())
 
     def subscription_name(self) -> str:
-        return str(self._consumer.subscription_name())
+        return str(self._plain.subscription_name())
 
     def consumer_name(self) -> str:
-        return str(self._consumer.consumer_name())
+        return str(self._plain.consumer_name())
 
     def is_connected(self) -> bool:
         """False once closed; else whether the client is connected."""
         if self._closed:
             return False
-        return bool(self._raw.is_connected() if self._raw is not None else self._consumer.is_connected())
+        return bool(self._raw.is_connected() if self._raw is not None else self._plain.is_connected())
 
     @property
     def closed(self) -> bool:

@@ -136,13 +136,13 @@ class DeadLetter:
         initial_subscription: str | None = None,
         schema: Any = None,
     ) -> None:
-        self._client = _raw_client(client)
+        self._native = _raw_client(client)
         if not isinstance(subscription, str) or not subscription:
             raise TypeError("subscription must be a non-empty str")
         self._subscription = subscription
         self._topic = topic or None
         self._initial_subscription = initial_subscription or None
-        self._schema_info = None if schema is None else schema.schema_info()
+        self._value_schema_info = None if schema is None else schema.schema_info()
         # topic -> its producer, or the sends waiting while it is being created
         self._producers: dict[str, RawProducer | list[Callable[[Any, BaseException | None], None]]] = {}
         self._lock = threading.Lock()
@@ -247,13 +247,13 @@ class DeadLetter:
             consumer.close_async(lambda _result: self._create_producer(target))
 
         try:
-            self._client.subscribe_async(target, self._initial_subscription, conf, subscribed)
+            self._native.subscribe_async(target, self._initial_subscription, conf, subscribed)
         except Exception:
             _log.warning("could not create subscription %r on %s", self._initial_subscription, target, exc_info=True)
             self._create_producer(target)
 
     def _create_producer(self, target: str) -> None:
-        conf = plain_producer_configuration(self._schema_info)
+        conf = plain_producer_configuration(self._value_schema_info)
 
         def created(result: Any, producer: Any) -> None:
             error = None if is_ok(result) else DeadLetterError(f"creating a producer on {target} failed: {result}")
@@ -269,7 +269,7 @@ class DeadLetter:
                 then(None if error is not None else producer, error)
 
         try:
-            self._client.create_producer_async(target, conf, created)
+            self._native.create_producer_async(target, conf, created)
         except Exception as exc:
             created_error = DeadLetterError(f"creating a producer on {target} failed: {exc}")
             with self._lock:
