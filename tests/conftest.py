@@ -97,6 +97,16 @@ class RunningBroker:
         self.admin = PulsarAdmin(admin_url)
         self.pid = None
 
+    @property
+    def version(self) -> str:
+        """The Pulsar version the broker reports."""
+        return self.admin.broker_version()
+
+    @property
+    def batch_index_ack(self) -> bool:
+        """Whether the broker acknowledges at batch-index level, as its admin API reports it."""
+        return self.admin.runtime_configuration().get("acknowledgmentAtBatchIndexLevelEnabled") == "true"
+
     def create_partitioned_topic(self, topic: str, partitions: int) -> str:
         return str(self.admin.create_partitioned_topic(topic, partitions))
 

@@ -8,11 +8,17 @@ Usage (from a checkout, with a venv that has the project installed, e.g. ``.ci/v
     python tools/client_matrix.py --versions 3.10.0,3.12.0
     python tools/client_matrix.py -- -x               # arguments after -- go to pytest
     python tools/client_matrix.py --out bench/results/client_matrix.json
+    python tools/client_matrix.py --brokers 4.0.8:on,4.0.8:off,3.0.7:on,3.0.7:off --out bench/results/client_matrix.json
 
 Each release gets ``.ci/client-matrix/pulsar-client-X/`` (kept for the next run; pip makes
 it match again): the checkout installed editable with its ``test`` extra, and
-``pulsar-client==X``. One Apache Pulsar standalone, started here, serves every run
-(``PULSAR_NACK_TEST_BROKER``; ``--broker "URL ADMIN_URL"`` uses a running one instead).
+``pulsar-client==X``. One Apache Pulsar standalone at a time, started here, serves every
+client's run (``PULSAR_NACK_TEST_BROKER``; ``--broker "URL ADMIN_URL"`` uses a running one
+instead): by default 4.0.8 with batch-index acks on (the tests' ``apache`` broker);
+``--brokers VERSION:on|off,...`` names each broker and its
+``acknowledgmentAtBatchIndexLevelEnabled``, run one after the other. What the tests
+measured (``tests/helpers.py:record_figure``, e.g. how many acked siblings came back) is
+kept per run in the JSON.
 The tests: the consumer's (``CONSUMER_TESTS``, ``test_client_seam.py`` among them), and
 ``test_asyncio.py`` where ``pulsar_nack.asyncio`` is supported (every supported release
 since the seam does on 3.9.0 what its ``pulsar.asyncio`` lacks). Tests that restart the
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSUMER_TESTS = [
@@ -40,6 +47,7 @@ CONSUMER_TESTS = [
     "tests/test_consumer_settings.py",
     "tests/test_dead_letters.py",
     "tests/test_apache_pulsar.py",
+    "tests/test_admission.py",
     "tests/test_client_seam.py",
 ]
 ASYNCIO_TESTS = ["tests/test_asyncio.py"]
@@ -47,6 +55,8 @@ DESELECT = [
     # Starts and restarts a broker of its own; the matrix shares one.
     "tests/test_consumer.py::test_broker_restart_with_pending_nacks_loses_nothing",
 ]
+DEFAULT_BROKERS = "4.0.8:on"
+"""The tests' own ``apache`` broker: Apache Pulsar 4.0.8 with batch-index acks on."""
 NEWEST_KNOWN = "3.13.0"
 """The newest pulsar-client when this was written: the default's newest if the index cannot be asked."""
 
@@ -106,14 +116,20 @@ def prepare_venv(venvs: Path, version: str, python: str) -> Path:
     return venv
 
 
-def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> tuple[int, str, float]:
-    """Run the tests for *version* in *venv*; return pytest's exit code, its summary line and seconds."""
+def run_tests(
+    venv: Path, version: str, broker: str, pytest_args: list[str]
+) -> tuple[int, str, float, list[dict[str, Any]]]:
+    """Run the tests for *version* in *venv*; pytest's exit code, its summary line, seconds, and the figures recorded."""
     _, asyncio_min, _ = _seam()
     tests = CONSUMER_TESTS + (ASYNCIO_TESTS if _parse(version) >= asyncio_min else [])
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     # One shared broker: no per-version brokers for the all_brokers tests (tests/conftest.py).
     command += ["--pulsar-versions=none", *(f"--deselect={test}" for test in DESELECT), *pytest_args]
-    env = dict(os.environ, PULSAR_NACK_TEST_BROKER=broker, PYTHONFAULTHANDLER="1")
+    figures = venv / "figures.jsonl"
+    figures.unlink(missing_ok=True)
+    env = dict(
+        os.environ, PULSAR_NACK_TEST_BROKER=broker, PYTHONFAULTHANDLER="1", PULSAR_NACK_TEST_FIGURES=str(figures)
+    )
     env.pop("VIRTUAL_ENV", None)
     start = time.monotonic()
     log = venv / "pytest.log"
@@ -123,30 +139,71 @@ def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> 
     summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)), "")
     if code:
         print("\n".join(lines[-60:]), flush=True)
-    return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start
+    recorded = [json.loads(line) for line in figures.read_text().splitlines()] if figures.exists() else []
+    return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start, recorded
 
 
-def write_json(path: Path, rows: list[tuple[str, str, str, str, float]], broker: str, pytest_args: list[str]) -> None:
-    """The matrix's results, with the commit and the machine, as ``bench/results`` keeps them."""
+def parse_brokers(spec: str) -> list[tuple[str, bool]]:
+    """``"4.0.8:on,3.0.7:off"`` -> ``[("4.0.8", True), ("3.0.7", False)]`` (version, batch-index acks).
+
+    >>> parse_brokers("4.0.8:on, 3.0.7:off")
+    [('4.0.8', True), ('3.0.7', False)]
+    """
+    brokers = []
+    for part in (p.strip() for p in spec.split(",")):
+        version, _, setting = part.partition(":")
+        if not re.fullmatch(r"\d+\.\d+\.\d+", version) or setting not in ("on", "off"):
+            raise SystemExit(f"client_matrix: --brokers wants VERSION:on|off, got {part!r}")
+        brokers.append((version, setting == "on"))
+    return brokers
+
+
+def checkout_commit() -> str:
+    """HEAD, and whether tracked files differ from it (read when the matrix starts: it tests that code)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    return commit + (" + uncommitted changes" if dirty.strip() else "")
+
+
+def write_json(path: Path, commit: str, load: list[float], runs: list[dict[str, Any]], pytest_args: list[str]) -> None:
+    """The matrix's results, with the commit and the machine, as ``bench/results`` keeps them."""
     document = {
         "tool": "tools/client_matrix.py",
-        "commit": commit + (" + uncommitted changes" if dirty.strip() else ""),
+        "command": "python tools/client_matrix.py " + " ".join(sys.argv[1:]),
+        "commit": commit,
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
-        "broker": broker,
+        "load_average_1_5_15_before": load,
         "tests": CONSUMER_TESTS + ASYNCIO_TESTS,
         "deselected": DESELECT,
         "pytest_args": pytest_args,
-        "runs": [
-            {"pulsar_client": v, "asyncio": door, "result": result, "pytest": summary, "wall_s": round(seconds, 1)}
-            for v, door, result, summary, seconds in rows
-        ],
+        "runs": runs,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def run_on_broker(broker: str, label: dict[str, Any], versions: list[str], args: argparse.Namespace,
+                  pytest_args: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """Each client's tests against *broker* (``"URL ADMIN_URL"``); one result per client."""
+    _, asyncio_min, _ = _seam()
+    runs = []
+    for version in versions:
+        print(f"--- pulsar-client {version}: preparing {args.venvs / f'pulsar-client-{version}'}", flush=True)
+        venv = prepare_venv(args.venvs, version, args.python)
+        code, summary, seconds, figures = run_tests(venv, version, broker, pytest_args)
+        runs.append({
+            **label, "pulsar_client": version, "asyncio": "yes" if _parse(version) >= asyncio_min else "refused (checked)",
+            "result": "ok" if code == 0 else "FAILED", "pytest": summary, "wall_s": round(seconds, 1), "figures": figures,
+        })  # fmt: skip
+        print(
+            f"--- {label['broker']} / pulsar-client {version}: {runs[-1]['result']}, {summary} ({seconds:.0f} s)",
+            flush=True,
+        )
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,43 +213,42 @@ def main(argv: list[str] | None = None) -> int:
     choice.add_argument("--all", action="store_true", help="every supported release on the index")
     parser.add_argument("--venvs", type=Path, default=ROOT / ".ci" / "client-matrix", help="where the venvs live")
     parser.add_argument("--python", default=sys.executable, help="the interpreter the venvs are made from")
-    parser.add_argument("--broker", help='"pulsar://HOST:PORT http://HOST:PORT" of a running broker')
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--broker", help='"pulsar://HOST:PORT http://HOST:PORT" of a running broker')
+    where.add_argument("--brokers", default=DEFAULT_BROKERS, help="VERSION:on|off,... brokers to start, one at a time")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
     versions = choose_versions(args)
-    _, asyncio_min, _ = _seam()
+    commit, load = checkout_commit(), list(os.getloadavg())
     print(f"client matrix: pulsar-client {', '.join(versions)}", flush=True)
-    standalone = None
-    broker_version = "given by --broker"
+    runs: list[dict[str, Any]] = []
     if args.broker:
-        broker = args.broker
+        runs += run_on_broker(
+            args.broker, {"broker": "given by --broker", "batch_index_ack": None}, versions, args, pytest_args
+        )
     else:
         from pulsar_nack.testing import PulsarStandalone
 
-        standalone = PulsarStandalone(batch_index_ack=True).start()  # as the tests' `apache` broker
-        broker = f"{standalone.url} {standalone.admin_url}"
-        broker_version = f"Apache Pulsar {standalone.version} standalone"
-        print(f"broker: {broker_version} at {standalone.url}", flush=True)
-    rows = []
-    try:
-        for version in versions:
-            print(f"--- pulsar-client {version}: preparing {args.venvs / f'pulsar-client-{version}'}", flush=True)
-            venv = prepare_venv(args.venvs, version, args.python)
-            code, summary, seconds = run_tests(venv, version, broker, pytest_args)
-            door = "yes" if _parse(version) >= asyncio_min else "refused (checked)"
-            rows.append((version, door, "ok" if code == 0 else "FAILED", summary, seconds))
-            print(f"--- pulsar-client {version}: {rows[-1][2]}, {summary} ({seconds:.0f} s)", flush=True)
-    finally:
-        if standalone is not None:
-            standalone.stop()
-    print("\n| pulsar-client | pulsar_nack.asyncio | result | pytest | wall |")
-    print("|---|---|---|---|---|")
-    for version, door, result, summary, seconds in rows:
-        print(f"| {version} | {door} | {result} | {summary} | {seconds:.0f} s |")
+        for version, batch_index_ack in parse_brokers(args.brokers):
+            standalone = PulsarStandalone(version=version, batch_index_ack=batch_index_ack).start()
+            try:
+                label = {"broker": f"Apache Pulsar {standalone.version}", "batch_index_ack": standalone.batch_index_ack}
+                print(
+                    f"broker: {label['broker']} standalone, batch-index acks {batch_index_ack} at {standalone.url}",
+                    flush=True,
+                )
+                runs += run_on_broker(f"{standalone.url} {standalone.admin_url}", label, versions, args, pytest_args)
+            finally:
+                standalone.stop()
+    print("\n| broker | batch-index acks | pulsar-client | pulsar_nack.asyncio | result | pytest | wall |")
+    print("|---|---|---|---|---|---|---|")
+    for run in runs:
+        print(f"| {run['broker']} | {run['batch_index_ack']} | {run['pulsar_client']} | {run['asyncio']} | {run['result']} "
+              f"| {run['pytest']} | {run['wall_s']:.0f} s |")  # fmt: skip
     if args.out is not None:
-        write_json(args.out, rows, broker_version, pytest_args)
-    return 0 if all(row[2] == "ok" for row in rows) else 1
+        write_json(args.out, commit, load, runs, pytest_args)
+    return 0 if all(run["result"] == "ok" for run in runs) else 1
 
 
 if __name__ == "__main__":
