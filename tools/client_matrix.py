@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSUMER_TESTS = [
@@ -116,17 +117,30 @@ def prepare_venv(venvs: Path, version: str, python: str) -> Path:
     return venv
 
 
-def run_tests(
-    venv: Path, version: str, broker: str, pytest_args: list[str]
-) -> tuple[int, str, float, list[dict[str, Any]]]:
-    """Run the tests for *version* in *venv*; pytest's exit code, its summary line, seconds, and the figures recorded."""
+def failed_tests(junit: Path) -> list[str]:
+    """The ids (``tests/file.py::name[param]``) of the tests that failed or errored in a JUnit XML report."""
+    if not junit.exists():
+        return []
+    failed = []
+    for case in ElementTree.parse(junit).iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            module = case.get("classname", "").split(".")
+            failed.append(f"tests/{module[1] if len(module) > 1 else module[0]}.py::{case.get('name')}")
+    return failed
+
+
+def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> tuple[int, str, float, dict[str, Any]]:
+    """Run the tests for *version* in *venv*: pytest's exit code, its summary line, seconds, and
+    ``{"failed": [...], "figures": [...]}`` (what failed, what the tests recorded)."""
     _, asyncio_min, _ = _seam()
     tests = CONSUMER_TESTS + (ASYNCIO_TESTS if _parse(version) >= asyncio_min else [])
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     # One shared broker: no per-version brokers for the all_brokers tests (tests/conftest.py).
     command += ["--pulsar-versions=none", *(f"--deselect={test}" for test in DESELECT), *pytest_args]
-    figures = venv / "figures.jsonl"
+    figures, junit = venv / "figures.jsonl", venv / "junit.xml"
     figures.unlink(missing_ok=True)
+    junit.unlink(missing_ok=True)
+    command.append(f"--junitxml={junit}")
     env = dict(
         os.environ, PULSAR_NACK_TEST_BROKER=broker, PYTHONFAULTHANDLER="1", PULSAR_NACK_TEST_FIGURES=str(figures)
     )
@@ -140,7 +154,8 @@ def run_tests(
     if code:
         print("\n".join(lines[-60:]), flush=True)
     recorded = [json.loads(line) for line in figures.read_text().splitlines()] if figures.exists() else []
-    return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start, recorded
+    found = {"failed": failed_tests(junit), "figures": recorded}
+    return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start, found
 
 
 def parse_brokers(spec: str) -> list[tuple[str, bool]]:
@@ -194,10 +209,10 @@ def run_on_broker(broker: str, label: dict[str, Any], versions: list[str], args:
     for version in versions:
         print(f"--- pulsar-client {version}: preparing {args.venvs / f'pulsar-client-{version}'}", flush=True)
         venv = prepare_venv(args.venvs, version, args.python)
-        code, summary, seconds, figures = run_tests(venv, version, broker, pytest_args)
+        code, summary, seconds, found = run_tests(venv, version, broker, pytest_args)
         runs.append({
             **label, "pulsar_client": version, "asyncio": "yes" if _parse(version) >= asyncio_min else "refused (checked)",
-            "result": "ok" if code == 0 else "FAILED", "pytest": summary, "wall_s": round(seconds, 1), "figures": figures,
+            "result": "ok" if code == 0 else "FAILED", "pytest": summary, "wall_s": round(seconds, 1), **found,
         })  # fmt: skip
         print(
             f"--- {label['broker']} / pulsar-client {version}: {runs[-1]['result']}, {summary} ({seconds:.0f} s)",
