@@ -129,12 +129,30 @@ def failed_tests(junit: Path) -> list[str]:
     return failed
 
 
-def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> tuple[int, str, float, dict[str, Any]]:
+_OUTCOME = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+def logged_failures(lines: list[str]) -> list[str]:
+    """The tests pytest -v reported FAILED or ERROR (for a run whose process died before its JUnit report)."""
+    return [m[1] for m in map(_OUTCOME.match, lines) if m and m[2] in ("FAILED", "ERROR")]
+
+
+def _allow_core_dumps() -> None:
+    """In the pytest child: no limit on core files, so a crash of the client can be read with gdb."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def run_tests(
+    venv: Path, version: str, broker: str, pytest_args: list[str], core_dumps: bool = False
+) -> tuple[int, str, float, dict[str, Any]]:
     """Run the tests for *version* in *venv*: pytest's exit code, its summary line, seconds, and
     ``{"failed": [...], "figures": [...]}`` (what failed, what the tests recorded)."""
     _, asyncio_min, _ = _seam()
     tests = CONSUMER_TESTS + (ASYNCIO_TESTS if _parse(version) >= asyncio_min else [])
-    command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    # -v: one line per test as it runs, so a run whose process dies still says what passed and where it died.
+    command = [str(venv / "bin" / "python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", *tests]
     # One shared broker: no per-version brokers for the all_brokers tests (tests/conftest.py).
     command += ["--pulsar-versions=none", *(f"--deselect={test}" for test in DESELECT), *pytest_args]
     figures, junit = venv / "figures.jsonl", venv / "junit.xml"
@@ -148,13 +166,19 @@ def run_tests(venv: Path, version: str, broker: str, pytest_args: list[str]) -> 
     start = time.monotonic()
     log = venv / "pytest.log"
     with log.open("w") as out:
-        code = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_allow_core_dumps if core_dumps else None
+        ).returncode
     lines = log.read_text().splitlines()
     summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)), "")
     if code:
         print("\n".join(lines[-60:]), flush=True)
     recorded = [json.loads(line) for line in figures.read_text().splitlines()] if figures.exists() else []
-    found = {"failed": failed_tests(junit), "figures": recorded}
+    found: dict[str, Any] = {"failed": failed_tests(junit) if junit.exists() else logged_failures(lines), "figures": recorded}
+    if not junit.exists():  # the process died: what ran, from the -v lines
+        outcomes = [m[2] for m in map(_OUTCOME.match, lines) if m]
+        found["passed_before_dying"] = outcomes.count("PASSED")
+        found["died_in"] = next((line.split(" ")[0] for line in reversed(lines) if line.startswith("tests/") and "::" in line), None)
     return code, summary or f"pytest exit code {code} (log: {log})", time.monotonic() - start, found
 
 
@@ -209,10 +233,11 @@ def run_on_broker(broker: str, label: dict[str, Any], versions: list[str], args:
     for version in versions:
         print(f"--- pulsar-client {version}: preparing {args.venvs / f'pulsar-client-{version}'}", flush=True)
         venv = prepare_venv(args.venvs, version, args.python)
-        code, summary, seconds, found = run_tests(venv, version, broker, pytest_args)
+        commit = checkout_commit()
+        code, summary, seconds, found = run_tests(venv, version, broker, pytest_args, args.core_dumps)
         runs.append({
             **label, "pulsar_client": version, "asyncio": "yes" if _parse(version) >= asyncio_min else "refused (checked)",
-            "result": "ok" if code == 0 else "FAILED", "pytest": summary, "wall_s": round(seconds, 1), **found,
+            "commit": commit, "result": "ok" if code == 0 else "FAILED", "pytest": summary, "wall_s": round(seconds, 1), **found,
         })  # fmt: skip
         print(
             f"--- {label['broker']} / pulsar-client {version}: {runs[-1]['result']}, {summary} ({seconds:.0f} s)",
@@ -232,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--broker", help='"pulsar://HOST:PORT http://HOST:PORT" of a running broker')
     where.add_argument("--brokers", default=DEFAULT_BROKERS, help="VERSION:on|off,... brokers to start, one at a time")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--merge", action="store_true", help="keep --out's runs of other broker/client pairs")
+    parser.add_argument("--core-dumps", action="store_true", help="let a crashing test process dump core (in the checkout)")
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
     versions = choose_versions(args)
@@ -262,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {run['broker']} | {run['batch_index_ack']} | {run['pulsar_client']} | {run['asyncio']} | {run['result']} "
               f"| {run['pytest']} | {run['wall_s']:.0f} s |")  # fmt: skip
     if args.out is not None:
+        if args.merge and args.out.exists():
+            done = {(r["broker"], r["batch_index_ack"], r["pulsar_client"]) for r in runs}
+            kept = [r for r in json.loads(args.out.read_text())["runs"] if (r["broker"], r["batch_index_ack"], r["pulsar_client"]) not in done]
+            runs = kept + runs
         write_json(args.out, commit, load, runs, pytest_args)
     return 0 if all(run["result"] == "ok" for run in runs) else 1
 
