@@ -345,10 +345,6 @@ def test_dead_letters_as_the_plain_client_sends_them(lab: Lab, trigger: str, var
     # before the first dead letter is stored sends the batch again (seen in about one
     # run in ten of the reconnect scenario).
     expected = dict.fromkeys(payloads, DELIVERIES[trigger])
-    if dict(run.deliveries) != expected and (trigger, variant[:2]) == ("nack", (True, True)) and kind != "plain":
-        # Open bug, seen in 2 of 3 full runs on a loaded machine (blocking once, asyncio once):
-        # some members of a partitioned batch come back 2 times, not 3, before their dead letter.
-        pytest.xfail(f"known intermittent: deliveries {dict(run.deliveries)} instead of {expected}")
     assert dict(run.deliveries) == expected, "deliveries to the application"
     for payload, (letter, *_) in run.dead.items():
         i = int(payload[1:])

@@ -130,15 +130,11 @@ parse_id(PyObject *module, PyObject *data)
                          (long long)f[3], (long long)f[4]);
 }
 
-PyDoc_STRVAR(message_key_doc,
-"message_key(message: _pulsar.Message) -> tuple[str, int, int, int]\n\n"
-"(topic, ledger, entry, batch_index) of a received message, in three calls into\n"
-"the client (message_id, serialize, topic_name).");
-
+/* A received message's id as bytes (message_id().serialize()), parsed into f; a new
+ * reference, or NULL with an exception set. */
 static PyObject *
-message_key(PyObject *module, PyObject *message)
+read_message_id(PyObject *message, int64_t f[5])
 {
-    int64_t f[5];
     PyObject *id = PyObject_CallMethodNoArgs(message, str_message_id);
     if (id == NULL)
         return NULL;
@@ -151,10 +147,26 @@ message_key(PyObject *module, PyObject *message)
         PyErr_SetString(PyExc_TypeError, "MessageId.serialize() did not return bytes");
         return NULL;
     }
-    int failed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
-    Py_DECREF(data);
-    if (failed)
+    if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
+        Py_DECREF(data);
         return NULL;
+    }
+    return data;
+}
+
+PyDoc_STRVAR(message_key_doc,
+"message_key(message: _pulsar.Message) -> tuple[str, int, int, int]\n\n"
+"(topic, ledger, entry, batch_index) of a received message, in three calls into\n"
+"the client (message_id, serialize, topic_name).");
+
+static PyObject *
+message_key(PyObject *module, PyObject *message)
+{
+    int64_t f[5];
+    PyObject *data = read_message_id(message, f);
+    if (data == NULL)
+        return NULL;
+    Py_DECREF(data);
     PyObject *topic = PyObject_CallMethodNoArgs(message, str_topic_name);
     if (topic == NULL)
         return NULL;
@@ -492,22 +504,9 @@ static PyObject *
 EntryTable_admit(EntryTable *t, PyObject *message)
 {
     int64_t f[5];
-    PyObject *id = PyObject_CallMethodNoArgs(message, str_message_id);
-    if (id == NULL)
-        return NULL;
-    PyObject *data = PyObject_CallMethodNoArgs(id, str_serialize);
-    Py_DECREF(id);
+    PyObject *data = read_message_id(message, f);
     if (data == NULL)
         return NULL;
-    if (!PyBytes_Check(data)) {
-        Py_DECREF(data);
-        PyErr_SetString(PyExc_TypeError, "MessageId.serialize() did not return bytes");
-        return NULL;
-    }
-    if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
     int v = verdict(t, f[0], f[1], (int)f[3]);
     return Py_BuildValue("(iN)", v, data);
 }
