@@ -233,8 +233,7 @@ class NackingConsumer(ConsumerBase):
                 self._raw.acknowledge(raw)
             else:
                 self._plain.acknowledge(raw)
-            if core._after_ack:
-                core.after_ack()
+            core.after_ack()
         next(core.acked)
 
     def acknowledge_cumulative(self, message: Any) -> None:
