@@ -64,6 +64,8 @@ def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int, p
     With *profile*, also the median µs of each client call the nack makes to read the
     message's id, timed on the same messages just before they are nacked.
     """
+    from pulsar_nack.consumer import _client as seam
+
     batch = 5_000
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
     samples = []
@@ -74,7 +76,7 @@ def _nack_received_messages(client: Any, consumer: Any, topic: str, reps: int, p
             producer.send_async(b"x", None)
         producer.flush()
         messages = [consumer.receive(30_000) for _ in range(batch)]
-        inner = [message._message for message in messages]
+        inner = [seam.unwrap_message(message) for message in messages]
         step_costs = {name: _us_per_call(step, inner) for name, step in steps.items()}
         cost = _us_per_call(consumer.negative_acknowledge, messages)
         if rep:  # the first repetition is the warmup
@@ -106,10 +108,10 @@ def _tracker_add_us(topic: str, reps: int, batch: int, speedups: bool) -> dict[s
 
 def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     """Runs in a fresh process: memory for *n* pending ids, then call cost."""
-    import _pulsar
     import pulsar
 
     import pulsar_nack
+    from pulsar_nack.consumer import _client as seam
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     topic = f"persistent://public/default/bench-client-{uuid.uuid4().hex[:8]}"
@@ -121,7 +123,7 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
         consumer = pulsar_nack.subscribe(client, topic, "bench", consumer_type=shared, negative_ack_redelivery_delay_ms=HOUR_MS)
         nack = consumer.negative_acknowledge
     # Ids are made one at a time and dropped: only what the tracker keeps stays in RSS.
-    make_id = _pulsar.MessageId
+    make_id = seam.raw_message_id
     before = settled_rss()
     start = time.perf_counter()
     for ledger, entry in _ids(n):
@@ -142,7 +144,7 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
     samples = []
     batch = 20_000
     for rep in range(call_reps + 1):
-        cost = _us_per_call(nack, [_pulsar.MessageId(-1, 10**6 + rep, entry, -1) for entry in range(batch)])
+        cost = _us_per_call(nack, [seam.raw_message_id(-1, 10**6 + rep, entry, -1) for entry in range(batch)])
         if rep:  # the first repetition is the warmup
             samples.append(cost)
     result["call_us"] = summarize(samples)

@@ -25,7 +25,7 @@ DOCS = {
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
-    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults"],
+    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults", "client-matrix"],
 }
 
 
@@ -810,6 +810,105 @@ def _demo_retries_summary(runs: list[dict[str, Any]]) -> str | None:
             )
     return f"Medians of the {len(repeats)} repetitions: " + "; ".join(parts) + "."
 
+PROMISE_TESTS: dict[str, tuple[str, ...]] = {
+    "on time": (
+        "tests/test_apache_pulsar.py::test_shared_and_key_shared_each_nack_returns_once_on_time",
+        "tests/test_consumer.py",
+    ),
+    "independent batch retries": (
+        "tests/test_apache_pulsar.py::test_batch_index_acks_each_member_returns_at_its_own_time",
+    ),
+    "acked siblings out": (
+        "tests/test_admission.py::test_acked_siblings_stay_out_without_batch_index_acks",
+        "tests/test_consumer_fidelity.py::test_redeliver_unacknowledged_messages_never_returns_acked_siblings",
+        "tests/test_apache_pulsar.py::test_batch_index_acks_hold_across_two_processes_on_one_subscription",
+    ),
+    "dead-letter count": (
+        "tests/test_apache_pulsar.py::test_dead_letter_policy_after_n_redeliveries",
+        "tests/test_dead_letters.py",
+    ),
+    "asyncio": ("tests/test_asyncio.py",),
+}
+"""Issue 24: each promise of docs/consumer.md's matrix and the tests that show it (a failure of one marks its cell)."""
+
+
+def _sibling_figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for run in runs for f in run.get("figures", []) if f["name"].startswith("acked_siblings_")]
+
+
+def _int_span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _promise_cell(promise: str, runs: list[dict[str, Any]]) -> str:
+    tests = PROMISE_TESTS[promise]
+    failed = [f"`{t}` on {run['pulsar_client']}" for run in runs for t in run.get("failed", []) if t.startswith(tests)]
+    crashed = [run for run in runs if "died_in" in run or (run["result"] != "ok" and not run.get("failed"))]
+    if failed:
+        return "**no**: " + ", ".join(failed)
+    if crashed:
+        return "not known: the test process died before the end"
+    if promise == "acked siblings out":
+        figures = _sibling_figures(runs)
+        if figures:
+            acked = figures[0]["acked"]
+            return f"yes: {_int_span([f['acked_back'] for f in figures])} of {acked} back, {_int_span([f['filtered'] for f in figures])} filtered"
+    return "yes"
+
+
+def _setting(run: dict[str, Any]) -> str:
+    return {True: "on", False: "off"}.get(run["batch_index_ack"], "?")
+
+
+def _on_off(run: dict[str, Any]) -> str:
+    return {True: "(batch-index acks on)", False: "(batch-index acks off)"}.get(run["batch_index_ack"], "")
+
+
+def client_matrix_table(result: dict[str, Any] | None = None) -> str:
+    """Issue 24: broker version and setting x pulsar-client -> each promise (tools/client_matrix.py)."""
+    result = result or load("client_matrix")
+    rows = [[f"{run['broker']}, batch-index acks {_setting(run)}", run["pulsar_client"], *(_promise_cell(p, [run]) for p in PROMISE_TESTS)]
+            for run in result["runs"]]  # fmt: skip
+    headers = ["broker", "pulsar-client", *PROMISE_TESTS]
+    runs_rows = [[f"{run['broker']}, {'on' if run['batch_index_ack'] else 'off'}", run["pulsar_client"], run["result"],
+                  run["pytest"], f"{run['wall_s']:.0f} s"] for run in result["runs"]]  # fmt: skip
+    tests = "; ".join(f"{name}: " + ", ".join(f"`{t}`" for t in found) for name, found in PROMISE_TESTS.items())
+    text = md_table(headers, rows) + (
+        f"\n\nThe tests of each promise: {tests}. *yes*: none of them failed. "
+        f"Each broker is an Apache Pulsar standalone started by `{result['command']}` "
+        f"(`bench/results/client_matrix.json`, commit {result['commit'][:10]}), one at a time, "
+        "with `acknowledgmentAtBatchIndexLevelEnabled` as the row says; each client ran the consumer tests in its own venv:\n\n"
+    )
+    text += md_table(["broker, batch-index acks", "pulsar-client", "result", "pytest", "wall"], runs_rows)
+    named = tuple(t for found in PROMISE_TESTS.values() for t in found)
+    others = sorted({t for run in result["runs"] for t in run.get("failed", []) if not t.startswith(named)})
+    if others:
+        where = {t: [f"{r['broker']} {_on_off(r)}, {r['pulsar_client']}" for r in result["runs"] if t in r.get("failed", [])]
+                 for t in others}  # fmt: skip
+        text += "\n\nFailed, and not among the tests of a promise above: "
+        text += ", ".join(f"`{t}` ({'; '.join(where[t])})" for t in others) + "."
+    crashed = [run for run in result["runs"] if "died_in" in run or (run["result"] != "ok" and not run.get("failed"))]
+    if crashed:
+        text += "\n\nThe test process died (*not known* above: the tests after that point did not run): " + "; ".join(
+            f"{run['broker']} {_on_off(run)}, pulsar-client {run['pulsar_client']} ({run['pytest']}"
+            + (f", in `{run['died_in']}` after {run['passed_before_dying']} passed tests" if run.get("died_in") else "")
+            + ")"
+            for run in crashed
+        ) + "."
+    off = [run for run in result["runs"] if run["batch_index_ack"] is False]
+    figures = _sibling_figures(off)
+    if figures:
+        text += (
+            f"\n\nOn the brokers with batch-index acks off, a redelivered entry carries every member, acked or not. "
+            f"`tests/test_admission.py::test_acked_siblings_stay_out_without_batch_index_acks` "
+            f"({figures[0]['messages']} messages in batches of 10, one member of each entry nacked, the rest acked) "
+            f"measured in each of its {len(figures)} runs there (two cases, the first or the last member nacked, per client run): {_int_span([f['acked_back'] for f in figures])} of "
+            f"{figures[0]['acked']} acked siblings back to the application, {_int_span([f['filtered'] for f in figures])} "
+            f"copies filtered (and acked again, so the entries settle), {_int_span([f['lost'] for f in figures])} lost."
+        )
+    return text
+
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
@@ -819,6 +918,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "consumer-summary": consumer_summary, "cluster": cluster_table, "faults": faults_table,
     "retry-lateness": retry_lateness_table, "retry-durable": retry_durable_table, "retry-cost": retry_cost_table,
     "retry-receive": retry_receive_table, "demo-retries": demo_retries_table,
+    "client-matrix": client_matrix_table,
 }
 
 

@@ -7,7 +7,8 @@
     │   ├── TrackerClosedError    a tracker used after close()
     │   └── ConsumerClosedError   a NackingConsumer used after close()
     ├── DeadLetterError (also a RuntimeError)   a dead letter was not stored
-    └── BrokerError (also a RuntimeError)   a test broker failed
+    ├── BrokerError (also a RuntimeError)   a test broker failed
+    └── UnsupportedClientError (also an ImportError)   pulsar-client lacks what we use
 
 The closed errors, :class:`DeadLetterError` and :class:`BrokerError` subclass ``RuntimeError`` too, as the bare
 ``RuntimeError`` they replace, so existing ``except RuntimeError`` clauses still work.
@@ -24,6 +25,7 @@ __all__ = [
     "DeadLetterError",
     "PulsarNackError",
     "TrackerClosedError",
+    "UnsupportedClientError",
 ]
 
 
@@ -56,4 +58,14 @@ class BrokerError(PulsarNackError, RuntimeError):
 
     The message says what is missing or what failed, with the tail of the broker's log
     where there is one.
+    """
+
+
+class UnsupportedClientError(PulsarNackError, ImportError):
+    """The installed ``pulsar-client`` lacks a name the consumers use.
+
+    Raised when :mod:`pulsar_nack.consumer` (or :mod:`pulsar_nack.asyncio`) is imported,
+    or by ``subscribe`` for a consumer built differently than expected. The message
+    names the pulsar-client version found, the range pulsar-nack supports and what is
+    missing. An ``ImportError`` too: the failure is that of importing the consumer layer.
     """

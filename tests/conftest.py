@@ -12,6 +12,7 @@ version per session: ``session_broker`` is parametrized as ``apache``, ``apache-
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -82,8 +83,50 @@ def broker_pool() -> Iterator[dict[str, Any]]:
             pool.popitem()[1].stop()
 
 
+class RunningBroker:
+    """A broker this session did not start (``PULSAR_NACK_TEST_BROKER``): only its URLs.
+
+    ``tools/client_matrix.py`` runs the consumer tests of several pulsar-client versions
+    against one broker this way. A test that restarts the broker is skipped.
+    """
+
+    def __init__(self, url: str, admin_url: str) -> None:
+        from pulsar_nack.testing.admin import PulsarAdmin
+
+        self.url, self.admin_url = url, admin_url
+        self.admin = PulsarAdmin(admin_url)
+        self.pid = None
+
+    @property
+    def version(self) -> str:
+        """The Pulsar version the broker reports."""
+        return self.admin.broker_version()
+
+    @property
+    def batch_index_ack(self) -> bool:
+        """Whether the broker acknowledges at batch-index level, as its admin API reports it."""
+        return self.admin.runtime_configuration().get("acknowledgmentAtBatchIndexLevelEnabled") == "true"
+
+    def create_partitioned_topic(self, topic: str, partitions: int) -> str:
+        return str(self.admin.create_partitioned_topic(topic, partitions))
+
+    def restart(self, timeout_s: float = 30.0) -> None:
+        pytest.skip("the broker is shared (PULSAR_NACK_TEST_BROKER): not restarted")
+
+    def stop(self) -> None:
+        """Not ours to stop."""
+
+
 def _shared_broker(pool: dict[str, Any], kind: str) -> Any:
-    """``apache``: the newest release, batch-index acks on; ``apache-<version>``: that version, default settings."""
+    """``apache``: the newest release, batch-index acks on; ``apache-<version>``: that version, default settings.
+
+    ``PULSAR_NACK_TEST_BROKER="pulsar://HOST:PORT http://HOST:PORT"`` makes ``apache`` a broker
+    that is already running (see :class:`RunningBroker`).
+    """
+    running = os.environ.get("PULSAR_NACK_TEST_BROKER")
+    if kind == "apache" and running:
+        url, admin_url = running.split()
+        return RunningBroker(url, admin_url)
     if kind not in pool:
         from pulsar_nack.testing import PulsarStandalone
 

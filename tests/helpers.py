@@ -116,3 +116,21 @@ def produce(client: Any, topic: str, payloads: list[bytes], *, batch_size: int =
         for payload in payloads:
             producer.send(payload)
     producer.close()
+
+
+FIGURES_ENV = "PULSAR_NACK_TEST_FIGURES"
+"""Where :func:`record_figure` appends (a JSON-lines file); ``tools/client_matrix.py`` sets it."""
+
+
+def record_figure(name: str, **values: Any) -> None:
+    """Append a test's measured *values* under *name* to ``$PULSAR_NACK_TEST_FIGURES``, if set.
+
+    The client matrix keeps them in its JSON (``bench/results/client_matrix.json``), so the
+    docs can quote what a test measured on each broker and client.
+    """
+    path = os.environ.get(FIGURES_ENV)
+    if path:
+        import json
+
+        with open(path, "a") as out:
+            out.write(json.dumps({"name": name, **values}) + "\n")

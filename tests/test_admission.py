@@ -35,7 +35,7 @@ import pulsar
 import pytest
 
 import pulsar_nack
-from helpers import produce, wait_for
+from helpers import produce, record_figure, wait_for
 from pulsar_nack.testing import quiet_client
 from pulsar_nack.testing.admin import topic_path
 
@@ -319,6 +319,11 @@ def test_acked_siblings_stay_out_without_batch_index_acks(session_broker: Any, n
     client.close()
     acked = [p for p in payloads if int(p[1:]) % 10 != nacked_index]
     back = [p for p in acked if len(ledger.deliveries[p]) > 1]
+    record_figure(
+        f"acked_siblings_{'first' if nacked_index == 0 else 'last'}_nacked", messages=len(payloads),
+        acked=len(acked), acked_back=len(back), filtered=stats["filtered"], lost=len(ledger.lost(payloads)),
+        batch_index_ack=broker.batch_index_ack, settled=settled,
+    )
     assert len(back) <= len(acked) // 100, f"{len(back)} of {len(acked)} acked siblings came back"
     if not broker.batch_index_ack:
         assert stats["filtered"] >= 400, "this broker should have redelivered the acked siblings"

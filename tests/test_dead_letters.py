@@ -35,6 +35,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import importlib.metadata
 import threading
 import time
 import uuid
@@ -61,6 +62,12 @@ BUDGET_S = {"nack": 60, "redeliver": 60, "ack_timeout": 90, "reconnect": 60}
 ACK_TIMEOUT_MS = 10_000  # the client refuses less
 QUIET_S = 1.0  # a run ends once every dead letter arrived and nothing was delivered for this long
 CLIENTS = ("plain", "blocking", "asyncio")
+
+
+def _client_version_tuple() -> tuple[int, ...]:
+    """The installed pulsar-client's version, e.g. ``(3, 13, 0)``."""
+    return tuple(int(part) for part in importlib.metadata.version("pulsar-client").split(".")[:3] if part.isdigit())
+
 VARIANTS = [
     (batched, partitioned, consumer_type)
     for batched in (False, True)
@@ -417,7 +424,19 @@ def test_a_dead_letter_the_broker_refuses_leaves_the_original_unacknowledged(lab
     assert sorted(m.data() for m in read_all(lab, dlq)) == [b"m0", b"m1"]
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
+PLAIN_DLQ_CRASHES = _client_version_tuple() < (3, 10)
+"""pulsar-client 3.9.0's own dead-letter path crashes the process (SIGSEGV) about 30 s after a
+consumer with a ``dead_letter_policy`` closed while its dead letter's send was failing: the send
+timeout's callback calls ``ConsumerImpl::redeliverUnacknowledgedMessages`` on the closed consumer
+(gdb on the core of the client matrix's run: ``ProducerImpl::handleSendTimeout`` ->
+``ConsumerImpl::processPossibleToDLQ`` lambda -> ``redeliverUnacknowledgedMessages`` lambda).
+Only the plain client's arm passes the policy to the client; ours send dead letters themselves."""
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=pytest.mark.skipif(k == "plain" and PLAIN_DLQ_CRASHES, reason="pulsar-client < 3.10 crashes in its own DLQ path (PLAIN_DLQ_CRASHES)")) for k in CLIENTS],
+)
 def test_a_dead_letter_whose_send_fails_leaves_the_original_unacknowledged(lab: Lab, kind: str) -> None:
     """The dead-letter producer exists (m0 went through), then its topic is terminated: m1's send fails."""
     topic = new_topic(f"terminated-{kind}")

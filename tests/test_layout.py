@@ -93,3 +93,37 @@ def test_the_asyncio_door_names_its_consumer():
 
     assert pulsar_nack.asyncio.AsyncNackingConsumer is pulsar_nack.AsyncNackingConsumer
     assert pulsar_nack.asyncio.__all__ == ["AsyncNackingConsumer", "subscribe"]
+
+
+THIRD_PARTY_PRIVATE = {
+    # pyspark keeps the active context and its gateway only in private class attributes;
+    # session.py reads them to find (and forget) a context that was stopped under it.
+    "SparkContext._active_spark_context",
+    "SparkContext._gateway",
+    "SparkContext._jvm",
+    "os._exit",  # a documented function of the standard library, named with an underscore
+}
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """``owner._name`` not on ``self``/``cls``/``super()``, and ``from .x import _name``, in *path*."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            found += [f"from {'.' * node.level}{node.module or ''} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            text = ast.unparse(node)
+            if text not in THIRD_PARTY_PRIVATE:
+                found.append(text)
+    return [f"{path.relative_to(PACKAGE.parent)}:{what}" for what in found]
+
+
+def test_spark_does_not_reach_into_our_other_modules_private_names():
+    """pulsar_nack/spark uses what the registry, its config and the consumers offer publicly
+    (``registry.acquire``, ``ConsumerConfig.consumer_settings()``), never their ``_names``."""
+    found = [hit for path in sorted((PACKAGE / "spark").rglob("*.py")) for hit in _private_reaches(path)]
+    assert not found, "private names reached into from pulsar_nack/spark:\n" + "\n".join(found)

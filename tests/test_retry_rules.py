@@ -158,7 +158,7 @@ def test_spark_durable_retries_are_validated_on_the_driver():
     from pulsar_nack.spark import ConsumerConfig
 
     config = ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable")
-    assert config.retries == "durable" and config._consumer_settings() != ConsumerConfig("pulsar://h:6650", "t", "s")._consumer_settings()
+    assert config.retries == "durable" and config.consumer_settings() != ConsumerConfig("pulsar://h:6650", "t", "s").consumer_settings()
     with pytest.raises(TypeError, match="retries"):
         ConsumerConfig("pulsar://h:6650", "t", "s", retries=1)
     with pytest.raises(ValueError, match="retries"):

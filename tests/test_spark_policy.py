@@ -56,7 +56,7 @@ def test_tracker_defaults_to_ours_and_accepts_builtin():
     builtin = config(tracker="builtin", nack_delay_ms=500)
     assert builtin.tracker == "builtin" and builtin.retry_delay_ms(0) == 500
     # A worker's consumer is rebuilt when the tracker changes.
-    assert builtin._consumer_settings() != config(nack_delay_ms=500)._consumer_settings()
+    assert builtin.consumer_settings() != config(nack_delay_ms=500).consumer_settings()
 
 
 @pytest.mark.parametrize(("tracker", "error"), [(None, TypeError), (1, TypeError), (b"ours", TypeError),

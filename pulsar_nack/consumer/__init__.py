@@ -10,12 +10,15 @@
 - :mod:`~pulsar_nack.consumer.async_consumer`: the asyncio consumer
   (public door: :mod:`pulsar_nack.asyncio`);
 - :mod:`~pulsar_nack.consumer.dead_letter`: the one dead-letter sender;
-- :mod:`~pulsar_nack.consumer.msgid`: the reader of a message's id (C, or pure Python).
+- :mod:`~pulsar_nack.consumer.msgid`: the reader of a message's id (C, or pure Python);
+- :mod:`~pulsar_nack.consumer._client`: the one seam to pulsar-client's private surface,
+  which checks at import that the installed client has what the consumers use.
 """
 
 from __future__ import annotations
 
 from ..errors import ConsumerClosedError
+from . import _client  # noqa: F401 (first: checks the installed pulsar-client, UnsupportedClientError)
 from .blocking import NackingConsumer, client_handoff_latency_ms, subscribe
 from .common import ConsumerStats
 from .dead_letter import DeadLetter

@@ -36,8 +36,9 @@ import pulsar.asyncio as pulsar_asyncio
 from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
+from ._client import async_get_last_message_id, async_redeliver_unacknowledged, consumer_schema, raw_id
 from .common import ConsumerBase
-from .nacking import TopicMatcher, raw_id
+from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
@@ -103,7 +104,7 @@ class AsyncNackingConsumer(ConsumerBase):
             return await self._receive_retrying(self._retry)
         core = self._core
         while True:
-            message = await self._consumer.receive()
+            message = await self._plain.receive()
             if core.quiet and not core.counting:
                 next(core.received)
                 return message
@@ -123,9 +124,9 @@ class AsyncNackingConsumer(ConsumerBase):
             ready.clear()
             copy = retry.pop_due()
             if copy is not None:
-                return retry.message(copy, getattr(self._consumer, "_schema", None))
+                return retry.message(copy, consumer_schema(self._plain))
             if self._main_receive is None:
-                self._main_receive = asyncio.ensure_future(self._consumer.receive())
+                self._main_receive = asyncio.ensure_future(self._plain.receive())
             waiter = asyncio.ensure_future(ready.wait())
             wait = retry.ms_to_next_due()
             try:
@@ -173,7 +174,7 @@ class AsyncNackingConsumer(ConsumerBase):
         else:
             raw = self._core.before_ack(message)
             if raw is not None:  # None: recorded, acked with its entry
-                await self._consumer.acknowledge(raw)
+                await self._plain.acknowledge(raw)
             self._core.after_ack()
         next(self._core.acked)
 
@@ -183,7 +184,7 @@ class AsyncNackingConsumer(ConsumerBase):
         if self._retry is not None and self._retry.owns(message):
             raise ValueError("a retry copy cannot be acknowledged cumulatively (its subscription is Shared)")
         raw = self._core.before_ack(message)
-        await self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        await self._plain.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     async def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
@@ -249,7 +250,7 @@ class AsyncNackingConsumer(ConsumerBase):
 
     def _redeliver_now(self) -> None:
         if not self._closed:
-            self._consumer.redeliver_unacknowledged_messages()
+            async_redeliver_unacknowledged(self._plain)  # pulsar.asyncio has it from 3.10.0
             if self._retry is not None:
                 self._retry.redeliver_unacknowledged_messages()
 
@@ -266,11 +267,11 @@ class AsyncNackingConsumer(ConsumerBase):
         if not isinstance(target, (int, pulsar.MessageId)):  # a _pulsar.MessageId: pulsar.asyncio wants the wrapper
             target = pulsar.MessageId.wrap(target)
         self._core.reset(forget_counts=True)
-        await self._consumer.seek(target)
+        await self._plain.seek(target)
 
     async def get_last_message_id(self) -> Any:
         self._check_open()
-        return await self._consumer.get_last_message_id()
+        return await async_get_last_message_id(self._plain)  # pulsar.asyncio has it from 3.10.0
 
     async def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
@@ -283,7 +284,7 @@ class AsyncNackingConsumer(ConsumerBase):
                 await loop.run_in_executor(None, self._retry.unsubscribe)
             await loop.run_in_executor(None, self._close_core, False)
             await loop.run_in_executor(None, self._drain_dead_letters)
-            await self._consumer.unsubscribe()
+            await self._plain.unsubscribe()
             self._consumer_closed = True
         finally:
             await loop.run_in_executor(None, self._close_dead_letters)
@@ -311,7 +312,7 @@ class AsyncNackingConsumer(ConsumerBase):
             try:
                 await loop.run_in_executor(None, self._drain_dead_letters)
                 if not self._consumer_closed:
-                    await self._consumer.close()
+                    await self._plain.close()
                     self._consumer_closed = True
             finally:
                 await loop.run_in_executor(None, self._close_dead_letters)

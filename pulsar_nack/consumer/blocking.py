@@ -58,8 +58,9 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
+from ._client import consumer_schema, raw_id, unwrap_message, wrap_message
 from .common import ConsumerBase, ConsumerStats
-from .nacking import TopicMatcher, client_handoff_latency_ms, raw_id
+from .nacking import TopicMatcher, client_handoff_latency_ms
 from .retry import RetryLetter, retry_topics_for
 from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
 
@@ -117,7 +118,7 @@ class NackingConsumer(ConsumerBase):
         if not isinstance(consumer, pulsar.Consumer):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         super().__init__(consumer, topics, settings, client, retry)
-        self._schema = getattr(consumer, "_schema", None)
+        self._value_schema = consumer_schema(consumer)
 
     @classmethod
     def wrap(
@@ -188,9 +189,7 @@ class NackingConsumer(ConsumerBase):
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            wrapped = _Message()
-            wrapped._message = message
-            wrapped._schema = self._schema
+            wrapped = wrap_message(message, self._value_schema)
             if core.quiet and not core.counting:  # the common path: nothing to compare with
                 next(core.received)
                 return wrapped
@@ -216,7 +215,7 @@ class NackingConsumer(ConsumerBase):
         while True:
             copy = retry.pop_due()
             if copy is not None:
-                return retry.message(copy, self._schema)
+                return retry.message(copy, self._value_schema)
             wait = retry.ms_to_next_due()
             wait = RETRY_POLL_MS if wait is None else min(wait, RETRY_POLL_MS)
             if deadline is not None:
@@ -227,9 +226,7 @@ class NackingConsumer(ConsumerBase):
                 if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
                     raise
                 continue
-            wrapped = _Message()
-            wrapped._message = message
-            wrapped._schema = self._schema
+            wrapped = wrap_message(message, self._value_schema)
             if core.admit(message, wrapped):
                 return wrapped
 
@@ -238,20 +235,20 @@ class NackingConsumer(ConsumerBase):
         deadline = None if timeout_millis is None else monotonic_ms() + check_int("timeout_millis", timeout_millis, 0)
         while True:
             if deadline is None:
-                message = self._consumer.receive()
+                message = self._plain.receive()
             else:
-                message = self._consumer.receive(max(deadline - monotonic_ms(), 0))
+                message = self._plain.receive(max(deadline - monotonic_ms(), 0))
             if self._core.admit(message):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Receive a batch (per the consumer's batch receive policy), early copies and dead letters removed."""
         self._check_open()
-        messages = [m for m in self._consumer.batch_receive() if self._core.admit(m)]
+        messages = [m for m in self._plain.batch_receive() if self._core.admit(m)]
         retry = self._retry
         if retry is not None:  # and the retry copies that are due
             while (copy := retry.pop_due()) is not None:
-                messages.append(retry.message(copy, self._schema))
+                messages.append(retry.message(copy, self._value_schema))
         return messages
 
     def _admit(self, message: Any) -> bool:
@@ -273,7 +270,7 @@ class NackingConsumer(ConsumerBase):
             raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
         if type(message) is _Message and core.quiet and not core.counting and self._raw is not None:
-            self._raw.acknowledge(message._message)  # the common path: nothing to check
+            self._raw.acknowledge(unwrap_message(message))  # the common path: nothing to check
         elif self._retry is not None and self._retry.owns(message):  # a retry copy: its own consumer
             self._retry.acknowledge(message)
         else:
@@ -283,9 +280,8 @@ class NackingConsumer(ConsumerBase):
             elif self._raw is not None:
                 self._raw.acknowledge(raw)
             else:
-                self._consumer.acknowledge(raw)
-            if core._after_ack:
-                core.after_ack()
+                self._plain.acknowledge(raw)
+            core.after_ack()
         next(core.acked)
 
     def acknowledge_cumulative(self, message: Any) -> None:
@@ -298,7 +294,7 @@ class NackingConsumer(ConsumerBase):
         if self._retry is not None and self._retry.owns(message):
             raise ValueError("a retry copy cannot be acknowledged cumulatively (its subscription is Shared)")
         raw = self._core.before_ack(message)
-        self._consumer.acknowledge_cumulative(raw if raw is not None else raw_id(message))
+        self._plain.acknowledge_cumulative(raw if raw is not None else raw_id(message))
         self._core.after_ack()
 
     def negative_acknowledge(self, message: Any, delay_ms: int | None = None) -> None:
@@ -400,7 +396,7 @@ class NackingConsumer(ConsumerBase):
         self._check_open()
         self._core.reset(forget_counts=False)
         time.sleep(ACK_FLUSH_MS / 1000)  # let the client send its grouped acks first
-        self._consumer.redeliver_unacknowledged_messages()
+        self._plain.redeliver_unacknowledged_messages()
         if self._retry is not None:
             self._retry.redeliver_unacknowledged_messages()
 
@@ -416,22 +412,22 @@ class NackingConsumer(ConsumerBase):
         self._check_open()
         seek_target(message_id)
         self._core.reset(forget_counts=True)
-        self._consumer.seek(message_id)
+        self._plain.seek(message_id)
 
     def get_last_message_id(self) -> Any:
         """The id of the last message of the topic, as the client returns it."""
         self._check_open()
-        return self._consumer.get_last_message_id()
+        return self._plain.get_last_message_id()
 
     def pause_message_listener(self) -> None:
         self._check_open()
-        self._consumer.pause_message_listener()
+        self._plain.pause_message_listener()
         if self._retry is not None:
             self._retry.pause_message_listener()
 
     def resume_message_listener(self) -> None:
         self._check_open()
-        self._consumer.resume_message_listener()
+        self._plain.resume_message_listener()
         if self._retry is not None:
             self._retry.resume_message_listener()
 
@@ -444,7 +440,7 @@ class NackingConsumer(ConsumerBase):
                 self._retry.unsubscribe()
             self._close_core(redeliver_pending=False)
             self._drain_dead_letters()
-            self._consumer.unsubscribe()
+            self._plain.unsubscribe()
             self._consumer_closed = True
         finally:
             self._close_dead_letters()
@@ -469,7 +465,7 @@ class NackingConsumer(ConsumerBase):
             try:
                 self._drain_dead_letters()
                 if not self._consumer_closed:
-                    self._consumer.close()
+                    self._plain.close()
                     self._consumer_closed = True
             finally:
                 self._close_dead_letters()
@@ -527,7 +523,7 @@ def _copy_listener(holder: list[NackingConsumer], message_listener: Callable[...
         if wrapper.closed or wrapper._retry is None:
             return
         try:
-            message_listener(wrapper, wrapper._retry.message(raw, wrapper._schema))
+            message_listener(wrapper, wrapper._retry.message(raw, wrapper._value_schema))
         except Exception:
             _log.exception("message listener failed")
 

@@ -15,10 +15,9 @@ import re
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
-import _pulsar
-
 from ..core.tracker import NegativeAcksTracker, TrackerStats
 from ..errors import ConsumerClosedError
+from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer
 from .dead_letter import DeadLetter, DeadLetterRoute
 from .nacking import NackingCore, TopicMatcher
 from .retry import RetryLetter
@@ -106,9 +105,8 @@ class ConsumerBase:
             settings = ConsumerSettings()
         elif not isinstance(settings, ConsumerSettings):
             raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
-        raw = getattr(consumer, "_consumer", None)
-        self._raw = raw if isinstance(raw, _pulsar.Consumer) else None
-        self._consumer = consumer
+        self._raw = raw_consumer(consumer)
+        self._plain = consumer
         core = NackingCore(self._hand_off, topics, settings, acknowledge=self._ack_quietly)
         self._route = None
         if core.counting:
@@ -128,12 +126,12 @@ class ConsumerBase:
 
     # ------------------------------------------------------------------ client calls that never block
 
-    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+    def _hand_off(self, ids: list[RawMessageId]) -> None:
         """Core callback, on the timer thread: give each due entry to the client's own tracker.
 
         ``negative_acknowledge`` only queues the id in the C++ client; it never waits.
         """
-        nack = self._raw.negative_acknowledge if self._raw is not None else self._consumer.negative_acknowledge
+        nack = self._raw.negative_acknowledge if self._raw is not None else self._plain.negative_acknowledge
         for message_id in ids:
             nack(message_id)
 
@@ -147,16 +145,16 @@ class ConsumerBase:
             if self._raw is not None:
                 self._raw.acknowledge(message)
             else:
-                self._consumer.acknowledge(message)
+                self._plain.acknowledge(message)
         except Exception:  # the client is closing: the broker redelivers it, and it is filtered again
             _log.warning("could not acknowledge a filtered copy", exc_info=True)
 
-    def _acknowledge_async(self, message_id: _pulsar.MessageId) -> None:
+    def _acknowledge_async(self, message_id: RawMessageId) -> None:
         """Acknowledge without waiting (dead letters: runs on a client thread)."""
         if self._raw is not None:
             self._raw.acknowledge_async(message_id, _ignore_result)
         else:
-            self._consumer.acknowledge(message_id)
+            self._plain.acknowledge(message_id)
         next(self._core.acked)
 
     def _reconsume_target(self, message: Any) -> RetryLetter:
@@ -173,19 +171,19 @@ class ConsumerBase:
     # ------------------------------------------------------------------ the plain parts of the API
 
     def topic(self) -> str:
-        return str(self._consumer.topic())
+        return str(self._plain.topic())
 
     def subscription_name(self) -> str:
-        return str(self._consumer.subscription_name())
+        return str(self._plain.subscription_name())
 
     def consumer_name(self) -> str:
-        return str(self._consumer.consumer_name())
+        return str(self._plain.consumer_name())
 
     def is_connected(self) -> bool:
         """False once closed; else whether the client is connected."""
         if self._closed:
             return False
-        return bool(self._raw.is_connected() if self._raw is not None else self._consumer.is_connected())
+        return bool(self._raw.is_connected() if self._raw is not None else self._plain.is_connected())
 
     @property
     def closed(self) -> bool:
@@ -237,10 +235,10 @@ def _dead_letter_route(
     policy = settings.dead_letter_policy
     assert policy is not None
     if client is None:
-        client = getattr(consumer, "_client", None)  # a pulsar.Consumer knows its client
+        client = consumer_client(consumer)  # a pulsar.Consumer knows its client
     if client is None:
         raise ValueError("a dead_letter_policy needs the client: pass client=")
-    sender = DeadLetter.from_policy(client, consumer.subscription_name(), policy, getattr(consumer, "_schema", None))
+    sender = DeadLetter.from_policy(client, consumer.subscription_name(), policy, consumer_schema(consumer))
     route = DeadLetterRoute(sender, core, acknowledge)
     core.route_dead_letters(route)
     return route

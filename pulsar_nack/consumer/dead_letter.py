@@ -33,9 +33,18 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import _pulsar
-
 from ..errors import DeadLetterError
+from ._client import (
+    RawClient,
+    RawMessage,
+    RawProducer,
+    build_message,
+    earliest_subscription_configuration,
+    is_ok,
+    plain_producer_configuration,
+    raw_client,
+    received,
+)
 from .nacking import full_topic_name
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -78,42 +87,27 @@ def dead_letter_topic(topic: str, subscription: str) -> str:
     return f"{full_topic_name(topic)}-{subscription}-DLQ"
 
 
-def _raw_client(client: Any) -> _pulsar.Client:
+def _raw_client(client: Any) -> RawClient:
     """The ``_pulsar.Client`` of a ``pulsar.Client`` or ``pulsar.asyncio.Client`` (or itself)."""
-    raw = client if isinstance(client, _pulsar.Client) else getattr(client, "_client", None)
-    if not isinstance(raw, _pulsar.Client):
+    raw = raw_client(client)
+    if raw is None:
         raise TypeError(f"client must be a pulsar.Client or pulsar.asyncio.Client, not {type(client).__name__}")
     return raw
 
 
-def _raw_message(message: Any) -> Any:
-    """The ``_pulsar.Message`` inside a ``pulsar.Message`` (or the message itself)."""
-    return getattr(message, "_message", message)
-
-
-def build_dead_letter(message: Any, properties: Mapping[str, str] | None = None) -> _pulsar.Message:
+def build_dead_letter(message: Any, properties: Mapping[str, str] | None = None) -> RawMessage:
     """The dead letter of *message*, as the C++ client builds it; *properties* are added.
 
     The original's properties first, then *properties*, then ``ORIGIN_MESSAGE_ID`` and
     ``REAL_TOPIC`` (which win, as in the client). O(properties).
     """
-    raw = _raw_message(message)
-    builder = _pulsar.MessageBuilder()
-    builder.content(raw.data())
+    raw = received(message)
     merged = dict(raw.properties())
     if properties:
         merged.update(properties)
     merged[ORIGIN_MESSAGE_ID] = str(raw.message_id())
     merged[REAL_TOPIC] = raw.topic_name()
-    for name, value in merged.items():
-        builder.property(name, value)
-    partition_key = raw.partition_key()
-    if partition_key:
-        builder.partition_key(partition_key)
-    ordering_key = raw.ordering_key()
-    if ordering_key:
-        builder.ordering_key(ordering_key)
-    return builder.build()
+    return build_message(raw.data(), merged, raw.partition_key(), raw.ordering_key())
 
 
 class DeadLetter:
@@ -142,15 +136,15 @@ class DeadLetter:
         initial_subscription: str | None = None,
         schema: Any = None,
     ) -> None:
-        self._client = _raw_client(client)
+        self._native = _raw_client(client)
         if not isinstance(subscription, str) or not subscription:
             raise TypeError("subscription must be a non-empty str")
         self._subscription = subscription
         self._topic = topic or None
         self._initial_subscription = initial_subscription or None
-        self._schema_info = None if schema is None else schema.schema_info()
+        self._value_schema_info = None if schema is None else schema.schema_info()
         # topic -> its producer, or the sends waiting while it is being created
-        self._producers: dict[str, _pulsar.Producer | list[Callable[[Any, BaseException | None], None]]] = {}
+        self._producers: dict[str, RawProducer | list[Callable[[Any, BaseException | None], None]]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -182,9 +176,9 @@ class DeadLetter:
         must not block. The dead letter is built here, so *message* may be reused after.
         """
         built = build_dead_letter(message, properties)
-        self.send_message_async(built, topic or self.topic_for(_raw_message(message).topic_name()), done)
+        self.send_message_async(built, topic or self.topic_for(received(message).topic_name()), done)
 
-    def send_message_async(self, built: _pulsar.Message, target: str, done: Done) -> None:
+    def send_message_async(self, built: RawMessage, target: str, done: Done) -> None:
         """Send a message the caller built to the dead-letter topic *target*; ``done`` as :meth:`send_async`.
 
         For a dead letter in another client's form: the reconsume path's, which carries
@@ -196,8 +190,8 @@ class DeadLetter:
                 done(error)
                 return
 
-            def sent(result: _pulsar.Result, _message_id: Any) -> None:
-                done(None if result == _pulsar.Result.Ok else DeadLetterError(f"sending to {target} failed: {result}"))
+            def sent(result: Any, _message_id: Any) -> None:
+                done(None if is_ok(result) else DeadLetterError(f"sending to {target} failed: {result}"))
 
             try:
                 producer.send_async(built, sent)
@@ -250,44 +244,39 @@ class DeadLetter:
         if self._initial_subscription is None:
             self._create_producer(target)
             return
-        conf = _pulsar.ConsumerConfiguration()
-        conf.subscription_initial_position(_pulsar.InitialPosition.Earliest)
+        conf = earliest_subscription_configuration()
 
-        def subscribed(result: _pulsar.Result, consumer: Any) -> None:
-            if result != _pulsar.Result.Ok:  # it may exist with another type: the producer decides
+        def subscribed(result: Any, consumer: Any) -> None:
+            if not is_ok(result):  # it may exist with another type: the producer decides
                 _log.warning("could not create subscription %r on %s: %s", self._initial_subscription, target, result)
                 self._create_producer(target)
                 return
             consumer.close_async(lambda _result: self._create_producer(target))
 
         try:
-            self._client.subscribe_async(target, self._initial_subscription, conf, subscribed)
+            self._native.subscribe_async(target, self._initial_subscription, conf, subscribed)
         except Exception:
             _log.warning("could not create subscription %r on %s", self._initial_subscription, target, exc_info=True)
             self._create_producer(target)
 
     def _create_producer(self, target: str) -> None:
-        conf = _pulsar.ProducerConfiguration()
-        conf.batching_enabled(False)
-        conf.block_if_queue_full(False)
-        if self._schema_info is not None:
-            conf.schema(self._schema_info)
+        conf = plain_producer_configuration(self._value_schema_info)
 
-        def created(result: _pulsar.Result, producer: Any) -> None:
-            error = None if result == _pulsar.Result.Ok else DeadLetterError(f"creating a producer on {target} failed: {result}")
+        def created(result: Any, producer: Any) -> None:
+            error = None if is_ok(result) else DeadLetterError(f"creating a producer on {target} failed: {result}")
             with self._lock:
                 waiting = self._producers.pop(target, [])
                 if error is None and self._closed:
                     error = DeadLetterError("the dead-letter sender is closed")
                 elif error is None:
                     self._producers[target] = producer
-            if error is not None and result == _pulsar.Result.Ok:
+            if error is not None and is_ok(result):
                 producer.close_async(lambda _result: None)
             for then in waiting if isinstance(waiting, list) else ():
                 then(None if error is not None else producer, error)
 
         try:
-            self._client.create_producer_async(target, conf, created)
+            self._native.create_producer_async(target, conf, created)
         except Exception as exc:
             created_error = DeadLetterError(f"creating a producer on {target} failed: {exc}")
             with self._lock:
@@ -336,7 +325,7 @@ class DeadLetterRoute:
 
     def __call__(self, message: Any, stored: bool) -> None:
         if stored:
-            self._acknowledge(_raw_message(message).message_id())
+            self._acknowledge(received(message).message_id())
             return
         with self._idle:
             self._in_flight += 1
@@ -351,7 +340,7 @@ class DeadLetterRoute:
         try:
             if error is None:
                 self._core.dead_letter_stored(message)
-                self._acknowledge(_raw_message(message).message_id())
+                self._acknowledge(received(message).message_id())
             else:
                 _log.warning("dead letter not stored, the message stays unacknowledged and is tried again: %s", error)
                 self._core.dead_letter_failed(message)

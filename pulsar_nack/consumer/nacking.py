@@ -64,7 +64,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import _pulsar
 from pyroaring import BitMap64
 
 from .._validate import check_int, check_ms, check_topics
@@ -75,6 +74,8 @@ from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
 from ..errors import ClosedError
 from . import msgid as _msgid
+from ._client import RawMessageId, inner_message, is_raw_message_id, raw_id
+from ._client import entry_id as raw_entry_id
 from .settings import COALESCE_MS, HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
@@ -156,7 +157,7 @@ def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: 
     return latency if spaced and not never_early else handoff_delay_ms
 
 
-HandOff = Callable[[list[_pulsar.MessageId]], None]
+HandOff = Callable[[list[RawMessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""
 DeadLetterCallback = Callable[[Any, bool], None]
 """What a consumer does with a message for the dead-letter topic: ``route(message, stored)``."""
@@ -173,34 +174,11 @@ _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
 _UNTITLED = ""  # the tracker topic of a key whose id object carries the real topic
 
 
-def raw_id(obj: Any) -> _pulsar.MessageId:
-    """The ``_pulsar.MessageId`` of a message or id, ``pulsar`` wrapper or raw. O(1).
-
-    Raises TypeError for anything else. Duck-typed on the wrappers' private fields
-    (``pulsar.Message._message``, ``pulsar.MessageId._msg_id``), so this module does not
-    import ``pulsar``.
-    """
-    if isinstance(obj, _pulsar.MessageId):
-        return obj
-    if isinstance(obj, _pulsar.Message):
-        return obj.message_id()
-    inner = getattr(obj, "_message", None)
-    if isinstance(inner, _pulsar.Message):
-        return inner.message_id()
-    inner = getattr(obj, "_msg_id", None)
-    if isinstance(inner, _pulsar.MessageId):
-        return inner
-    message_id = getattr(obj, "message_id", None)  # a stand-in message (unit tests)
-    if callable(message_id) and callable(getattr(obj, "topic_name", None)):
-        return raw_id(message_id())
-    raise TypeError(f"expected a pulsar Message or MessageId, not {type(obj).__name__}")
-
-
 def _is_message(obj: Any) -> bool:
-    return not isinstance(obj, _pulsar.MessageId) and callable(getattr(obj, "topic_name", None))
+    return not is_raw_message_id(obj) and callable(getattr(obj, "topic_name", None))
 
 
-def _item_of(message_id: _pulsar.MessageId) -> Item:
+def _item_of(message_id: RawMessageId) -> Item:
     return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
@@ -223,26 +201,23 @@ def _stashed(message: Any) -> bytes | None:
 
 
 def _inner_message(message: Any) -> Any:
-    """The ``_pulsar.Message`` inside a ``pulsar.Message`` (its private ``_message``), or *message*."""
-    inner = getattr(message, "_message", None)
-    return inner if isinstance(inner, _pulsar.Message) else message
+    """The ``_pulsar.Message`` inside a ``pulsar.Message`` (:func:`~._client.inner_message`), or *message*."""
+    inner = inner_message(message)
+    return message if inner is None else inner
 
 
-def batch_size_of(message_id: _pulsar.MessageId) -> int:
+def batch_size_of(message_id: RawMessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
     return int(_msgid.parse_id(message_id.serialize())[4])
 
 
-def handoff_id(topic: str, ledger_id: int, entry_id: int) -> _pulsar.MessageId:
+def handoff_id(topic: str, ledger_id: int, entry_id: int) -> RawMessageId:
     """The entry-level id the client redelivers: partition from the topic name, topic set.
 
     The multi-topic C++ consumer routes ids by topic name and silently drops ids without one.
     """
     match = PARTITION_SUFFIX.search(topic)
-    message_id = _pulsar.MessageId(int(match.group(1)) if match else -1, ledger_id, entry_id, -1)
-    if topic:
-        message_id.topic_name(topic)
-    return message_id
+    return raw_entry_id(int(match.group(1)) if match else -1, ledger_id, entry_id, topic)
 
 
 class TopicMatcher:
@@ -584,7 +559,7 @@ class NackingCore:
     _held: dict[Item, Any]
     _aged_at: int
     _after_ack: list[Any]
-    _bare: dict[tuple[int, int], _pulsar.MessageId]
+    _bare: dict[tuple[int, int], RawMessageId]
     _copies: dict[Item, int]
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
@@ -865,7 +840,7 @@ class NackingCore:
 
     # ------------------------------------------------------------------ settling
 
-    def key_of(self, message: Any) -> tuple[MessageKey, _pulsar.MessageId]:
+    def key_of(self, message: Any) -> tuple[MessageKey, RawMessageId]:
         """The tracker key of a message or id, and its raw id; validates, changes nothing.
 
         Raises
@@ -876,8 +851,8 @@ class NackingCore:
             For a message of a topic this consumer does not read, or a batch index
             outside its entry's batch (from the id, or from the entry in flight).
         """
-        inner = getattr(message, "_message", None)
-        if isinstance(inner, _pulsar.Message):  # a pulsar.Message: the common path, no checks needed
+        inner = inner_message(message)
+        if inner is not None:  # a pulsar.Message: the common path, no checks needed
             key = _msgid.message_key(inner)
             if key[0] not in self.topics.names and key[0] not in self.topics:
                 raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
@@ -942,8 +917,8 @@ class NackingCore:
 
     def _nack_key(self, message: Any) -> tuple[MessageKey, Any, int]:
         """The key, raw id (None for a received message) and batch size of a message to nack."""
-        inner = getattr(message, "_message", None)
-        if isinstance(inner, _pulsar.Message):  # a received pulsar.Message: the common call
+        inner = inner_message(message)
+        if inner is not None:  # a received pulsar.Message: the common call
             data = _stashed(message)
             if data is None:
                 key: MessageKey = _msgid.message_key(inner)  # topic and id in one C call
@@ -1099,9 +1074,9 @@ class NackingCore:
         longer than the client's 100 ms), and it must find them handed off, not pending.
         If the handoff raises, they are pending again (the tracker retries the keys).
         """
-        ids: list[_pulsar.MessageId] = []
+        ids: list[RawMessageId] = []
         moved: list[Item] = []
-        bare_ids: dict[tuple[int, int], _pulsar.MessageId] = {}
+        bare_ids: dict[tuple[int, int], RawMessageId] = {}
         with self._lock:
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()

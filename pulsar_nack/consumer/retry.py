@@ -64,16 +64,29 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-import _pulsar
 import pulsar
 
 from .._validate import MAX_DELAY_MS, check_bool, check_ms
 from ..core.backoff import RedeliveryBackoff
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
+from ._client import (
+    RawClient,
+    RawMessage,
+    RawMessageId,
+    build_retry_copy,
+    is_ok,
+    is_raw_message,
+    is_raw_message_id,
+    received,
+    retry_producer_configuration,
+    shared_listener_configuration,
+    unwrap_message,
+    wrap_message,
+)
+from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
 from .nacking import NackingCore, full_topic_name
 from .settings import HANDOFF_DELAY_MS, ConsumerSettings
@@ -139,9 +152,9 @@ def java_message_id(message_id: Any) -> str:
     The batch index is written only for a batched message (index 0 or more), as Java's
     ``BatchMessageIdImpl``. O(1).
 
-    >>> java_message_id(_pulsar.MessageId(-1, 27, 0, -1))
+    >>> java_message_id(pulsar.MessageId(-1, 27, 0, -1))
     '27:0:-1'
-    >>> java_message_id(_pulsar.MessageId(2, 11, 5, 0))
+    >>> java_message_id(pulsar.MessageId(2, 11, 5, 0))
     '11:5:2:0'
     """
     text = f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.partition()}"
@@ -234,10 +247,10 @@ class RetryTopics:
         )
 
 
-def raw_client(client: Any) -> Any:
+def raw_client(client: Any) -> RawClient:
     """The ``_pulsar.Client`` inside a ``pulsar.Client`` or ``pulsar.asyncio.Client``."""
-    raw = getattr(client, "_client", None)
-    if not isinstance(raw, _pulsar.Client):
+    raw = _inner_client(client)
+    if raw is None:
         raise TypeError(f"client must be a pulsar.Client or pulsar.asyncio.Client, not {type(client).__name__}")
     return raw
 
@@ -345,24 +358,25 @@ class RetryMessage(pulsar.Message):
 
     def topic_name(self) -> str:
         """The original topic (``REAL_TOPIC``), or the retry topic if the property is missing."""
-        real = self._message.properties().get(REAL_TOPIC)
-        return str(real) if real else str(self._message.topic_name())
+        raw = unwrap_message(self)
+        real = raw.properties().get(REAL_TOPIC)
+        return str(real) if real else str(raw.topic_name())
 
     def retry_topic_name(self) -> str:
         """The retry letter topic this copy was read from."""
-        return str(self._message.topic_name())
+        return str(unwrap_message(self).topic_name())
 
     def reconsume_times(self) -> int:
         """``RECONSUMETIMES``: how many times this message was reconsumed (1 or more)."""
-        return reconsume_times(self._message)
+        return reconsume_times(unwrap_message(self))
 
     def redelivery_count(self) -> int:
         """How many times the message came back: its ``RECONSUMETIMES``."""
-        return reconsume_times(self._message)
+        return reconsume_times(unwrap_message(self))
 
     def due_at_ms(self) -> int | None:
         """When this copy was due (epoch ms): its publish time + ``DELAY_TIME``."""
-        return due_time_ms(self._message)
+        return due_time_ms(unwrap_message(self))
 
 
 def origin_key(message: Any) -> tuple[str, int, int, int] | None:
@@ -404,15 +418,6 @@ def _error_for(result: Any) -> Exception:
     return cls(f"Pulsar error: {name}")
 
 
-def _producer_conf() -> _pulsar.ProducerConfiguration:
-    """Java's retry producer: no batching, chunking on, never block on a full queue."""
-    conf = _pulsar.ProducerConfiguration()
-    conf.batching_enabled(False)
-    conf.chunking_enabled(True)
-    conf.block_if_queue_full(False)
-    return conf
-
-
 class RetryLetter:
     """The retry letter topic of one consumer: its own consumer of the topic, the sends, the holds.
 
@@ -445,7 +450,7 @@ class RetryLetter:
 
     topics: RetryTopics
     _hold: NackingCore
-    _consumer: Any  # the _pulsar.Consumer of the retry topic, once subscribed
+    _copies: Any  # the _pulsar.Consumer of the retry topic, once subscribed
     _producer_future: concurrent.futures.Future[Any] | None
     _counts: dict[str, int]
 
@@ -476,11 +481,11 @@ class RetryLetter:
         self._dead_letter = dead_letter or DeadLetter(
             client, subscription, topic=topics.dead_letter_topic, initial_subscription=topics.initial_subscription_name
         )
-        self._consumer = None
-        self._deliver: Callable[[_pulsar.Message], None] | None = None
+        self._copies = None
+        self._deliver: Callable[[RawMessage], None] | None = None
         self._wake: Callable[[], None] | None = None
         self._producer_future = None
-        self._in_memory: list[tuple[int, int, _pulsar.Message, int]] = []  # (due epoch ms, sequence, copy, arrival)
+        self._in_memory: list[tuple[int, int, RawMessage, int]] = []  # (due epoch ms, sequence, copy, arrival)
         self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
         self._sequence = itertools.count()
         self._lock = threading.Lock()
@@ -492,7 +497,7 @@ class RetryLetter:
     def subscribe(
         self,
         subscribe_kwargs: Mapping[str, Any],
-        deliver: Callable[[_pulsar.Message], None] | None = None,
+        deliver: Callable[[RawMessage], None] | None = None,
         wake: Callable[[], None] | None = None,
     ) -> None:
         """Subscribe to the retry topic (blocks for the round trip), Shared, as the Java client does.
@@ -504,21 +509,18 @@ class RetryLetter:
         else they are queued for :meth:`pop_due`, and *wake* (if any) is called when one
         is queued.
         """
-        conf = _pulsar.ConsumerConfiguration()
-        conf.consumer_type(_pulsar.ConsumerType.Shared)
-        conf.negative_ack_redelivery_delay_ms(HANDOFF_DELAY_MS)
-        conf.message_listener(self._on_copy)
-        if subscribe_kwargs.get("receiver_queue_size") is not None:
-            conf.receiver_queue_size(subscribe_kwargs["receiver_queue_size"])
-        if subscribe_kwargs.get("consumer_name"):
-            conf.consumer_name(subscribe_kwargs["consumer_name"])
-        if subscribe_kwargs.get("initial_position") is not None:
-            conf.subscription_initial_position(subscribe_kwargs["initial_position"])
-        conf.batch_index_ack_enabled(bool(subscribe_kwargs.get("batch_index_ack_enabled", True)))
+        conf = shared_listener_configuration(
+            self._on_copy,
+            HANDOFF_DELAY_MS,
+            receiver_queue_size=subscribe_kwargs.get("receiver_queue_size"),
+            consumer_name=subscribe_kwargs.get("consumer_name"),
+            initial_position=subscribe_kwargs.get("initial_position"),
+            batch_index_ack=bool(subscribe_kwargs.get("batch_index_ack_enabled", True)),
+        )
         self._deliver, self._wake = deliver, wake
-        self._consumer = self._raw_client.subscribe(self.topics.retry_letter_topic, self.subscription, conf)
+        self._copies = self._raw_client.subscribe(self.topics.retry_letter_topic, self.subscription, conf)
 
-    def _on_copy(self, _consumer: Any, raw: _pulsar.Message) -> None:
+    def _on_copy(self, _consumer: Any, raw: RawMessage) -> None:
         """Listener of the retry topic's consumer (a client thread): hold, queue or hand over a copy."""
         try:
             if self._closed or not self._admit_copy(raw, in_memory=self._deliver is None, queue_due=True):
@@ -531,9 +533,9 @@ class RetryLetter:
         except Exception:  # a failing listener must not stop the client's thread
             _log.exception("handling a retry copy failed; it stays unacknowledged")
 
-    def _hand_off(self, ids: list[_pulsar.MessageId]) -> None:
+    def _hand_off(self, ids: list[RawMessageId]) -> None:
         """The hold tracker's handoff: the retry topic's consumer redelivers each due copy."""
-        consumer = self._consumer
+        consumer = self._copies
         if consumer is None:
             return
         for message_id in ids:
@@ -549,11 +551,11 @@ class RetryLetter:
         """True if *message* (a message or id) was read from the retry topic. O(1)."""
         if isinstance(message, RetryMessage):
             return True
-        inner = getattr(message, "_message", message)
+        inner = received(message)
         topic = getattr(inner, "topic_name", None)
         if callable(topic):
             return self.is_retry_copy(inner)
-        if isinstance(inner, _pulsar.MessageId):
+        if is_raw_message_id(inner):
             return False  # a bare id: the main consumer's (acknowledge a retry copy by the message)
         return False
 
@@ -570,13 +572,13 @@ class RetryLetter:
 
     def _ack_copy(self, message: Any) -> None:
         """Acknowledge a copy or id on the retry topic's consumer (also the hold's acks of copies of acked copies)."""
-        consumer = self._consumer
+        consumer = self._copies
         if consumer is not None:
             consumer.acknowledge(message)
 
     def nack(self, message: Any, delay_ms: int | None) -> None:
         """Negative acknowledgement of a retry copy: tracked never-early; the delay as :meth:`delay_for`."""
-        self._hold.nack(message, self.delay_for(getattr(message, "_message", message), delay_ms))
+        self._hold.nack(message, self.delay_for(received(message), delay_ms))
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Forget the holds and ask the broker to redeliver every unacked copy now."""
@@ -584,23 +586,23 @@ class RetryLetter:
         with self._lock:
             self._in_memory.clear()
             self._arrived.clear()
-        if self._consumer is not None:
-            self._consumer.redeliver_unacknowledged_messages()
+        if self._copies is not None:
+            self._copies.redeliver_unacknowledged_messages()
 
     def pause_message_listener(self) -> None:
-        if self._consumer is not None:
-            self._consumer.pause_message_listener()
+        if self._copies is not None:
+            self._copies.pause_message_listener()
 
     def resume_message_listener(self) -> None:
-        if self._consumer is not None:
-            self._consumer.resume_message_listener()
+        if self._copies is not None:
+            self._copies.resume_message_listener()
 
     def unsubscribe(self) -> None:
         """Unsubscribe the retry topic's consumer (pending holds are dropped) and close this letter."""
         self._hold.close(redeliver_pending=False)
-        if self._consumer is not None:
-            self._consumer.unsubscribe()
-            self._consumer = None
+        if self._copies is not None:
+            self._copies.unsubscribe()
+            self._copies = None
         self.close(redeliver_pending=False)
 
     # -------------------------------------------------------------- sending
@@ -622,8 +624,8 @@ class RetryLetter:
         the copy; it holds the client's exception if the producer or the send failed.
         Bad input raises at once (TypeError, ValueError) and sends nothing. O(properties).
         """
-        raw = getattr(message, "_message", message)
-        if not isinstance(raw, _pulsar.Message):
+        raw = received(message)
+        if not is_raw_message(raw):
             raise TypeError(f"reconsume_later takes a received pulsar.Message, not {type(message).__name__}")
         if properties is not None:
             if not isinstance(properties, Mapping):
@@ -633,16 +635,9 @@ class RetryLetter:
         delay = self.delay_for(raw, delay_ms)
         props = retry_properties(raw, self.subscription, delay, properties)
         dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
-        builder = _pulsar.MessageBuilder().content(raw.data()).properties(props)
-        if raw.partition_key():
-            builder.partition_key(raw.partition_key())
-        if raw.ordering_key():
-            builder.ordering_key(raw.ordering_key())
-        if raw.event_timestamp():
-            builder.event_timestamp(raw.event_timestamp())
-        if delay > 0 and not dead:
-            builder.deliver_after(timedelta(milliseconds=delay))
-        built = builder.build()
+        built = build_retry_copy(
+            raw.data(), props, raw.partition_key(), raw.ordering_key(), raw.event_timestamp(), 0 if dead else delay
+        )
         outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
         if dead:
             self._send_dead_letter(built, outcome)
@@ -650,11 +645,11 @@ class RetryLetter:
             self._send_retry(built, outcome)
         return outcome
 
-    def _send_retry(self, built: _pulsar.Message, outcome: concurrent.futures.Future[str]) -> None:
+    def _send_retry(self, built: RawMessage, outcome: concurrent.futures.Future[str]) -> None:
         """Send a retry copy with this consumer's retry producer; settle *outcome* on the client's thread."""
 
         def sent(result: Any, _message_id: Any) -> None:
-            if result == _pulsar.Result.Ok:
+            if is_ok(result):
                 with self._lock:
                     self._counts["reconsumed"] += 1
                 outcome.set_result("retry")
@@ -673,7 +668,7 @@ class RetryLetter:
 
         self._producer().add_done_callback(with_producer)
 
-    def _send_dead_letter(self, built: _pulsar.Message, outcome: concurrent.futures.Future[str]) -> None:
+    def _send_dead_letter(self, built: RawMessage, outcome: concurrent.futures.Future[str]) -> None:
         """Send a copy past ``max_redeliver_count`` through the consumer's dead-letter sender."""
         if self._dead_letter is None:
             raise DeadLetterError("a reconsume past max_redeliver_count needs a dead-letter sender")
@@ -702,27 +697,27 @@ class RetryLetter:
                 return future
             future = self._producer_future = concurrent.futures.Future()
 
-        def created(value: Any) -> None:
-            if isinstance(value, _pulsar.Error):
-                future.set_exception(_error_for(value.error))
+        def created(result: Any, producer: Any) -> None:
+            if is_ok(result):
+                future.set_result(producer)
             else:
-                future.set_result(value)
+                future.set_exception(_error_for(result))
 
         try:
-            self._raw_client.create_producer_async_v2(self.topics.retry_letter_topic, _producer_conf(), created)
+            self._raw_client.create_producer_async(self.topics.retry_letter_topic, retry_producer_configuration(), created)
         except Exception as exc:
             future.set_exception(exc)
         return future
 
     # -------------------------------------------------------------- receiving
 
-    def is_retry_copy(self, raw: _pulsar.Message) -> bool:
+    def is_retry_copy(self, raw: RawMessage) -> bool:
         """True if *raw* was read from the retry letter topic. O(1)."""
         topic = raw.topic_name()
         retry = self.topics.retry_letter_topic
         return topic == retry or (topic.startswith(retry) and PARTITION_SUFFIX.sub("", topic) == retry)
 
-    def admit(self, raw: _pulsar.Message, in_memory: bool = False) -> bool:
+    def admit(self, raw: RawMessage, in_memory: bool = False) -> bool:
         """True if the retry copy *raw* may go to the application now; else it is held.
 
         A held copy stays unacked (durable). With *in_memory*, one due within
@@ -734,7 +729,7 @@ class RetryLetter:
         """
         return self._admit_copy(raw, in_memory, queue_due=False)
 
-    def _admit_copy(self, raw: _pulsar.Message, in_memory: bool, queue_due: bool) -> bool:
+    def _admit_copy(self, raw: RawMessage, in_memory: bool, queue_due: bool) -> bool:
         """:meth:`admit`; with *queue_due* a copy due now is queued for :meth:`pop_due` (and False returned)."""
         if not self._hold.admit(raw):
             return False
@@ -757,7 +752,7 @@ class RetryLetter:
         self._hold.nack(raw, min(left, MAX_DELAY_MS))
         return False
 
-    def pop_due(self) -> _pulsar.Message | None:
+    def pop_due(self) -> RawMessage | None:
         """The earliest copy queued here if it is due now, else None; counted as delivered. O(log n)."""
         if not self._in_memory:
             return None
@@ -778,12 +773,11 @@ class RetryLetter:
                 return None
             return max(self._in_memory[0][0] - self._clock_ms(), 0)
 
-    def message(self, raw: _pulsar.Message, schema: Any) -> RetryMessage:
+    def message(self, raw: RawMessage, schema: Any) -> RetryMessage:
         """The :class:`RetryMessage` the application gets for the copy *raw* (with its arrival, if queued here)."""
-        wrapped = RetryMessage()
+        wrapped = wrap_message(raw, schema if schema is not None else pulsar.schema.BytesSchema(), RetryMessage)
+        assert isinstance(wrapped, RetryMessage)
         wrapped.arrived_at_ms = self._arrived.pop(id(raw), None)
-        wrapped._message = raw
-        wrapped._schema = schema if schema is not None else pulsar.schema.BytesSchema()
         return wrapped
 
     def held(self) -> int:
@@ -812,7 +806,7 @@ class RetryLetter:
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
             self._arrived.clear()
         self._hold.close(redeliver_pending)
-        consumer, self._consumer = self._consumer, None
+        consumer, self._copies = self._copies, None
         for closer in (
             None if consumer is None else consumer.close,
             None if producer is None else (lambda: producer.result(timeout=30).close()),

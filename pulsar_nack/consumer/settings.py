@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import _pulsar
 import pulsar
 
 from .._validate import check_bool, check_int, check_ms
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ._client import MESSAGE_ID_TYPES
 
 __all__ = [
     "ACK_FLUSH_MS",
@@ -185,7 +185,7 @@ def seek_target(message_id: object) -> Any:
     ...
     pulsar_nack.consumer.settings.SeekArgumentError: invalid seek_arg type <class 'float'>: seek takes a MessageId or a timestamp in ms (int)
     """
-    if not isinstance(message_id, (int, pulsar.MessageId, _pulsar.MessageId)):
+    if not isinstance(message_id, (int, *MESSAGE_ID_TYPES)):
         raise SeekArgumentError(
             f"invalid seek_arg type {type(message_id)}: seek takes a MessageId or a timestamp in ms (int)"
         )

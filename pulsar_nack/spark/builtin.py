@@ -32,20 +32,24 @@ class BuiltinNackConsumer:
     """The built-in tracker lives in the C++ client: nothing to inspect."""
 
     def __init__(self, consumer: Any) -> None:
-        self._consumer = consumer
+        self._plain = consumer
         self._closed = False
 
     def receive(self, timeout_millis: int | None = None) -> Any:
-        return self._consumer.receive(timeout_millis)
+        return self._plain.receive(timeout_millis)
 
     def acknowledge(self, message: Any) -> None:
-        self._consumer.acknowledge(message)
+        self._plain.acknowledge(message)
 
     def negative_acknowledge(self, message: Any) -> None:
-        self._consumer.negative_acknowledge(message)
+        self._plain.negative_acknowledge(message)
+
+    def get_last_message_id(self) -> Any:
+        """A request/response round trip to the broker (the task loop's ack flush uses it)."""
+        return self._plain.get_last_message_id()
 
     def is_connected(self) -> bool:
-        return not self._closed and bool(self._consumer.is_connected())
+        return not self._closed and bool(self._plain.is_connected())
 
     def stats(self) -> dict[str, int]:
         """Only what the task loop reads: no batch copies are swallowed here."""
@@ -64,4 +68,4 @@ class BuiltinNackConsumer:
         if self._closed:
             return
         self._closed = True
-        self._consumer.close()
+        self._plain.close()

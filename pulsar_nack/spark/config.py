@@ -242,7 +242,7 @@ class ConsumerConfig:
         """:attr:`topics` as the tuple it is stored as (typed as such)."""
         return tuple(self.topics)
 
-    def _consumer_settings(self) -> tuple[Any, ...]:
+    def consumer_settings(self) -> tuple[Any, ...]:
         """What the worker's consumer was built with; a change rebuilds it."""
         return (
             self.subscription_type,

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..consumer import NackingConsumer
     from ..consumer.dead_letter import DeadLetter
 
-__all__ = ["close_executor_consumers", "executor_consumer"]
+__all__ = ["Entry", "acquire", "close_executor_consumers", "discard", "executor_consumer", "next_worker_task"]
 
 _log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _NO_LIMIT = 2**31 - 1
 """A dead-letter count that is never reached (the client's int32 maximum)."""
 
 
-class _Entry:
+class Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
     __slots__ = ("client", "consumer", "dead_letter", "pid", "retry_dues", "settings", "tasks", "uid")
@@ -63,10 +63,10 @@ class _Entry:
                 _log.debug("closing %s failed", self.uid, exc_info=True)
 
 
-_REGISTRY: dict[tuple[str, tuple[str, ...], str], _Entry] = {}
+_REGISTRY: dict[tuple[str, tuple[str, ...], str], Entry] = {}
 _REGISTRY_LOCK = threading.Lock()
 _REGISTRY_PID: int = os.getpid()
-_ABANDONED: list[_Entry] = []  # inherited through fork(): never touched, never collected
+_ABANDONED: list[Entry] = []  # inherited through fork(): never touched, never collected
 _ATEXIT_PID: int | None = None
 _CONSUMERS_BUILT = itertools.count(1)
 _TASKS_RUN = 0
@@ -96,7 +96,7 @@ def _new_client(config: ConsumerConfig) -> Any:
     return pulsar.Client(config.service_url, **options)
 
 
-def _build(config: ConsumerConfig) -> _Entry:
+def _build(config: ConsumerConfig) -> Entry:
     """Create a client (``config.client_factory`` or ``pulsar.Client``) and a consumer."""
     import pulsar
 
@@ -134,8 +134,8 @@ def _build(config: ConsumerConfig) -> _Entry:
         with contextlib.suppress(Exception):
             client.close()
         raise
-    entry = _Entry()
-    entry.settings = config._consumer_settings()
+    entry = Entry()
+    entry.settings = config.consumer_settings()
     entry.pid = os.getpid()
     entry.client = client
     entry.consumer = consumer
@@ -146,7 +146,7 @@ def _build(config: ConsumerConfig) -> _Entry:
     return entry
 
 
-def _discard(key: tuple[str, tuple[str, ...], str], entry: _Entry) -> None:
+def discard(key: tuple[str, tuple[str, ...], str], entry: Entry) -> None:
     """Drop *entry* from the registry and close it: what it held returns at once."""
     with _REGISTRY_LOCK:
         if _REGISTRY.get(key) is entry:
@@ -154,7 +154,7 @@ def _discard(key: tuple[str, tuple[str, ...], str], entry: _Entry) -> None:
     entry.close(redeliver_pending=True)
 
 
-def _healthy(entry: _Entry) -> bool:
+def _healthy(entry: Entry) -> bool:
     """False if the consumer is closed, or stays disconnected past a short grace."""
     consumer = entry.consumer
     if consumer.closed:
@@ -183,13 +183,13 @@ def _close_at_exit(pid: int) -> None:
         close_executor_consumers()
 
 
-def _acquire(config: ConsumerConfig) -> tuple[_Entry, bool]:
+def acquire(config: ConsumerConfig) -> tuple[Entry, bool]:
     """The worker's entry for *config*, built or rebuilt if needed; (entry, created)."""
     with _REGISTRY_LOCK:
         _check_fork()
         entry = _REGISTRY.get(config.key)
         if entry is not None:
-            if entry.settings == config._consumer_settings() and _healthy(entry):
+            if entry.settings == config.consumer_settings() and _healthy(entry):
                 return entry, False
             del _REGISTRY[config.key]
             # Closing returns whatever it held to the subscription: nothing is lost.
@@ -222,7 +222,7 @@ def executor_consumer(config: ConsumerConfig) -> NackingConsumer | BuiltinNackCo
     """
     if not isinstance(config, ConsumerConfig):
         raise TypeError(f"config must be a ConsumerConfig, not {type(config).__name__}")
-    return _acquire(config)[0].consumer
+    return acquire(config)[0].consumer
 
 
 def close_executor_consumers(redeliver_pending: bool = True) -> int:
@@ -241,7 +241,7 @@ def close_executor_consumers(redeliver_pending: bool = True) -> int:
     return len(entries)
 
 
-def _next_worker_task() -> int:
+def next_worker_task() -> int:
     """Count one more consumer task run by this worker process; return the count."""
     global _TASKS_RUN
     with _REGISTRY_LOCK:

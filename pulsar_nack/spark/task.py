@@ -22,7 +22,7 @@ from .._validate import check_ms
 from ..core.keys import message_key
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
-from .registry import _acquire, _discard, _Entry, _next_worker_task
+from .registry import Entry, acquire, discard, next_worker_task
 from .stats import TaskStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -84,13 +84,13 @@ def _flush_acks(consumer: NackingConsumer | BuiltinNackConsumer, last_ack: float
         time.sleep(remaining)  # the client's ack-grouping period: nothing to poll
     try:
         if consumer.is_connected():  # a broken connection would block for the operation timeout
-            consumer._consumer.get_last_message_id()
+            consumer.get_last_message_id()
     except Exception:  # e.g. not supported by a multi-topic consumer: the wait did it
         _log.debug("round trip after the ack flush failed", exc_info=True)
     return (time.monotonic() - start) * 1000
 
 
-def _dead_letter(entry: _Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
+def _dead_letter(entry: Entry, config: ConsumerConfig, message: Any, error: BaseException) -> None:
     """Send *message* to its dead-letter topic and wait until it is stored (the one sender, as the consumers)."""
     from ..consumer.dead_letter import DeadLetter
 
@@ -135,9 +135,9 @@ class _TaskRun:
         self.started_at_ms = time.time() * 1000
         self.first_received_at_ms: float | None = None
         self.start = time.monotonic()
-        self.entry, self.created = _acquire(config)
+        self.entry, self.created = acquire(config)
         self.entry.tasks += 1
-        self.worker_tasks = _next_worker_task()
+        self.worker_tasks = next_worker_task()
         self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
         self.tracker = self.consumer.tracker  # None with tracker="builtin"
         self.durable = config.retries == "durable"
@@ -173,7 +173,7 @@ class _TaskRun:
                 # Close the consumer now (acks are flushed on close; pending retries
                 # and prefetched messages go back to the subscription at once).
                 flush_start = time.monotonic()
-                _discard(self.config.key, self.entry)
+                discard(self.config.key, self.entry)
                 self.flush_ms = (time.monotonic() - flush_start) * 1000
             else:
                 self._harvest(wait=True)
