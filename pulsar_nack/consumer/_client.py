@@ -65,7 +65,6 @@ __all__ = [
     "async_get_last_message_id",
     "async_redeliver_unacknowledged",
     "build_message",
-    "build_retry_copy",
     "check_client",
     "client_version",
     "consumer_client",
@@ -453,9 +452,17 @@ def is_ok(result: Any) -> bool:
 
 
 def build_message(
-    data: bytes, properties: dict[str, str], partition_key: str | None, ordering_key: str | None
-) -> Any:
-    """A ``_pulsar.Message`` to send as it is (a dead letter: the payload as received). O(properties)."""
+    data: bytes,
+    properties: dict[str, str],
+    partition_key: str | None,
+    ordering_key: str | None,
+    event_timestamp: int = 0,
+    deliver_after_ms: int = 0,
+) -> RawMessage:
+    """A ``_pulsar.Message`` to send: payload, keys, *properties*, the event time when not 0, and a
+    delivery delay when *deliver_after_ms* is above 0. A dead letter is the payload as received
+    (no event time, as the C++ client sends it); a retry copy is built as the Java client builds
+    it (consumer/retry.py). O(properties)."""
     builder = _pulsar.MessageBuilder()
     builder.content(data)
     for name, value in properties.items():
@@ -464,6 +471,10 @@ def build_message(
         builder.partition_key(partition_key)
     if ordering_key:
         builder.ordering_key(ordering_key)
+    if event_timestamp:
+        builder.event_timestamp(event_timestamp)
+    if deliver_after_ms > 0:
+        builder.deliver_after(timedelta(milliseconds=deliver_after_ms))
     return builder.build()
 
 
@@ -490,31 +501,6 @@ def plain_producer_configuration(schema_info: Any = None) -> Any:
 def is_raw_message(obj: Any) -> bool:
     """Whether *obj* is a ``_pulsar.Message`` (a received message, unwrapped). O(1)."""
     return isinstance(obj, _pulsar.Message)
-
-
-def build_retry_copy(
-    data: bytes,
-    properties: dict[str, str],
-    partition_key: str | None,
-    ordering_key: str | None,
-    event_timestamp: int,
-    deliver_after_ms: int,
-) -> RawMessage:
-    """A retry (or its dead letter) copy as the Java client builds it: payload, keys, event time,
-    *properties*, and a delivery delay when *deliver_after_ms* is above 0. O(properties)."""
-    builder = _pulsar.MessageBuilder()
-    builder.content(data)
-    for name, value in properties.items():
-        builder.property(name, value)
-    if partition_key:
-        builder.partition_key(partition_key)
-    if ordering_key:
-        builder.ordering_key(ordering_key)
-    if event_timestamp:
-        builder.event_timestamp(event_timestamp)
-    if deliver_after_ms > 0:
-        builder.deliver_after(timedelta(milliseconds=deliver_after_ms))
-    return builder.build()
 
 
 def retry_producer_configuration() -> Any:

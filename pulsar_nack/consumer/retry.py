@@ -76,7 +76,7 @@ from ._client import (
     RawClient,
     RawMessage,
     RawMessageId,
-    build_retry_copy,
+    build_message,
     is_ok,
     is_raw_message,
     is_raw_message_id,
@@ -635,7 +635,7 @@ class RetryLetter:
         delay = self.delay_for(raw, delay_ms)
         props = retry_properties(raw, self.subscription, delay, properties)
         dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
-        built = build_retry_copy(
+        built = build_message(
             raw.data(), props, raw.partition_key(), raw.ordering_key(), raw.event_timestamp(), 0 if dead else delay
         )
         outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
