@@ -113,6 +113,34 @@ def test_stock_tick_broker_never_hands_a_500_or_1000_ms_retry_over_early(pulsar_
     consumer.close()
 
 
+def test_a_copy_due_within_the_memory_hold_is_kept_in_memory_and_never_early(pulsar_client, topic):
+    """Retries of 40-140 ms come back at once (within the stock tick), less than ``MEMORY_HOLD_MS`` early:
+    ``receive`` keeps each in memory and returns it when due (``take_due``), never before."""
+    consumer = retrying(pulsar_client, topic)
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    delays = [40, 80, 110, 140] * 4
+    for i in range(len(delays)):
+        producer.send(str(i).encode())
+    arrivals: dict[int, int] = {}
+    end = time.monotonic() + 30
+    while len(arrivals) < len(delays) and time.monotonic() < end:
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        if isinstance(message, RetryMessage):
+            arrivals[int(message.data())] = now_ms() - due_time_ms(message)
+            consumer.acknowledge(message)
+        else:
+            consumer.reconsume_later(message, delays[int(message.data())])
+    assert len(arrivals) == len(delays)
+    early = {i: late for i, late in arrivals.items() if late < 0}
+    assert not early, f"handed over before due (ms): {early}"
+    assert max(arrivals.values()) < LATE_MS, arrivals
+    assert consumer.stats()["held"] > 0  # delivered early by the broker: held in memory until due
+    consumer.close()
+
+
 def test_dead_letter_after_max_redeliver_count(pulsar_client, topic):
     policy = pulsar.ConsumerDeadLetterPolicy(2, None, "dlq-reader")
     consumer = retrying(pulsar_client, topic, dead_letter_policy=policy)

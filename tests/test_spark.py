@@ -297,6 +297,26 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
     assert all(t["pending_nacks"] == 0 for t in stats["task_stats"])
 
 
+def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client):
+    """``retries="durable"``: a task that ends on its idle timeout (300 ms) first waits for the
+    retries it reconsumed (1.5 s, + grace), so one task handles every copy; the idle timeout runs
+    during the grace, so it ends within grace + idle of the last copy (not after both in turn)."""
+    topic = new_topic()
+    produce(client, topic, 20)
+
+    def fail_first(message) -> None:
+        if message.redelivery_count() == 0:
+            raise RuntimeError("later")
+
+    config = make_config(url, topic, "durable-drain", retries="durable", nack_delay_ms=1_500)
+    try:
+        stats = consume_partition(config, fail_first, TaskBudget(max_time_ms=60_000, idle_timeout_ms=300))
+    finally:
+        close_executor_consumers()
+    assert stats["nacked"] == 20 and stats["acked"] == 20 and stats["received"] == 40
+    assert stats["pending_nacks"] == 0 and stats["stop_reason"] == "idle"
+
+
 def test_a_task_reports_when_its_first_message_came(url, client):
     """``first_received_at_ms`` (the demo's ``first_message_s``): after the task began, no
     later than the handler's first call; None for a task that got nothing."""

@@ -208,15 +208,14 @@ class NackingConsumer(ConsumerBase):
         listener thread), so the wait on the consumer's own topics is cut into slices
         of at most :data:`RETRY_POLL_MS` to look at that queue again.
         """
-        if timeout_millis is not None:
+        if timeout_millis is not None and (type(timeout_millis) is not int or timeout_millis < 0):
             check_int("timeout_millis", timeout_millis, 0)
         deadline = None if timeout_millis is None else monotonic_ms() + timeout_millis
         core = self._core
         while True:
-            copy = retry.pop_due()
+            copy, wait = retry.take_due()
             if copy is not None:
                 return retry.message(copy, self._value_schema)
-            wait = retry.ms_to_next_due()
             wait = RETRY_POLL_MS if wait is None else min(wait, RETRY_POLL_MS)
             if deadline is not None:
                 wait = min(wait, deadline - monotonic_ms())

@@ -293,7 +293,9 @@ class TaskBudget:
         the client comes back 100-133 ms later.
     drain_pending : bool
         Keep receiving while this worker has retries pending (default True), so a
-        task that ends on its idle timeout leaves nothing scheduled behind it.
+        task that ends on its idle timeout leaves nothing scheduled behind it. With
+        ``retries="durable"``: until each reconsumed retry's due time plus a 2 s grace
+        for the broker's delivery, the idle timeout running meanwhile.
 
     >>> TaskBudget(max_messages=10_000).idle_timeout_ms
     1000

@@ -36,7 +36,9 @@ _log = logging.getLogger(__name__)
 _HOUSEKEEPING_S = 0.2
 _DURABLE_GRACE_S = 2.0
 """With ``retries="durable"``, a task drains a retry it scheduled until this long after its due time
-(the broker's stock delayed-delivery tick is 1 s, and an early copy is held about 0.15 s more)."""
+(the broker's stock delayed-delivery tick is 1 s, and an early copy is held about 0.15 s more).
+The idle timeout runs during the grace (a nack's drain restarts it instead: its message comes back
+at once after the handoff), so a task ends at ``max(last due + grace, last message + idle timeout)``."""
 _HARVEST_TIMEOUT_S = 60.0
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
@@ -200,8 +202,10 @@ class _TaskRun:
                 message = self.consumer.receive(timeout)
             except pulsar.Timeout:
                 now = time.monotonic()
-                if budget.drain_pending and self._pending_retries(now):
-                    last_busy = now
+                if budget.drain_pending and self.tracker is not None and len(self.tracker):
+                    last_busy = now  # a nack comes back after its handoff: idle counts from then
+                elif budget.drain_pending and self._pending_retries(now):
+                    continue  # a durable retry not yet due (+ grace): the idle time runs meanwhile
                 elif not self.consumer.is_connected():
                     last_busy = now  # its broker is away (a failover): not idle, the messages are still there
                 elif now - last_busy >= budget.idle_timeout_ms / 1000:
