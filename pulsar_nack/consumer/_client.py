@@ -90,6 +90,7 @@ __all__ = [
     "shared_listener_configuration",
     "unwrap_message",
     "wrap_message",
+    "wrap_received",
 ]
 
 MIN_VERSION = (3, 9, 0)
@@ -357,6 +358,15 @@ def received(message: Any) -> Any:
     ``pulsar.Message``, else *message* itself (raw already, or a unit test's stand-in). O(1).
     """
     return getattr(message, "_message", message)
+
+
+def wrap_received(raw: Any, schema: Any) -> pulsar.Message:
+    """A ``pulsar.Message`` around a received ``_pulsar.Message``, as ``pulsar.Consumer.receive``
+    builds it: :func:`wrap_message` without its class choice, for the receive path. O(1)."""
+    message = _Message()
+    message._message = raw
+    message._schema = schema
+    return message
 
 
 def wrap_message(raw: Any, schema: Any, cls: type[pulsar.Message] = pulsar.Message) -> pulsar.Message:

@@ -58,7 +58,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
-from ._client import consumer_schema, raw_id, unwrap_message, wrap_message
+from ._client import consumer_schema, raw_id, unwrap_message, wrap_received
 from .common import ConsumerBase, ConsumerStats
 from .nacking import TopicMatcher, client_handoff_latency_ms
 from .retry import RetryLetter, retry_topics_for
@@ -189,7 +189,7 @@ class NackingConsumer(ConsumerBase):
             start_ns = _monotonic_ns()
             message = raw.receive(timeout_millis)
         while True:
-            wrapped = wrap_message(message, self._value_schema)
+            wrapped = wrap_received(message, self._value_schema)
             if core.quiet and not core.counting:  # the common path: nothing to compare with
                 next(core.received)
                 return wrapped
@@ -225,7 +225,7 @@ class NackingConsumer(ConsumerBase):
                 if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
                     raise
                 continue
-            wrapped = wrap_message(message, self._value_schema)
+            wrapped = wrap_received(message, self._value_schema)
             if core.admit(message, wrapped):
                 return wrapped
 
