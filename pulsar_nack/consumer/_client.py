@@ -369,6 +369,33 @@ def wrap_received(raw: Any, schema: Any) -> pulsar.Message:
     return message
 
 
+def message_receiver(raw_consumer: Any, schema: Any) -> Callable[..., pulsar.Message]:
+    """``receive(timeout_millis=None)`` on *raw_consumer* (a ``_pulsar.Consumer``), returning
+    the ``pulsar.Message`` that ``pulsar.Consumer.receive`` builds: the receive and
+    :func:`wrap_received` in one call, built once per consumer for its receive path. O(1)."""
+    receive = raw_consumer.receive
+
+    def receive_message(timeout_millis: int | None = None) -> pulsar.Message:
+        message = _Message()
+        message._message = receive() if timeout_millis is None else receive(timeout_millis)
+        message._schema = schema
+        return message
+
+    return receive_message
+
+
+def message_acknowledger(raw_consumer: Any) -> Callable[[pulsar.Message], None]:
+    """``acknowledge(message)`` of a ``pulsar.Message`` on *raw_consumer* (a
+    ``_pulsar.Consumer``), as ``pulsar.Consumer.acknowledge`` sends it: built once per
+    consumer for its ack path. O(1)."""
+    acknowledge = raw_consumer.acknowledge
+
+    def acknowledge_message(message: pulsar.Message) -> None:
+        acknowledge(message._message)
+
+    return acknowledge_message
+
+
 def wrap_message(raw: Any, schema: Any, cls: type[pulsar.Message] = pulsar.Message) -> pulsar.Message:
     """A ``pulsar.Message`` (or *cls*, a subclass) around a received ``_pulsar.Message``, as
     ``pulsar.Consumer.receive`` builds it. O(1)."""

@@ -58,7 +58,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
-from ._client import consumer_schema, raw_id, unwrap_message, wrap_received
+from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id, wrap_received
 from .common import ConsumerBase, ConsumerStats
 from .nacking import TopicMatcher, client_handoff_latency_ms
 from .retry import RetryLetter, retry_topics_for
@@ -106,6 +106,9 @@ class NackingConsumer(ConsumerBase):
         :class:`~pulsar_nack.consumer.retry.RetryMessage` objects.
     """
 
+    _receive_message: Callable[..., pulsar.Message] | None
+    _acknowledge_message: Callable[[pulsar.Message], None]
+
     def __init__(
         self,
         consumer: pulsar.Consumer,
@@ -119,6 +122,13 @@ class NackingConsumer(ConsumerBase):
             raise TypeError(f"consumer must be a pulsar.Consumer, not {type(consumer).__name__}")
         super().__init__(consumer, topics, settings, client, retry)
         self._value_schema = consumer_schema(consumer)
+        raw = self._raw
+        # The common paths, built once: a consumer with a retry letter topic, or a stand-in
+        # without a _pulsar.Consumer, receives and acks through the general paths.
+        self._receive_message = (
+            message_receiver(raw, self._value_schema) if raw is not None and retry is None else None
+        )
+        self._acknowledge_message = message_acknowledger(raw) if raw is not None else self._acknowledge_guarded
 
     @classmethod
     def wrap(
@@ -173,33 +183,31 @@ class NackingConsumer(ConsumerBase):
         1`` times goes to the dead-letter topic instead. Raises ``pulsar.Timeout`` as the
         client does when nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
-        if self._closed:
-            raise ConsumerClosedError("this NackingConsumer is closed")
-        raw = self._raw
-        if raw is None:
+        receive = self._receive_message
+        if receive is None:  # closed, a retry letter topic, or a stand-in consumer
+            self._check_open()
+            if self._retry is not None and self._raw is not None:
+                return self._receive_retrying(self._raw, self._retry, timeout_millis)
             return self._receive_wrapped(timeout_millis)
-        if self._retry is not None:
-            return self._receive_retrying(raw, self._retry, timeout_millis)
-        core = self._core
         if timeout_millis is None:
-            message = raw.receive()
+            message = receive()
         else:
             if type(timeout_millis) is not int or timeout_millis < 0:
                 check_int("timeout_millis", timeout_millis, 0)
             start_ns = _monotonic_ns()
-            message = raw.receive(timeout_millis)
+            message = receive(timeout_millis)
+        core = self._core
         while True:
-            wrapped = wrap_received(message, self._value_schema)
-            if core.quiet and not core.counting:  # the common path: nothing to compare with
+            if core.unguarded:  # the common path: nothing to compare with
                 next(core.received)
-                return wrapped
-            if core.admit(message, wrapped):
-                return wrapped
+                return message
+            if core.admit(message):
+                return message
             if timeout_millis is None:  # a copy to drop, or a dead letter: wait for the next message
-                message = raw.receive()
+                message = receive()
             else:
                 left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
-                message = raw.receive(max(left, 0))
+                message = receive(max(left, 0))
 
     def _receive_retrying(self, raw: Any, retry: RetryLetter, timeout_millis: int | None) -> pulsar.Message:
         """receive() of a consumer with a retry letter topic: due retry copies first, then its own topics.
@@ -265,23 +273,28 @@ class NackingConsumer(ConsumerBase):
         and its entry acked whole once every member is (the client would ack the whole
         entry at once).
         """
-        if self._closed:
-            raise ConsumerClosedError("this NackingConsumer is closed")
         core = self._core
-        if type(message) is _Message and core.quiet and not core.counting and self._raw is not None:
-            self._raw.acknowledge(unwrap_message(message))  # the common path: nothing to check
-        elif self._retry is not None and self._retry.owns(message):  # a retry copy: its own consumer
-            self._retry.acknowledge(message)
+        if core.unguarded and type(message) is _Message:
+            self._acknowledge_message(message)  # the common path: nothing to check (open: see _mark_closed)
         else:
-            raw = core.before_ack(message)
-            if raw is None:  # recorded; acked with its entry
-                pass
-            elif self._raw is not None:
-                self._raw.acknowledge(raw)
-            else:
-                self._plain.acknowledge(raw)
-            core.after_ack()
+            self._acknowledge_guarded(message)
         next(core.acked)
+
+    def _acknowledge_guarded(self, message: Any) -> None:
+        """acknowledge() off the common path: a retry copy, an id, or a consumer keeping books."""
+        self._check_open()
+        if self._retry is not None and self._retry.owns(message):  # a retry copy: its own consumer
+            self._retry.acknowledge(message)
+            return
+        core = self._core
+        raw = core.before_ack(message)
+        if raw is None:  # recorded; acked with its entry
+            pass
+        elif self._raw is not None:
+            self._raw.acknowledge(raw)
+        else:
+            self._plain.acknowledge(raw)
+        core.after_ack()
 
     def acknowledge_cumulative(self, message: Any) -> None:
         """Acknowledge everything up to *message* (not supported on Shared subscriptions).
@@ -433,7 +446,7 @@ class NackingConsumer(ConsumerBase):
     def unsubscribe(self) -> None:
         """Unsubscribe (pending nacks are dropped with the subscription) and close."""
         self._check_open()
-        self._closed = True
+        self._mark_closed()
         try:
             if self._retry is not None:
                 self._retry.unsubscribe()
@@ -443,6 +456,12 @@ class NackingConsumer(ConsumerBase):
             self._consumer_closed = True
         finally:
             self._close_dead_letters()
+
+    def _mark_closed(self) -> None:
+        """Closed from now on: the common paths of receive and acknowledge lead to the checks."""
+        self._closed = True
+        self._receive_message = None
+        self._acknowledge_message = self._acknowledge_guarded
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.
@@ -457,7 +476,7 @@ class NackingConsumer(ConsumerBase):
         check_bool("redeliver_pending", redeliver_pending)
         if self._released:
             return
-        self._closed = True
+        self._mark_closed()
         try:
             self._close_core(redeliver_pending)
         finally:

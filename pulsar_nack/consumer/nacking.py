@@ -543,6 +543,8 @@ class NackingCore:
     topics: TopicMatcher
     settings: ConsumerSettings
     quiet: bool
+    unguarded: bool
+    """True while quiet without a dead-letter count: receive and ack keep no books (the common path)."""
     always_guard: bool
     max_redeliver_count: int | None
     counting: bool
@@ -615,7 +617,7 @@ class NackingCore:
         self.acked = itertools.count()
         self._nacked = itertools.count()
         self._reads = {"received": 0, "acked": 0, "nacked": 0}
-        self.quiet = False
+        self._set_quiet(False)
         self._guard_left = min(self._guard_messages, START_GUARD_MESSAGES)
         bits, never_early = settings.negative_ack_precision_bit_cnt, settings.never_early
         self.tracker = NegativeAcksTracker(
@@ -656,7 +658,7 @@ class NackingCore:
         lookup, plus bitmap lookups for a nacked member or an entry seen complete.
         """
         next(self.received)
-        if self.quiet and not self.counting:
+        if self.unguarded:
             return True
         raw = _inner_message(message)
         if self.quiet and self._quiet_count(raw):
@@ -776,11 +778,16 @@ class NackingCore:
             self._entries.forget_settled()
             if len(self._entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
                 self._entries.sweep()
-            self.quiet = True
+            self._set_quiet(True)
+
+    def _set_quiet(self, quiet: bool) -> None:
+        """Set ``quiet``, and ``unguarded`` with it."""
+        self.quiet = quiet
+        self.unguarded = quiet and not self.counting
 
     def _guard(self) -> None:
         """Start guarding (under the lock): a nack state begins."""
-        self.quiet = False
+        self._set_quiet(False)
         self._guard_left = self._guard_messages
 
     def _ack_again(self, message: Any) -> None:
@@ -964,7 +971,7 @@ class NackingCore:
         in_flight = item[2] >= 0 and size > 0 and not (self._complete.count and (item[0], item[1]) in self._complete)
         if in_flight and self._entries.nack(item[0], item[1], item[2], size) == _msgid.COMPLETE:
             self._complete.add(item[0], item[1])
-        self.quiet = False
+        self._set_quiet(False)
         self._guard_left = self._guard_messages
         return True
 
