@@ -36,6 +36,7 @@ import pytest
 
 import pulsar_nack
 from helpers import produce, record_figure, wait_for
+from pulsar_nack.consumer.settings import ConsumerSettings
 from pulsar_nack.testing import quiet_client
 from pulsar_nack.testing.admin import topic_path
 
@@ -205,6 +206,45 @@ def test_broker_restart_with_pending_nacks_on_partially_acked_entries(session_br
     assert not ledger.lost(everything)
     assert not ledger.early_ms(), f"came back early (ms ahead of their due time): {ledger.early_ms()}"
     assert not ledger.extra(), f"delivered more than once per nack: {ledger.extra()}"
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+def test_a_reconnect_right_after_the_handoff_brings_no_early_copy(apache_broker: Any, batched: bool) -> None:
+    """The topic unloaded between a handoff and the client's own redelivery of it.
+
+    The client is given a 2 s nack delay (``handoff_delay_ms=2000``), so a nack of 4 s is
+    handed to it 2 s before it is due, and the unload's copies arrive well inside that
+    window. The client still holds the entries and redelivers them when they are due; the
+    unload's copies must not reach the application 1.5 s early (issue 23: a broker
+    restart in that window brought 7 copies back 89 ms early, with the default 100 ms).
+    """
+    client = quiet_client(apache_broker.url)
+    topic = new_topic("handed")
+    payloads = [f"h{i:02d}".encode() for i in range(40)]
+    inner = client.subscribe(
+        topic,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+        negative_ack_redelivery_delay_ms=2_000,
+    )
+    settings = ConsumerSettings(negative_ack_redelivery_delay_ms=4_000, negative_ack_precision_bit_cnt=BITS)
+    consumer = pulsar_nack.NackingConsumer.wrap(inner, topic, settings, handoff_delay_ms=2_000)
+    produce(client, topic, payloads, batch_size=10 if batched else 0)
+    ledger = Ledger(consumer, lambda p, nth: 4_000 if nth == 0 and int(p[1:]) % 4 else None)
+    assert ledger.pump(lambda: len(ledger.deliveries) == len(payloads), 30), "not everything arrived"
+    nacked = len(ledger.due)
+    assert ledger.pump(lambda: consumer.stats()["handed_off_entries"] >= 1, 10), "nothing was handed off"
+    unload(apache_broker, topic)  # the reconnect's copies come ~2 s before the client's redelivery
+    assert ledger.pump(lambda: all(ledger.back(p) for p in ledger.due), 30), "a nack was lost"
+    ledger.drain(QUIET_S)
+    stats = consumer.stats()
+    consumer.close()
+    client.close()
+    assert nacked == 30 and not ledger.lost(payloads)
+    assert not ledger.early_ms(), f"came back early (ms ahead of their due time): {ledger.early_ms()}"
+    assert not ledger.extra(), f"delivered more than once per nack: {ledger.extra()}"
+    assert stats["swallowed"] >= 1
 
 
 # ---------------------------------------------------------------- handoffs

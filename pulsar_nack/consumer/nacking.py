@@ -25,7 +25,11 @@ Admission
     state of the message    a copy of it
     ======================  ===========================================================
     nack pending            swallowed, left unacked: its own handoff brings it back
-    handed off              delivered (it is due), and the message becomes *returned*
+    handed off              delivered (it is due), and the message becomes *returned*;
+                            but before the client's own delay after its entry's last
+                            handoff (``handoff_delay_ms``), a copy cannot be the
+                            handoff's (a reconnect brought it): swallowed, left unacked,
+                            since the client still holds the entry and brings it back
     returned (not settled)  swallowed and held; acked with the message when the
                             application acks it (never twice per nack)
     acked                   filtered and acked again, so that a broker without
@@ -61,6 +65,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -113,6 +118,10 @@ SETTLED_CAPACITY = 8192
 drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
 them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
 second; about 500 kB when full."""
+HANDOFF_MARGIN_MS = 5
+"""A copy of a handed-off message is swallowed only while it is more than this earlier than
+its handoff's time plus the client's delay: the client never redelivers sooner, and this
+margin keeps a clock read on either side from swallowing the handoff's own copy."""
 STALE_MS = 60_000
 """A handed-off message that has not come back, or a returned one the application has not
 settled, is forgotten after 1 to 2 times this long (its entry's knowledge with it: copies
@@ -559,6 +568,8 @@ class NackingCore:
     _entries: Any  # msgid.EntryTable
     _atomic_table: bool
     _held: dict[Item, Any]
+    _handoffs: dict[tuple[int, int], int]
+    _handoff_log: deque[tuple[int, list[tuple[int, int]]]]
     _aged_at: int
     _after_ack: list[Any]
     _bare: dict[tuple[int, int], RawMessageId]
@@ -602,6 +613,7 @@ class NackingCore:
         self._entries = _msgid.EntryTable(SETTLED_CAPACITY)
         self._atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self._held, self._bare = {}, {}
+        self._handoffs, self._handoff_log = {}, deque()  # (ledger, entry) -> ms of its last handoff, recent ones
         self._aged_at = monotonic_ms()
         self._after_ack = []
         self._copies, self._nacks, self._last = {}, {}, {}
@@ -717,6 +729,11 @@ class NackingCore:
                 self._copies[item] = self._copies.get(item, 0) + 1
             return _msgid.NACKED
         handed = item in self._handed  # its handoff (or anything after it) brought it back
+        if handed and self._before_client_redelivery(ledger, entry):  # a reconnect's copy, early
+            self._counts["swallowed"] += 1
+            if self.counting:
+                self._copies[item] = self._copies.get(item, 0) + 1
+            return _msgid.NACKED
         settled = not handed and not returned  # in no nack set
         if settled and (
             verdict == _msgid.ACKED
@@ -738,6 +755,30 @@ class NackingCore:
         elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
         return _msgid.DELIVER
+
+    def _before_client_redelivery(self, ledger_id: int, entry_id: int) -> bool:
+        """Under the lock: True if the entry's last handoff is too recent for the client to have redelivered it.
+
+        The C++ client redelivers a nacked entry no sooner than its delay after the
+        nack, and keeps it until then whatever else happens (a reconnect, an ack timeout,
+        ``redeliver_unacknowledged_messages``): a copy that comes sooner was brought by
+        something else and would be early, while the client's redelivery is still to come.
+        """
+        at = self._handoffs.get((ledger_id, entry_id))
+        return at is not None and monotonic_ms() < at + self.handoff_delay_ms - HANDOFF_MARGIN_MS
+
+    def _note_handoffs(self, now: int, entries: list[tuple[int, int]]) -> None:
+        """Under the lock: *entries* are handed off at *now*; forget handoffs older than the client's delay."""
+        log, handoffs = self._handoff_log, self._handoffs
+        while log and log[0][0] + self.handoff_delay_ms <= now:
+            at, old = log.popleft()
+            for entry in old:
+                if handoffs.get(entry) == at:
+                    del handoffs[entry]
+        if entries:
+            log.append((now, entries))
+            for entry in entries:
+                handoffs[entry] = now
 
     def _returned_copy_counts(self, raw: Any, item: Item) -> bool:
         """Under the lock: True if a copy of a returned, unsettled message is a delivery after all.
@@ -1084,7 +1125,9 @@ class NackingCore:
         ids: list[RawMessageId] = []
         moved: list[Item] = []
         bare_ids: dict[tuple[int, int], RawMessageId] = {}
+        entries: list[tuple[int, int]] = []
         with self._lock:
+            now = monotonic_ms()  # before the client has any of the ids
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()
                 for _, ledger_id, entry_id, batch_index in keys:
@@ -1096,6 +1139,7 @@ class NackingCore:
                     if (ledger_id, entry_id) in seen:
                         continue
                     seen.add((ledger_id, entry_id))
+                    entries.append((ledger_id, entry_id))
                     if topic is _UNTITLED or topic == _UNTITLED:
                         bare = self._bare.pop((ledger_id, entry_id), None)
                         if bare is not None:
@@ -1105,7 +1149,8 @@ class NackingCore:
                         ids.append(handoff_id(topic, ledger_id, entry_id))
             self._counts["handed_off_entries"] += len(ids)
             self._counts["handoff_bursts"] += bool(ids)
-            self._expire(monotonic_ms())
+            self._note_handoffs(now, entries)
+            self._expire(now)
         if not ids:
             return
         try:
