@@ -40,6 +40,8 @@ import time
 import uuid
 from typing import Any
 
+from pulsar_nack.testing.waits import wait_until
+
 from ._common import percentile, print_table, results_dir, rss_bytes, start_context, trim_heap, write_result
 
 BROKERS: dict[str, dict[str, str]] = {
@@ -125,7 +127,7 @@ def lateness_run(broker: Any, per_delay: int) -> dict[str, Any]:
     observer = threading.Thread(target=_observe, args=(client, f"{topic}-sub-RETRY", n, observed, stop), daemon=True)
     observer.start()
     retry_topic = f"{topic}-sub-RETRY"
-    if not _wait(lambda: "observer" in broker.admin.topic_stats(retry_topic).get("subscriptions", {}), 30):
+    if not wait_until(lambda: "observer" in broker.admin.topic_stats(retry_topic).get("subscriptions", {}), 30, poll_s=0.05):
         raise RuntimeError("the observer did not subscribe")
     # A stream: one original every INTERVAL_MS; each is reconsumed as it arrives, without
     # waiting a round trip (reconsume_later_async), and its copy is timed when it is back.
@@ -174,15 +176,6 @@ def _calls_us(times_ns: list[int]) -> dict[str, float]:
         "p99": percentile(ordered, 99),
         "max": ordered[-1],
     }
-
-
-def _wait(condition: Any, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
@@ -239,7 +232,7 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     if mode != "nack":
         result["held"] = consumer.stats()["held"]
         retry_topic = f"{topic}-sub-RETRY"
-        _wait(lambda: broker.admin.topic_stats(retry_topic)["subscriptions"]["sub"]["msgDelayed"] >= pending, 30)
+        wait_until(lambda: broker.admin.topic_stats(retry_topic)["subscriptions"]["sub"]["msgDelayed"] >= pending, 30, poll_s=0.05)
         stats = broker.admin.topic_stats(retry_topic)
         sub = stats["subscriptions"]["sub"]
         result["broker"] = {

@@ -38,6 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pulsar_nack.testing.waits import wait_until
+
 from ._common import REPO, percentile, print_table, start_context, write_result
 
 MODES = ("reconsume", "nack")
@@ -162,15 +164,6 @@ def _await_ready(process: subprocess.Popen[str], timeout_s: float) -> None:
         raise RuntimeError(f"the scheduler was not ready within {timeout_s} s (exit code {process.poll()})")
 
 
-def _wait(condition: Any, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
-
-
 def run_scenario(
     broker: Any, mode: str, scenario: str, n: int, min_ms: int, max_ms: int, workdir: Path,
     restart_offset_ms: int = RESTART_OFFSET_MS,
@@ -188,7 +181,7 @@ def run_scenario(
     _await_ready(scheduler, 300)
     acked_before_kill = None
     if mode == "reconsume":  # the originals' acks are on the broker: only the retry topic holds the retries
-        acked_before_kill = _wait(lambda: broker.admin.backlog(topic, SUBSCRIPTION) == 0, 10)
+        acked_before_kill = wait_until(lambda: broker.admin.backlog(topic, SUBSCRIPTION) == 0, 10, poll_s=0.05)
     killed_at = now_ms()
     os.kill(scheduler.pid, signal.SIGKILL)
     scheduler.wait()

@@ -163,6 +163,17 @@ def pulsar_cluster() -> Iterator[Any]:
 
 
 @pytest.fixture
+def cluster(pulsar_cluster: Any) -> Iterator[Any]:
+    """The session's cluster; every broker a test stopped, killed or froze is brought back after it."""
+    yield pulsar_cluster
+    for broker in pulsar_cluster.brokers:
+        if broker.frozen:
+            pulsar_cluster.thaw_broker(broker.index)
+        if not broker.is_running():
+            pulsar_cluster.restart_broker(broker.index)
+
+
+@pytest.fixture
 def pulsar_client(session_broker) -> Iterator[object]:
     from pulsar_nack.testing import quiet_client
 

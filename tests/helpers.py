@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pulsar_nack import NegativeAcksTracker
 from pulsar_nack.core import accel as _accel
+from pulsar_nack.testing.waits import wait_until
 
 
 def pid_gone(pid: int) -> bool:
@@ -27,12 +27,7 @@ def pid_gone(pid: int) -> bool:
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, poll_s: float = 0.005) -> bool:
     """Poll *condition* until it is truthy; return its final truthiness after *timeout_s*."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(poll_s)
-    return bool(condition())
+    return wait_until(condition, timeout_s, poll_s)
 
 
 class FakeClock:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,6 @@ FAILOVER_DEADLINE_S = 25.0
 
 def _topic(prefix: str) -> str:
     return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def cluster(pulsar_cluster: PulsarCluster) -> Iterator[PulsarCluster]:
-    """The session's cluster; every broker a test stopped, killed or froze is brought back after it."""
-    yield pulsar_cluster
-    for broker in pulsar_cluster.brokers:
-        if broker.frozen:
-            pulsar_cluster.thaw_broker(broker.index)
-        if not broker.is_running():
-            pulsar_cluster.restart_broker(broker.index)
 
 
 def _receive_all(consumer: Any, expected: set[bytes], timeout_s: float) -> set[bytes]:

@@ -30,17 +30,6 @@ from pulsar_nack.testing.faults import FaultRun, Findings
 pytestmark = pytest.mark.broker
 
 
-@pytest.fixture
-def cluster(pulsar_cluster: PulsarCluster) -> Iterator[PulsarCluster]:
-    """The session's cluster; a broker a test stopped or froze is brought back after it."""
-    yield pulsar_cluster
-    for broker in pulsar_cluster.brokers:
-        if broker.frozen:
-            pulsar_cluster.thaw_broker(broker.index)
-        if not broker.is_running():
-            pulsar_cluster.restart_broker(broker.index)
-
-
 @pytest.fixture(scope="module")
 def kill_cluster() -> Iterator[PulsarCluster]:
     """A two-broker cluster of this module's own, for the tests that SIGKILL a broker."""

@@ -53,6 +53,7 @@ from ..core.backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
 from ..errors import BrokerError
 from .client import quiet_client
 from .cluster import PulsarCluster
+from .waits import wait_until
 
 __all__ = [
     "ARMS",
@@ -95,16 +96,6 @@ Decide = Callable[[bytes, int, int], "int | None"]
 def new_topic(prefix: str) -> str:
     """A fresh topic name in ``public/default``."""
     return f"persistent://{NAMESPACE}/{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def wait_until(condition: Callable[[], object], timeout_s: float, poll_s: float = 0.02) -> bool:
-    """Poll *condition* until it holds or *timeout_s* passes; its final truth."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(poll_s)
-    return bool(condition())
 
 
 # --------------------------------------------------------------------------- the log
