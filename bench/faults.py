@@ -17,6 +17,11 @@ table in docs/consumer.md. The machine's load average is recorded: this is a sha
 machine, and the lateness figures move with its load.
 
 Run: ``python -m bench.faults [--threads-runs N] [--demo-messages N] [--no-spark]``
+
+``--demo-only N [--broker-config KEY=VALUE ...] --out NAME`` runs only the demo with the
+broker kill, N times with our tracker, on a cluster whose brokers get those settings (how
+much a broker persists of its acks before a SIGKILL is the broker's setting:
+``managedLedgerDefaultMarkDeleteRateLimit``, see docs/consumer.md).
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ def _row(key: str, run: dict[str, Any], arm: str) -> list[Any]:
             late["p50"], late["p99"]]  # fmt: skip
 
 
-def _spark_demos(cluster: Any, messages: int) -> list[dict[str, Any]]:
-    """The demo with a broker kill, ours then the built-in, on a fresh Spark standalone cluster."""
+def _spark_demos(cluster: Any, messages: int, trackers: tuple[str, ...] = ARMS) -> list[dict[str, Any]]:
+    """The demo with a broker kill, once per tracker in turn, on a fresh Spark standalone cluster."""
     from pulsar_nack.testing import faults
     from pulsar_nack.testing.spark_cluster import SparkStandaloneCluster
 
@@ -64,7 +69,7 @@ def _spark_demos(cluster: Any, messages: int) -> list[dict[str, Any]]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     demos = []
     with SparkStandaloneCluster(workers=2, cores_per_worker=1, worker_memory="1g") as spark:
-        for tracker in ARMS:
+        for tracker in trackers:
             result = faults.spark_demo_with_kill(cluster, spark.master_url, tracker=tracker, messages=messages)
             demos.append({k: v for k, v in result.items() if k != "log_tail"})
             summary = result["summary"] or {}
@@ -78,7 +83,15 @@ def main(argv: list[str] | None = None) -> None:
     args_parser.add_argument("--threads-runs", type=int, default=3, help="runs of the eight-thread scenario (default 3)")
     args_parser.add_argument("--demo-messages", type=int, default=20_000, help="events of each demo run (default 20,000)")
     args_parser.add_argument("--no-spark", action="store_true", help="skip the Spark demo runs")
+    args_parser.add_argument("--demo-only", type=int, metavar="N", help="only the demo with a broker kill, N runs, ours")
+    args_parser.add_argument("--broker-config", nargs="*", default=[], metavar="KEY=VALUE", help="brokers' settings")
     args = args_parser.parse_args(argv)
+    if any("=" not in item for item in args.broker_config):
+        args_parser.error(f"--broker-config takes KEY=VALUE items, not {args.broker_config}")
+    broker_config = dict(item.split("=", 1) for item in args.broker_config)
+    if args.demo_only is not None:
+        _demo_only(args, args.demo_only, broker_config)
+        return
 
     from pulsar_nack.testing import PulsarCluster
     from pulsar_nack.testing.faults import EARLY_MS, LATE_S, PRECISION_BITS, QUIET_S
@@ -116,6 +129,27 @@ def main(argv: list[str] | None = None) -> None:
     from .report import faults_table
 
     finish(args, "faults", payload, start, table=faults_table)
+
+
+def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
+    """``--demo-only``: the demo with a broker kill, *runs* times with our tracker, one cluster."""
+    from pulsar_nack.testing import PulsarCluster
+
+    start = start_context()
+    began = time.monotonic()
+    with PulsarCluster(broker_config=broker_config) as cluster:
+        version = cluster.version
+        demos = _spark_demos(cluster, args.demo_messages, trackers=("ours",) * runs)
+    shares = [d["summary"]["duplicates"] / d["summary"]["produced"] for d in demos if d.get("summary")]
+    payload = {
+        "method": __doc__,
+        "broker": f"Apache Pulsar {version}, PulsarCluster (ZooKeeper, one bookie, two brokers)",
+        "broker_config": broker_config,
+        "wall_s": round(time.monotonic() - began, 1),
+        "duplicates_pct": [round(100 * share, 2) for share in shares],
+        "spark_demo": demos,
+    }
+    finish(args, "faults-demo", payload, start)
 
 
 if __name__ == "__main__":

@@ -317,6 +317,34 @@ def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client):
     assert stats["pending_nacks"] == 0 and stats["stop_reason"] == "idle"
 
 
+def test_a_task_takes_no_message_while_its_consumer_is_disconnected(url, client):
+    """What a disconnected consumer's receive queue holds came over the old connection: the
+    broker redelivers it after the reconnect, maybe to another executor, so a task handling it
+    would handle it twice. The connection state is a stand-in here (``is_connected`` reports
+    False for 0.5 s after the 10th message, set by the handler); the receive queue and the
+    broker are real. Nothing is handled in that window, and nothing is lost."""
+    topic = new_topic()
+    produce(client, topic, 50)
+    config = make_config(url, topic, "disconnected")
+    consumer = executor_consumer(config)  # the one the task will use
+    away_until = 0.0
+    calls: list[float] = []
+
+    def handler(_message) -> None:
+        nonlocal away_until
+        calls.append(time.monotonic())
+        if len(calls) == 10:
+            away_until = time.monotonic() + 0.5
+
+    consumer.is_connected = lambda: time.monotonic() >= away_until  # type: ignore[method-assign]
+    try:
+        stats = consume_partition(config, handler, TaskBudget(max_time_ms=30_000, idle_timeout_ms=300))
+    finally:
+        close_executor_consumers()
+    assert stats["received"] == 50 == len(calls) and stats["acked"] == 50
+    assert calls[10] >= away_until, f"a message was handled {away_until - calls[10]:.3f} s before the reconnect"
+
+
 def test_a_task_reports_when_its_first_message_came(url, client):
     """``first_received_at_ms`` (the demo's ``first_message_s``): after the task began, no
     later than the handler's first call; None for a task that got nothing."""

@@ -120,6 +120,10 @@ def _task_context() -> tuple[int, int]:
     return context.partitionId(), context.attemptNumber()
 
 
+RECONNECT_POLL_S = 0.02
+"""While its consumer is disconnected, a task takes no message and looks again this often."""
+
+
 class _TaskRun:
     """One consumer task: its counters, its budget, and the receive-handle-settle loop.
 
@@ -197,6 +201,14 @@ class _TaskRun:
             if now >= self.end:
                 self.stop_reason = "max_time"
                 return
+            if not self.consumer.is_connected():
+                # Its broker is away (a failover). What the receive queue still holds came over
+                # the old connection: the client drops it when it reconnects, and the broker
+                # redelivers it, maybe to another executor's consumer; handled now, its ack
+                # would reach the broker after that redelivery, and the message be handled twice.
+                last_busy = now  # not idle: the messages are still there
+                time.sleep(RECONNECT_POLL_S)
+                continue
             timeout = receive_timeout if self.end == math.inf else max(1, min(receive_timeout, int((self.end - now) * 1000)))
             try:
                 message = self.consumer.receive(timeout)
