@@ -25,7 +25,8 @@ DOCS = {
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
-    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults", "client-matrix"],
+    "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults", "client-matrix",
+                         "demo-kill-duplicates"],
 }
 
 
@@ -910,6 +911,16 @@ def client_matrix_table(result: dict[str, Any] | None = None) -> str:
     return text
 
 
+def demo_kill_duplicates() -> str:
+    """The demo with a broker killed, per broker setting (``bench.faults --demo-only``)."""
+    parts = []
+    for name, setting in (("faults-demo-default", "with the defaults"),
+                          ("faults-demo-rate1000", "with `managedLedgerDefaultMarkDeleteRateLimit=1000`")):  # fmt: skip
+        shares = ", ".join(f"{pct:.2f} %" for pct in load(name)["duplicates_pct"])
+        parts.append(f"{shares} {setting} (`bench/results/{name}.json`)")
+    return f"duplicates {parts[0]}; {parts[1]}."
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
@@ -918,7 +929,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "consumer-summary": consumer_summary, "cluster": cluster_table, "faults": faults_table,
     "retry-lateness": retry_lateness_table, "retry-durable": retry_durable_table, "retry-cost": retry_cost_table,
     "retry-receive": retry_receive_table, "demo-retries": demo_retries_table,
-    "client-matrix": client_matrix_table,
+    "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates,
 }
 
 

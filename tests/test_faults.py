@@ -36,8 +36,9 @@ def kill_cluster() -> Iterator[PulsarCluster]:
 
     ``managedLedgerDefaultMarkDeleteRateLimit=1000`` (default 1.0): with the default, a cursor
     writes its acks to BookKeeper at most once a second and leaves the rest in memory until
-    ``managedLedgerCursorPositionFlushSeconds`` (60 s), so a SIGKILL lost nearly every ack of the
-    Spark demo (ManagedCursorImpl.asyncDelete / asyncMarkDelete, the ``markDeleteLimiter``).
+    ``managedLedgerCursorPositionFlushSeconds`` (60 s), so a SIGKILL lost most acks of the
+    Spark demo (ManagedCursorImpl.asyncDelete / asyncMarkDelete, the ``markDeleteLimiter``;
+    both settings measured in ``bench/results/faults-demo-*.json``).
     """
     with PulsarCluster(broker_config={"managedLedgerDefaultMarkDeleteRateLimit": "1000"}) as cluster:
         yield cluster
@@ -139,13 +140,11 @@ def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) ->
     Duplicates are not bounded here. The new owner redelivers every ack the killed broker had
     not persisted, and with batch members nacked and acked later that was every ack of the run
     so far (bench/results/faults.json, "broker killed while acking": 6,600 of 6,657 back to a
-    built-in consumer). With the default mark-delete rate limit (1/s) the demo's cursor was
-    written 2-3 times before the kill and usually recovered at or near its start (3-47 %
-    duplicates in 5 runs, 4 of them 20-47 %); with this module's
-    ``managedLedgerDefaultMarkDeleteRateLimit=1000`` it recovered at its in-memory position and
-    duplicates were 2.4-7.3 % (8 runs, still above 1 %): the rest are acks made
-    after the kill and partial batch acks, which the broker persists only with a whole entry
-    (apache/pulsar#26498). Each of our consumers filters the copies of what it acked itself; a
+    built-in consumer). With the default mark-delete rate limit (1/s) the demo's cursor is
+    usually recovered far behind its in-memory position; with this module's
+    ``managedLedgerDefaultMarkDeleteRateLimit=1000`` it is recovered where it was, and the
+    duplicates left are acks the broker never got and partial batch acks, which it persists
+    only with a whole entry (apache/pulsar#26498). Each of our consumers filters the copies of what it acked itself; a
     copy that reaches the other executor's consumer is handled again: 1-7 % of the events in
     6 runs with the default receiver queue, 21-38 % in 3 runs with this test's 100, 18 % in one
     CI run at load 12. Above the issue's 1 % the test is marked xfail
