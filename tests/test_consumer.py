@@ -19,6 +19,7 @@ import pulsar_nack
 from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.consumer import ConsumerSettings
+from pulsar_nack.consumer.nacking import START_GUARD_MESSAGES
 from pulsar_nack.errors import ConsumerClosedError
 from pulsar_nack.testing import PulsarStandalone, quiet_client
 
@@ -367,6 +368,23 @@ def test_bad_input_gives_clear_errors_and_changes_nothing(pulsar_client, topic):
             call()
     consumer.close()  # idempotent
     foreign_consumer.close()
+
+
+def test_a_quiet_consumer_refuses_receive_and_ack_once_closed(pulsar_client, topic):
+    """After ``START_GUARD_MESSAGES`` deliveries with no nack the consumer is quiet: receive and
+    acknowledge take the common path, built once per consumer. Closing routes them to the
+    checks again, so they raise ``ConsumerClosedError`` as before, not the client's error."""
+    n = START_GUARD_MESSAGES + 10
+    consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    produce(pulsar_client, topic, n)
+    messages = [consumer.receive(10_000) for _ in range(n)]
+    for message in messages[:-1]:
+        consumer.acknowledge(message)
+    consumer.close()
+    for call in (lambda: consumer.receive(10), lambda: consumer.acknowledge(messages[-1])):
+        with pytest.raises(ConsumerClosedError):
+            call()
+    assert consumer.stats()["acked"] == n - 1
 
 
 def test_subscribe_rejects_bad_arguments(pulsar_client, topic):
