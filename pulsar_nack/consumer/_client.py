@@ -90,7 +90,6 @@ __all__ = [
     "shared_listener_configuration",
     "unwrap_message",
     "wrap_message",
-    "wrap_received",
 ]
 
 MIN_VERSION = (3, 9, 0)
@@ -360,19 +359,10 @@ def received(message: Any) -> Any:
     return getattr(message, "_message", message)
 
 
-def wrap_received(raw: Any, schema: Any) -> pulsar.Message:
-    """A ``pulsar.Message`` around a received ``_pulsar.Message``, as ``pulsar.Consumer.receive``
-    builds it: :func:`wrap_message` without its class choice, for the receive path. O(1)."""
-    message = _Message()
-    message._message = raw
-    message._schema = schema
-    return message
-
-
 def message_receiver(raw_consumer: Any, schema: Any) -> Callable[..., pulsar.Message]:
     """``receive(timeout_millis=None)`` on *raw_consumer* (a ``_pulsar.Consumer``), returning
-    the ``pulsar.Message`` that ``pulsar.Consumer.receive`` builds: the receive and
-    :func:`wrap_received` in one call, built once per consumer for its receive path. O(1)."""
+    the ``pulsar.Message`` that ``pulsar.Consumer.receive`` builds: the receive and the
+    wrapping in one call, built once per consumer for its receive paths. O(1)."""
     receive = raw_consumer.receive
 
     def receive_message(timeout_millis: int | None = None) -> pulsar.Message:

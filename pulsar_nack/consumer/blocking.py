@@ -58,7 +58,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
-from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id, wrap_received
+from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
 from .common import ConsumerBase, ConsumerStats
 from .nacking import TopicMatcher, client_handoff_latency_ms
 from .retry import RetryLetter, retry_topics_for
@@ -106,6 +106,7 @@ class NackingConsumer(ConsumerBase):
         :class:`~pulsar_nack.consumer.retry.RetryMessage` objects.
     """
 
+    _receiver: Callable[..., pulsar.Message] | None
     _receive_message: Callable[..., pulsar.Message] | None
     _acknowledge_message: Callable[[pulsar.Message], None]
 
@@ -125,9 +126,8 @@ class NackingConsumer(ConsumerBase):
         raw = self._raw
         # The common paths, built once: a consumer with a retry letter topic, or a stand-in
         # without a _pulsar.Consumer, receives and acks through the general paths.
-        self._receive_message = (
-            message_receiver(raw, self._value_schema) if raw is not None and retry is None else None
-        )
+        self._receiver = message_receiver(raw, self._value_schema) if raw is not None else None
+        self._receive_message = self._receiver if retry is None else None
         self._acknowledge_message = message_acknowledger(raw) if raw is not None else self._acknowledge_guarded
 
     @classmethod
@@ -186,8 +186,8 @@ class NackingConsumer(ConsumerBase):
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             self._check_open()
-            if self._retry is not None and self._raw is not None:
-                return self._receive_retrying(self._raw, self._retry, timeout_millis)
+            if self._retry is not None and self._receiver is not None:
+                return self._receive_retrying(self._receiver, self._retry, timeout_millis)
             return self._receive_wrapped(timeout_millis)
         if timeout_millis is None:
             message = receive()
@@ -209,7 +209,9 @@ class NackingConsumer(ConsumerBase):
                 left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
                 message = receive(max(left, 0))
 
-    def _receive_retrying(self, raw: Any, retry: RetryLetter, timeout_millis: int | None) -> pulsar.Message:
+    def _receive_retrying(
+        self, receive: Callable[..., pulsar.Message], retry: RetryLetter, timeout_millis: int | None
+    ) -> pulsar.Message:
         """receive() of a consumer with a retry letter topic: due retry copies first, then its own topics.
 
         The retry topic's consumer queues copies as they come due (on the client's
@@ -228,14 +230,13 @@ class NackingConsumer(ConsumerBase):
             if deadline is not None:
                 wait = min(wait, deadline - monotonic_ms())
             try:
-                message = raw.receive(max(wait, 1))
+                message = receive(max(wait, 1))
             except pulsar.Timeout:
                 if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
                     raise
                 continue
-            wrapped = wrap_received(message, self._value_schema)
-            if core.admit(message, wrapped):
-                return wrapped
+            if core.admit(message):
+                return message
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() through the ``pulsar.Consumer`` methods (a stand-in consumer)."""
