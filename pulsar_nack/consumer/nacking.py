@@ -538,8 +538,10 @@ class NackingCore:
         often the application saw each unsettled message: the larger of its own count
         of nacks of it and the broker's ``redelivery_count()`` minus the copies of it
         that were swallowed (the broker counts per entry, swallowed copies included,
-        and forgets the count when a sibling is acked; neither figure is ever above the
-        true count). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
+        and forgets the count when a sibling is acked), the latter never above the
+        core's own tally of deliveries (the broker's figure at the first delivery here,
+        plus one per delivery since: the broker's count of an entry has been seen above
+        the copies that reached the consumer). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
         routed to the dead-letter topic when the application nacks it, and a message
         that arrives after that (brought back by an ack timeout, by
         ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
@@ -574,6 +576,7 @@ class NackingCore:
     _after_ack: list[Any]
     _bare: dict[tuple[int, int], RawMessageId]
     _copies: dict[Item, int]
+    _shown: dict[Item, int]
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
     _sending: set[Item]
@@ -616,7 +619,7 @@ class NackingCore:
         self._handoffs, self._handoff_log = {}, deque()  # (ledger, entry) -> ms of its last handoff, recent ones
         self._aged_at = monotonic_ms()
         self._after_ack = []
-        self._copies, self._nacks, self._last = {}, {}, {}
+        self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
         self._sending = set()
         self._stored = PendingNacks()
         self._lock = threading.Lock()
@@ -704,7 +707,9 @@ class NackingCore:
         """While quiet with a dead-letter policy: True if *raw* needs no count (the common path)."""
         limit = self.max_redeliver_count
         assert limit is not None
-        return bool(raw.redelivery_count() < limit and not (self._nacks or self._sending or self._stored.count))
+        return bool(
+            raw.redelivery_count() < limit and not (self._nacks or self._shown or self._sending or self._stored.count)
+        )
 
     def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
         """admit() under the lock, for a member the table calls nacked or does not know (or any, counting).
@@ -754,6 +759,8 @@ class NackingCore:
             self._guard_left = self._guard_messages
         elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
+        if self.counting:
+            self._shown[item] = self._seen(raw, item) + 1
         return _msgid.DELIVER
 
     def _before_client_redelivery(self, ledger_id: int, entry_id: int) -> bool:
@@ -794,13 +801,28 @@ class NackingCore:
             return False
         limit = self.max_redeliver_count
         assert limit is not None
-        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0)) > limit
+        return self._seen(raw, item) > limit
+
+    def _seen(self, raw: Any, item: Item) -> int:
+        """Under the lock, counting: how often the application saw *item* before this copy *raw*.
+
+        The broker's count (``redelivery_count()``, per entry) minus the copies of it this
+        consumer swallowed, but never more than this consumer's own tally of its
+        deliveries (``_shown``: the broker's figure at the first delivery here, plus one per
+        delivery since), nor less than the application's nacks of it. The tally bounds
+        a broker count that moved by more than the copies that reached this consumer.
+        """
+        by_broker = raw.redelivery_count() - self._copies.get(item, 0)
+        shown = self._shown.get(item)
+        if shown is not None and shown < by_broker:
+            by_broker = shown
+        return max(self._nacks.get(item, 0), by_broker)
 
     def _counted_over(self, raw: Any, item: Item) -> bool:
         """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
         limit = self.max_redeliver_count
         assert limit is not None
-        seen = max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0))
+        seen = self._seen(raw, item)
         if seen > limit:
             self._sending.add(item)
             self._last.pop(item, None)
@@ -850,9 +872,7 @@ class NackingCore:
         with self._lock:
             self._sending.discard(item)
             self._stored.add(*item)
-            self._copies.pop(item, None)
-            self._nacks.pop(item, None)
-            self._last.pop(item, None)
+            self._forget_counts(item)
             self._counts["dead_lettered"] += 1
             self._note_ack(item[0], item[1], item[2], size)  # the route acks it: its entry may settle
 
@@ -876,13 +896,14 @@ class NackingCore:
 
     def forget(self, message: Any) -> None:
         """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies or self._nacks or self._last:
+        if self._copies or self._shown or self._nacks or self._last:
             item = _item_of(raw_id(message))
             with self._lock:
                 self._forget_counts(item)
 
     def _forget_counts(self, item: Item) -> None:
         self._copies.pop(item, None)
+        self._shown.pop(item, None)
         self._nacks.pop(item, None)
         self._last.pop(item, None)
 
@@ -1039,14 +1060,14 @@ class NackingCore:
         if data is not None:
             with self._lock:
                 if (self.pending.count or self._handed.count or self._returned.count or self._complete.count
-                        or self._copies or self._nacks or self._last):
+                        or self._copies or self._shown or self._nacks or self._last):
                     fields = _msgid.parse_id(data)
                     self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
                 elif self._entries.ack_data(data) == _msgid.COMPLETE:  # the common path: one C call
                     fields = _msgid.parse_id(data)
                     self._complete.add(fields[0], fields[1])
             return _inner_message(message)
-        if self.quiet and not (self._nacks or self._copies or self._last) and _is_message(message):
+        if self.quiet and not (self._nacks or self._copies or self._shown or self._last) and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
         topic, ledger, entry, index = key
@@ -1073,7 +1094,7 @@ class NackingCore:
             if held is not None:
                 self._after_ack.append(held)
             self._leave_state(item)
-        if self._copies or self._nacks or self._last:
+        if self._copies or self._shown or self._nacks or self._last:
             self._forget_counts(item)
         if data is not None:
             outcome = self._entries.ack_data(data, create=not self._complete.count)
@@ -1200,6 +1221,7 @@ class NackingCore:
             if forget_counts:
                 self._entries.clear()
                 self._copies.clear()
+                self._shown.clear()
                 self._nacks.clear()
                 self._last.clear()
                 self._stored.clear()
@@ -1219,6 +1241,7 @@ class NackingCore:
             self._entries.clear()
             self._bare.clear()
             self._copies.clear()
+            self._shown.clear()
             self._nacks.clear()
             self._last.clear()
             self._stored.clear()
