@@ -912,13 +912,17 @@ def client_matrix_table(result: dict[str, Any] | None = None) -> str:
 
 
 def demo_kill_duplicates() -> str:
-    """The demo with a broker killed, per broker setting (``bench.faults --demo-only``)."""
+    """The demo with a broker killed, per broker setting and receive queue (``bench.faults --demo-only``)."""
     parts = []
-    for name, setting in (("faults-demo-default", "with the defaults"),
-                          ("faults-demo-rate1000", "with `managedLedgerDefaultMarkDeleteRateLimit=1000`")):  # fmt: skip
-        shares = ", ".join(f"{pct:.2f} %" for pct in load(name)["duplicates_pct"])
+    for name in ("faults-demo-default", "faults-demo-rate1000", "faults-demo-persist-q100"):
+        result = load(name)
+        config = result["broker_config"]
+        setting = "with the defaults" if not config else "with " + ", ".join(f"`{k}={v}`" for k, v in config.items())
+        if result.get("receiver_queue_size"):
+            setting += f" and a receive queue of {result['receiver_queue_size']} (the test's)"
+        shares = ", ".join(f"{pct:.2f} %" for pct in result["duplicates_pct"])
         parts.append(f"{shares} {setting} (`bench/results/{name}.json`)")
-    return f"duplicates {parts[0]}; {parts[1]}."
+    return "duplicates " + "; ".join(parts) + "."
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
