@@ -914,7 +914,7 @@ def client_matrix_table(result: dict[str, Any] | None = None) -> str:
 def demo_kill_duplicates() -> str:
     """The demo with a broker killed, per broker setting and receive queue (``bench.faults --demo-only``)."""
     parts = []
-    for name in ("faults-demo-default", "faults-demo-rate1000", "faults-demo-persist-q100"):
+    for name in ("faults-demo-default", "faults-demo-rate1000", "faults-demo-rate1000-q100", "faults-demo-persist-q100"):
         result = load(name)
         config = result["broker_config"]
         setting = "with the defaults" if not config else "with " + ", ".join(f"`{k}={v}`" for k, v in config.items())

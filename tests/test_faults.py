@@ -30,17 +30,21 @@ from pulsar_nack.testing.faults import FaultRun, Findings
 pytestmark = pytest.mark.broker
 
 
+KILL_CLUSTER_CONFIG = {"managedLedgerDefaultMarkDeleteRateLimit": "0", "managedLedgerCursorPositionFlushSeconds": "1"}
+
+
 @pytest.fixture(scope="module")
 def kill_cluster() -> Iterator[PulsarCluster]:
     """A two-broker cluster of this module's own, for the tests that SIGKILL a broker.
 
-    ``managedLedgerDefaultMarkDeleteRateLimit=1000`` (default 1.0): with the default, a cursor
+    ``managedLedgerDefaultMarkDeleteRateLimit=0`` (default 1.0) and
+    ``managedLedgerCursorPositionFlushSeconds=1`` (default 60): with the defaults, a cursor
     writes its acks to BookKeeper at most once a second and leaves the rest in memory until
-    ``managedLedgerCursorPositionFlushSeconds`` (60 s), so a SIGKILL lost most acks of the
-    Spark demo (ManagedCursorImpl.asyncDelete / asyncMarkDelete, the ``markDeleteLimiter``;
-    both settings measured in ``bench/results/faults-demo-*.json``).
+    the flush task, so a SIGKILL lost most acks of the Spark demo (ManagedCursorImpl.asyncDelete
+    / asyncMarkDelete, the ``markDeleteLimiter``, off at 0; each setting measured in
+    ``bench/results/faults-demo-*.json``).
     """
-    with PulsarCluster(broker_config={"managedLedgerDefaultMarkDeleteRateLimit": "1000"}) as cluster:
+    with PulsarCluster(broker_config=KILL_CLUSTER_CONFIG) as cluster:
         yield cluster
 
 
@@ -142,13 +146,12 @@ def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) ->
     so far (bench/results/faults.json, "broker killed while acking": 6,600 of 6,657 back to a
     built-in consumer). With the default mark-delete rate limit (1/s) the demo's cursor is
     usually recovered far behind its in-memory position; with this module's
-    ``managedLedgerDefaultMarkDeleteRateLimit=1000`` it is recovered where it was, and the
-    duplicates left are acks the broker never got and partial batch acks, which it persists
-    only with a whole entry (apache/pulsar#26498). Each of our consumers filters the copies of what it acked itself; a
-    copy that reaches the other executor's consumer is handled again: 1-7 % of the events in
-    6 runs with the default receiver queue, 21-38 % in 3 runs with this test's 100, 18 % in one
-    CI run at load 12. Above the issue's 1 % the test is marked xfail
-    with the figure; losses still fail it.
+    settings (every ack written at once) it is recovered where it was, and the duplicates
+    left are acks the broker never got (the client groups acks for 100 ms and drops them
+    with its connection) and partial batch acks. Each of our consumers filters the copies of what it acked itself; a
+    copy that reaches the other executor's consumer is handled again: the committed runs per
+    setting are ``bench/results/faults-demo-*.json`` (generated into docs/consumer.md). Above
+    the issue's 1 % the test is marked xfail with the figure; losses still fail it.
     """
     from pulsar_nack.testing.spark_cluster import SparkStandaloneCluster
 
