@@ -541,8 +541,9 @@ class NackingCore:
         and forgets the count when a sibling is acked), the latter never above the
         core's own tally of deliveries (the broker's figure at the first delivery here,
         plus one per delivery since: the broker's count of an entry has been seen above
-        the copies that reached the consumer). As in the C++ client, a message seen N + 1 times (counts 0 … N) is
-        routed to the dead-letter topic when the application nacks it, and a message
+        the copies that reached the consumer). As in the C++ client, a message seen
+        N + 1 times (counts 0 … N) is routed to the dead-letter topic when the
+        application nacks it, and a message
         that arrives after that (brought back by an ack timeout, by
         ``redeliver_unacknowledged_messages``, by a sibling's redelivery, or by the
         broker in any other way) is routed there instead of being delivered. The route is the
@@ -896,10 +897,14 @@ class NackingCore:
 
     def forget(self, message: Any) -> None:
         """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
-        if self._copies or self._shown or self._nacks or self._last:
+        if self._keeps_counts():
             item = _item_of(raw_id(message))
             with self._lock:
                 self._forget_counts(item)
+
+    def _keeps_counts(self) -> bool:
+        """True if some message's delivery counts are kept (read without the lock, as a hint)."""
+        return bool(self._copies or self._shown or self._nacks or self._last)
 
     def _forget_counts(self, item: Item) -> None:
         self._copies.pop(item, None)
@@ -1060,14 +1065,14 @@ class NackingCore:
         if data is not None:
             with self._lock:
                 if (self.pending.count or self._handed.count or self._returned.count or self._complete.count
-                        or self._copies or self._shown or self._nacks or self._last):
+                        or self._keeps_counts()):
                     fields = _msgid.parse_id(data)
                     self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
                 elif self._entries.ack_data(data) == _msgid.COMPLETE:  # the common path: one C call
                     fields = _msgid.parse_id(data)
                     self._complete.add(fields[0], fields[1])
             return _inner_message(message)
-        if self.quiet and not (self._nacks or self._copies or self._shown or self._last) and _is_message(message):
+        if self.quiet and not self._keeps_counts() and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
         topic, ledger, entry, index = key
@@ -1094,7 +1099,7 @@ class NackingCore:
             if held is not None:
                 self._after_ack.append(held)
             self._leave_state(item)
-        if self._copies or self._shown or self._nacks or self._last:
+        if self._keeps_counts():
             self._forget_counts(item)
         if data is not None:
             outcome = self._entries.ack_data(data, create=not self._complete.count)
