@@ -760,8 +760,6 @@ class NackingCore:
             self._guard_left = self._guard_messages
         elif verdict == _msgid.FRESH and index >= 0 and size > 0:
             self._entries.open(ledger, entry, size)
-        if self.counting:
-            self._shown[item] = self._seen(raw, item) + 1
         return _msgid.DELIVER
 
     def _before_client_redelivery(self, ledger_id: int, entry_id: int) -> bool:
@@ -820,7 +818,10 @@ class NackingCore:
         return max(self._nacks.get(item, 0), by_broker)
 
     def _counted_over(self, raw: Any, item: Item) -> bool:
-        """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic)."""
+        """Under the lock, counting: True if *raw* was seen too often (it goes to the dead-letter topic).
+
+        False means *raw* is delivered: it joins the tally of deliveries (``_shown``).
+        """
         limit = self.max_redeliver_count
         assert limit is not None
         seen = self._seen(raw, item)
@@ -830,6 +831,7 @@ class NackingCore:
             return True
         if seen == limit:  # its last delivery: a nack or a redelivery sends it
             self._last[item] = raw
+        self._shown[item] = seen + 1
         return False
 
     def _maybe_quiet(self) -> None:
