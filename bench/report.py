@@ -250,10 +250,15 @@ def space_table() -> str:
 
 def constants_table() -> str:
     """The constants docs/design.md names, read from the code."""
-    from pulsar_nack.consumer.nacking import COALESCE_MS, HANDOFF_DELAY_MS, client_handoff_latency_ms, handoff_lead_ms
+    from pulsar_nack.consumer.nacking import (
+        COALESCE_MS,
+        HANDOFF_DELAY_MS,
+        HANDOFF_MARGIN_MS,
+        client_handoff_latency_ms,
+        handoff_lead_ms,
+    )
     from pulsar_nack.core import accel, buckets, keys, pages
 
-    lead = handoff_lead_ms(HANDOFF_DELAY_MS, buckets.DEFAULT_PRECISION_BITS, False)
     return md_table(["constant", "value", "where"], [
         ["default precision", f"{buckets.DEFAULT_PRECISION_BITS} bits: buckets of {buckets.bucket_ms(buckets.DEFAULT_PRECISION_BITS)} ms",
          "`core/buckets.py` `DEFAULT_PRECISION_BITS`"],
@@ -264,8 +269,8 @@ def constants_table() -> str:
         ["batched value", f"`entry_id << {keys.BATCH_BITS} | batch_index`", "`core/keys.py` `BATCH_BITS`"],
         ["client nack delay", f"{HANDOFF_DELAY_MS} ms", "`consumer/nacking.py` `HANDOFF_DELAY_MS`"],
         ["handoff lead (buckets fire this early)",
-         f"{lead} ms at {buckets.DEFAULT_PRECISION_BITS} bits and more; {handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)} ms below, "
-         "or with `never_early`", "`consumer/nacking.py` `handoff_lead_ms`"],
+         f"{handoff_lead_ms(HANDOFF_DELAY_MS)} ms: the client's delay less a {HANDOFF_MARGIN_MS} ms margin, in every mode",
+         "`consumer/nacking.py` `handoff_lead_ms`"],
         ["client handoff latency", f"{client_handoff_latency_ms(HANDOFF_DELAY_MS)} ms", "`consumer/nacking.py` `client_handoff_latency_ms`"],
         ["burst spacing", f"{COALESCE_MS} ms", "`consumer/nacking.py` `COALESCE_MS`"],
     ])

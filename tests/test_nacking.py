@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import _varint, wait_for
+from pulsar_nack.consumer import nacking
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
 from pulsar_nack.consumer.settings import ConsumerSettings
 
@@ -231,6 +232,35 @@ def test_a_handed_off_message_comes_back_once_and_its_later_copy_is_acked_with_i
     _ack(core, message)
     assert acked == [second], "the held copy is acked with the message"
     core._check()
+    core.close(redeliver_pending=False)
+
+
+@pytest.mark.parametrize("never_early", [False, True], ids=["floor", "never_early"])
+def test_a_copy_before_its_bucket_deadline_is_swallowed_and_the_clients_redelivery_is_not(
+    monkeypatch: pytest.MonkeyPatch, never_early: bool
+) -> None:
+    """Default settings (8 bits, the client's 100 ms delay): a bucket fires ``lead_ms`` before
+    its deadline, so a copy of a handed-off message before the handoff plus that lead comes
+    before its bucket; whatever brought it (a reconnect), it is swallowed. From the client's
+    delay on, a copy may be the client's own redelivery and is delivered (nothing is lost).
+
+    Stand-in clock (the core's reading of it), since no broker can time a reconnect to the
+    millisecond. Issue 23: buckets fired 132 ms early while copies were swallowed only 95 ms
+    after the handoff, so a reconnect in between brought a copy up to 37 ms before its bucket.
+    """
+    clock = [10_000_000]
+    monkeypatch.setattr(nacking, "monotonic_ms", lambda: clock[0])
+    recorder = Recorder()
+    core = NackingCore(recorder, [T], ConsumerSettings(never_early=never_early))
+    message = Stub(T, 21, 4)
+    assert core.admit(message)
+    core.nack(message, delay_ms=0)
+    assert wait_for(lambda: len(recorder.ids) == 1, 10), "nothing was handed off"
+    handed_at = clock[0]  # the core read its clock for the handoff: the bucket's deadline is lead_ms later
+    clock[0] = handed_at + core.tracker.lead_ms - 1
+    assert not core.admit(Stub(T, 21, 4)), "a copy 1 ms before its bucket's deadline reached the application"
+    clock[0] = handed_at + core.handoff_delay_ms
+    assert core.admit(Stub(T, 21, 4)), "a copy as soon as the client can redeliver it was swallowed (it would be lost)"
     core.close(redeliver_pending=False)
 
 

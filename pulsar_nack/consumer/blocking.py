@@ -11,14 +11,13 @@ Handoff to the client
     ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
     every delay/3). So the consumer is subscribed with
     ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
-    ticks every ``delay // 3`` (33 ms) from the first nack and releases only entries
-    strictly past due, so a handoff to an idle tracker comes back on the 4th tick,
-    132 ms later. Our buckets fire early by exactly that client latency
-    (:func:`~pulsar_nack.consumer.nacking.client_handoff_latency_ms`), so a message arrives a
-    few ms after its bucket deadline, while bursts are at least 165 ms apart (buckets
-    of 256 ms and more). Below 8 precision bits, and with ``never_early``, buckets fire
-    early by only the client's delay (100 ms): a message then arrives 0-33 ms after its
-    bucket deadline, never before it. Each due entry is handed over as
+    ticks every ``delay // 3`` (33 ms) and releases only entries strictly past due, so a
+    handoff comes back 100 to 133 ms later
+    (:func:`~pulsar_nack.consumer.nacking.client_handoff_latency_ms`: 132 ms into an idle
+    tracker). Our buckets fire early by the client's delay less a 5 ms margin
+    (:func:`~pulsar_nack.consumer.nacking.handoff_lead_ms`, 95 ms), in every mode: a message
+    arrives 5 to about 38 ms after its bucket deadline, never before it, and a copy that
+    comes before that deadline (a reconnect's) is swallowed. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
 

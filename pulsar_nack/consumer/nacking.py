@@ -26,8 +26,8 @@ Admission
     ======================  ===========================================================
     nack pending            swallowed, left unacked: its own handoff brings it back
     handed off              delivered (it is due), and the message becomes *returned*;
-                            but before the client's own delay after its entry's last
-                            handoff (``handoff_delay_ms``), a copy cannot be the
+                            but before its bucket's time (its entry's last handoff plus
+                            the lead, :func:`handoff_lead_ms`), a copy cannot be the
                             handoff's (a reconnect brought it): swallowed, left unacked,
                             since the client still holds the entry and brings it back
     returned (not settled)  swallowed and held; acked with the message when the
@@ -73,7 +73,6 @@ from pyroaring import BitMap64
 
 from .._validate import check_int, check_ms, check_topics
 from ..core.base import DueKeys
-from ..core.buckets import MAX_PRECISION_BITS, bucket_ms
 from ..core.keys import BATCH_BITS, MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, full_topic_name, redelivery_count_of
 from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
@@ -119,9 +118,10 @@ drops the acks it groups (100 ms) when its connection drops, and the broker then
 them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
 second; about 500 kB when full."""
 HANDOFF_MARGIN_MS = 5
-"""A copy of a handed-off message is swallowed only while it is more than this earlier than
-its handoff's time plus the client's delay: the client never redelivers sooner, and this
-margin keeps a clock read on either side from swallowing the handoff's own copy."""
+"""Buckets fire early by the client's delay less this margin (:func:`handoff_lead_ms`), and a
+copy of a handed-off message is swallowed only until its handoff plus that lead: the client
+never redelivers sooner than its delay, and the margin keeps a clock read on either side from
+swallowing the handoff's own copy."""
 STALE_MS = 60_000
 """A handed-off message that has not come back, or a returned one the application has not
 settled, is forgotten after 1 to 2 times this long (its entry's knowledge with it: copies
@@ -144,26 +144,20 @@ def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
     return (delay // interval + 1) * interval
 
 
-def handoff_lead_ms(handoff_delay_ms: int, precision_bits: object, never_early: bool) -> int:
-    """How early buckets fire: the client's full latency only where it is exact.
+def handoff_lead_ms(handoff_delay_ms: int) -> int:
+    """How early buckets fire: the client's delay (``handoff_delay_ms``) less
+    ``HANDOFF_MARGIN_MS``, in every mode.
 
-    A handoff into an idle client tracker comes back after :func:`client_handoff_latency_ms`;
-    that holds while bursts are at least one client tick more than that apart (165 ms at
-    the default delay): buckets of 256 ms (8 precision bits) and more. With smaller
-    buckets, and with ``never_early``, buckets fire early by only the client's delay, so a
-    message is never early. O(1).
+    The client redelivers a handed-off entry no sooner than its delay after the handoff,
+    so the copy comes at the bucket's time or after it (up to a client tick, 33 ms, later).
+    A copy that comes sooner was brought by something else (a reconnect) and is swallowed
+    until the handoff plus this lead, i.e. until the bucket's time: never before the bucket,
+    whatever brings a copy. O(1).
 
-    >>> handoff_lead_ms(HANDOFF_DELAY_MS, 8, False), handoff_lead_ms(HANDOFF_DELAY_MS, 7, False)
-    (132, 100)
+    >>> handoff_lead_ms(HANDOFF_DELAY_MS), handoff_lead_ms(300), handoff_lead_ms(0)
+    (95, 295, 0)
     """
-    latency = client_handoff_latency_ms(handoff_delay_ms)
-    tick = max(handoff_delay_ms, HANDOFF_DELAY_MS) // 3
-    spaced = (
-        isinstance(precision_bits, int)
-        and 0 <= precision_bits <= MAX_PRECISION_BITS
-        and bucket_ms(precision_bits) >= latency + tick
-    )
-    return latency if spaced and not never_early else handoff_delay_ms
+    return max(handoff_delay_ms - HANDOFF_MARGIN_MS, 0)
 
 
 HandOff = Callable[[list[RawMessageId]], None]
@@ -642,11 +636,12 @@ class NackingCore:
             precision_bits=bits,
             round_up=never_early,
             backoff=settings.redelivery_backoff,
-            lead_ms=handoff_lead_ms(settings.handoff_delay_ms, bits, never_early),
+            lead_ms=handoff_lead_ms(settings.handoff_delay_ms),
             coalesce_ms=settings.coalesce_ms,
             default_topic=self.topics.single or "",
         )
         self.handoff_delay_ms = settings.handoff_delay_ms
+        self.handoff_lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
 
     def route_dead_letters(self, route: DeadLetterCallback) -> None:
         """Set where messages for the dead-letter topic go: ``route(message, stored)``.
@@ -769,14 +764,15 @@ class NackingCore:
         nack, and keeps it until then whatever else happens (a reconnect, an ack timeout,
         ``redeliver_unacknowledged_messages``): a copy that comes sooner was brought by
         something else and would be early, while the client's redelivery is still to come.
+        The window is the handoff's lead (:func:`handoff_lead_ms`): it ends at the bucket's time.
         """
         at = self._handoffs.get((ledger_id, entry_id))
-        return at is not None and monotonic_ms() < at + self.handoff_delay_ms - HANDOFF_MARGIN_MS
+        return at is not None and monotonic_ms() < at + self.handoff_lead_ms
 
     def _note_handoffs(self, now: int, entries: list[tuple[int, int]]) -> None:
-        """Under the lock: *entries* are handed off at *now*; forget handoffs older than the client's delay."""
+        """Under the lock: *entries* are handed off at *now*; forget handoffs older than the lead."""
         log, handoffs = self._handoff_log, self._handoffs
-        while log and log[0][0] + self.handoff_delay_ms <= now:
+        while log and log[0][0] + self.handoff_lead_ms <= now:
             at, old = log.popleft()
             for entry in old:
                 if handoffs.get(entry) == at:
