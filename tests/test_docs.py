@@ -86,6 +86,26 @@ def test_design_names_the_constants_of_the_code_and_links_only_inside():
             assert path.exists() and REPO in path.parents, f"design.md links outside the repository: {target}"
 
 
+def test_the_consumer_docs_give_the_handoff_numbers_of_the_code():
+    """docs/consumer.md's handoff prose: the lead, its margin and where a message lands after its bucket."""
+    from pulsar_nack.consumer.nacking import HANDOFF_MARGIN_MS, handoff_lead_ms
+    from pulsar_nack.consumer.settings import HANDOFF_DELAY_MS
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
+    lead = handoff_lead_ms(HANDOFF_DELAY_MS)
+    tick = HANDOFF_DELAY_MS // 3  # the C++ client's timer interval
+    expected = {
+        r"less a (\d+) ms margin, (\d+) ms, in every mode": [HANDOFF_MARGIN_MS, lead],
+        r"arrives between (\d+) ms and about (\d+) ms after its bucket": [HANDOFF_DELAY_MS - lead, HANDOFF_DELAY_MS + tick - lead],
+        r"the handoff plus the lead, (\d+) ms": [lead],
+    }
+    for pattern, values in expected.items():
+        found = re.findall(pattern, text)
+        assert found, f"consumer.md no longer says {pattern!r}: update this test with it"
+        for match in found:
+            assert [int(v) for v in ([match] if isinstance(match, str) else match)] == values, (pattern, match)
+
+
 def test_every_test_the_consumer_docs_name_exists():
     """``tests/test_x.py::test_name`` in docs/consumer.md and docs/asyncio.md names a test that is there."""
     missing = []
