@@ -18,10 +18,11 @@ machine, and the lateness figures move with its load.
 
 Run: ``python -m bench.faults [--threads-runs N] [--demo-messages N] [--no-spark]``
 
-``--demo-only N [--broker-config KEY=VALUE ...] [--receiver-queue-size N] --out NAME`` runs only the demo with the
-broker kill, N times with our tracker, on a cluster whose brokers get those settings (how
-much a broker persists of its acks before a SIGKILL is the broker's setting:
-``managedLedgerDefaultMarkDeleteRateLimit``, see docs/consumer.md).
+``--demo-only N [--broker-config KEY=VALUE ...] [--receiver-queue-size N] [--subscription KeyShared] --out NAME``
+runs only the demo with the broker kill, N times with our tracker, on a cluster whose brokers
+get those settings (how much a broker persists of its acks before a SIGKILL is the broker's
+setting: ``managedLedgerDefaultMarkDeleteRateLimit``, see docs/consumer.md), on a Shared or a
+Key_Shared subscription (to which consumer the new owner hands the acks it lost).
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def _row(key: str, run: dict[str, Any], arm: str) -> list[Any]:
 
 
 def _spark_demos(
-    cluster: Any, messages: int, trackers: tuple[str, ...] = ARMS, receiver_queue_size: int | None = None
+    cluster: Any,
+    messages: int,
+    trackers: tuple[str, ...] = ARMS,
+    receiver_queue_size: int | None = None,
+    subscription: str = "Shared",
 ) -> list[dict[str, Any]]:
     """The demo with a broker kill, once per tracker in turn, on a fresh Spark standalone cluster."""
     from pulsar_nack.testing import faults
@@ -73,7 +78,12 @@ def _spark_demos(
     with SparkStandaloneCluster(workers=2, cores_per_worker=1, worker_memory="1g") as spark:
         for tracker in trackers:
             result = faults.spark_demo_with_kill(
-                cluster, spark.master_url, tracker=tracker, messages=messages, receiver_queue_size=receiver_queue_size
+                cluster,
+                spark.master_url,
+                tracker=tracker,
+                messages=messages,
+                receiver_queue_size=receiver_queue_size,
+                subscription=subscription,
             )
             demos.append({k: v for k, v in result.items() if k != "log_tail"})
             summary = result["summary"] or {}
@@ -90,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     args_parser.add_argument("--demo-only", type=int, metavar="N", help="only the demo with a broker kill, N runs, ours")
     args_parser.add_argument("--broker-config", nargs="*", default=[], metavar="KEY=VALUE", help="brokers' settings")
     args_parser.add_argument("--receiver-queue-size", type=int, help="the demo consumers' receive queue (--demo-only)")
+    args_parser.add_argument(
+        "--subscription", choices=("Shared", "KeyShared"), default="Shared", help="the demo's subscription type (--demo-only)"
+    )
     args = args_parser.parse_args(argv)
     if any("=" not in item for item in args.broker_config):
         args_parser.error(f"--broker-config takes KEY=VALUE items, not {args.broker_config}")
@@ -145,7 +158,11 @@ def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
     with PulsarCluster(broker_config=broker_config) as cluster:
         version = cluster.version
         demos = _spark_demos(
-            cluster, args.demo_messages, trackers=("ours",) * runs, receiver_queue_size=args.receiver_queue_size
+            cluster,
+            args.demo_messages,
+            trackers=("ours",) * runs,
+            receiver_queue_size=args.receiver_queue_size,
+            subscription=args.subscription,
         )
     shares = [d["summary"]["duplicates"] / d["summary"]["produced"] for d in demos if d.get("summary")]
     payload = {
@@ -153,6 +170,7 @@ def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
         "broker": f"Apache Pulsar {version}, PulsarCluster (ZooKeeper, one bookie, two brokers)",
         "broker_config": broker_config,
         "receiver_queue_size": args.receiver_queue_size,
+        "subscription": args.subscription,
         "wall_s": round(time.monotonic() - began, 1),
         "duplicates_pct": [round(100 * share, 2) for share in shares],
         "spark_demo": demos,

@@ -59,6 +59,11 @@ SUBSCRIPTION = "pulsar-nack-demo"
 BATCH_SIZE = 10
 """Producer batch size. Larger batches produce faster but give more duplicates: when a
 batched entry is redelivered to another worker, that worker sees all its messages."""
+KEYS = 64
+"""With ``--subscription KeyShared``: each event carries one of this many keys (``k<event % KEYS>``),
+and the producer batches by key, since a Key_Shared subscription routes a batch by its key."""
+SUBSCRIPTION_TYPES = ("Shared", "KeyShared")
+"""The demo's subscription types: the workers share the topic in either."""
 MIN_BACKOFF_MS = 500
 MAX_BACKOFF_MS = 10_000
 
@@ -281,6 +286,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--receiver-queue-size", type=_positive, default=None, metavar="N",
         help="the consumers' receiver_queue_size (default: pulsar-client's, 1000)",
     )
+    parser.add_argument(
+        "--subscription", choices=SUBSCRIPTION_TYPES, default="Shared",
+        help="the workers' subscription type (default Shared). KeyShared: the events carry "
+        f"{KEYS} keys and are batched by key; after a broker crash the acks it had not written "
+        "come back to the worker that made them, which filters them (see docs/spark.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.epilog = (
         "exit codes: 0 OK (nothing lost, duplicates <= 1 %); 1 an event lost or left in the subscription; "
@@ -325,8 +336,8 @@ def _status(text: str) -> None:
 class _Producer:
     """Produce events 0..n-1 on a thread; remember which sends the broker confirmed."""
 
-    def __init__(self, client: Any, topic: str, n: int) -> None:
-        self.client, self.topic, self.n = client, topic, n
+    def __init__(self, client: Any, topic: str, n: int, keyed: bool = False) -> None:
+        self.client, self.topic, self.n, self.keyed = client, topic, n, keyed
         self.confirmed: list[int] = []
         self.failed = 0
         self.error: BaseException | None = None
@@ -344,6 +355,7 @@ class _Producer:
                 batching_max_messages=BATCH_SIZE,
                 batching_max_publish_delay_ms=5,
                 block_if_queue_full=True,
+                batching_type=pulsar.BatchingType.KeyBased if self.keyed else pulsar.BatchingType.Default,
             )
             confirmed, lock = self.confirmed, threading.Lock()
 
@@ -358,7 +370,10 @@ class _Producer:
                 return callback
 
             for event in range(self.n):
-                producer.send_async(str(event).encode(), done(event))
+                if self.keyed:
+                    producer.send_async(str(event).encode(), done(event), partition_key=f"k{event % KEYS}")
+                else:
+                    producer.send_async(str(event).encode(), done(event))
             producer.flush()
             producer.close()
         except BaseException as error:  # reported by run()
@@ -366,11 +381,11 @@ class _Producer:
         self.seconds = time.monotonic() - start
 
 
-def _left_in_subscription(client: Any, topic: str) -> int:
-    """Messages a fresh consumer still gets from the subscription (should be 0)."""
+def _left_in_subscription(client: Any, topic: str, subscription_type: str) -> int:
+    """Messages a fresh consumer (of the demo's subscription type) still gets from the subscription (should be 0)."""
     import pulsar
 
-    consumer = client.subscribe(topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared)
+    consumer = client.subscribe(topic, SUBSCRIPTION, consumer_type=getattr(pulsar.ConsumerType, subscription_type))
     left = 0
     timeout_ms = 2000  # unacked messages return at once when the workers' connections close
     try:
@@ -429,6 +444,7 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
         tracker=args.tracker,
         retries=getattr(args, "retries", "nack"),
+        subscription_type=args.subscription,
     )
     budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
     progress = None
@@ -490,7 +506,7 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
         broker_start_s = time.monotonic() - started
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
-        producer = _Producer(client, topic, args.messages)
+        producer = _Producer(client, topic, args.messages, keyed=args.subscription == "KeyShared")
         producer.thread.start()  # the stream runs while Spark starts
         _status(f"producing {args.messages:,} events to {topic}; starting Spark ({args.master})")
         spark_started = time.monotonic()
@@ -505,7 +521,7 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
         _status("stopping Spark; checking the subscription")
         stop_session(spark)
         spark = None
-        left = _left_in_subscription(client, topic)
+        left = _left_in_subscription(client, topic, args.subscription)
     finally:
         if spark is not None:
             stop_session(spark)
@@ -613,6 +629,7 @@ def _summarize(
         "broker": broker,
         "tracker": args.tracker,
         "retries": getattr(args, "retries", "nack"),
+        "subscription": args.subscription,
         "broker_config": _broker_config(args) if broker == "apache-standalone" else None,
         "receiver_queue_size": args.receiver_queue_size,
         "driver_pid": os.getpid(),
@@ -653,7 +670,8 @@ def _print_summary(s: dict[str, Any]) -> None:
     width = max(len(name) for name, _ in rows)
     print(
         f"pulsar-nack demo: {s['messages']:,} events, {s['failure_rate']:.0%} failing once, "
-        f"{s['master']}, {s['broker']}, tracker {s['tracker']}, retries {s.get('retries', 'nack')}"
+        f"{s['master']}, {s['broker']}, tracker {s['tracker']}, retries {s.get('retries', 'nack')}, "
+        f"subscription {s.get('subscription', 'Shared')}"
     )
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")

@@ -865,9 +865,10 @@ def spark_demo_with_kill(
     tasks: int = 2,
     kill_at: float = 0.3,
     receiver_queue_size: int | None = None,
+    subscription: str = "Shared",
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
-    """Run ``pulsar-nack demo --service-url <cluster> --master <master_url> --json`` and kill the
+    """Run ``pulsar-nack demo --service-url <cluster> --master <master_url> --subscription <subscription> --json`` and kill the
     broker that owns its topic with SIGKILL once its subscription has acknowledged *kill_at* of
     its peak backlog; restart that broker after the demo. The demo's own summary says what was lost,
     left in the subscription and duplicated.
@@ -880,7 +881,8 @@ def spark_demo_with_kill(
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     before = _demo_topics(cluster)
     argv = [sys.executable, "-m", "pulsar_nack.cli", "demo", "--service-url", cluster.url, "--master", master_url,
-            "--messages", str(messages), "--tasks", str(tasks), "--tracker", tracker, "--json"]  # fmt: skip
+            "--messages", str(messages), "--tasks", str(tasks), "--tracker", tracker, "--subscription", subscription,
+            "--json"]  # fmt: skip
     if receiver_queue_size is not None:
         argv += ["--receiver-queue-size", str(receiver_queue_size)]
     victim: int | None = None
