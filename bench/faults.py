@@ -19,7 +19,7 @@ machine, and the lateness figures move with its load.
 Run: ``python -m bench.faults [--threads-runs N] [--demo-messages N] [--no-spark]``
 
 ``--demo-only N [--broker-config KEY=VALUE ...] [--receiver-queue-size N] [--subscription KeyShared] --out NAME``
-runs only the demo with the broker kill, N times with our tracker, on a cluster whose brokers
+runs only the demo with the broker kill, N times with our tracker (or ``--tracker builtin``), on a cluster whose brokers
 get those settings (how much a broker persists of its acks before a SIGKILL is the broker's
 setting: ``managedLedgerDefaultMarkDeleteRateLimit``, see docs/consumer.md), on a Shared or a
 Key_Shared subscription (to which consumer the new owner hands the acks it lost).
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     args_parser.add_argument(
         "--subscription", choices=("Shared", "KeyShared"), default="Shared", help="the demo's subscription type (--demo-only)"
     )
+    args_parser.add_argument(
+        "--tracker", choices=ARMS, default="ours", help="the demo's tracker (--demo-only; default ours)"
+    )
     args = args_parser.parse_args(argv)
     if any("=" not in item for item in args.broker_config):
         args_parser.error(f"--broker-config takes KEY=VALUE items, not {args.broker_config}")
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
-    """``--demo-only``: the demo with a broker kill, *runs* times with our tracker, one cluster."""
+    """``--demo-only``: the demo with a broker kill, *runs* times with one tracker (ours by default), one cluster."""
     from pulsar_nack.testing import PulsarCluster
 
     start = start_context()
@@ -160,7 +163,7 @@ def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
         demos = _spark_demos(
             cluster,
             args.demo_messages,
-            trackers=("ours",) * runs,
+            trackers=(args.tracker,) * runs,
             receiver_queue_size=args.receiver_queue_size,
             subscription=args.subscription,
         )
@@ -171,6 +174,7 @@ def _demo_only(args: Any, runs: int, broker_config: dict[str, str]) -> None:
         "broker_config": broker_config,
         "receiver_queue_size": args.receiver_queue_size,
         "subscription": args.subscription,
+        "tracker": args.tracker,
         "wall_s": round(time.monotonic() - began, 1),
         "duplicates_pct": [round(100 * share, 2) for share in shares],
         "spark_demo": demos,

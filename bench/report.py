@@ -917,17 +917,31 @@ def client_matrix_table(result: dict[str, Any] | None = None) -> str:
 
 
 def demo_kill_duplicates() -> str:
-    """The demo with a broker killed, per broker setting and receive queue (``bench.faults --demo-only``)."""
-    parts = []
-    for name in ("faults-demo-default", "faults-demo-rate1000", "faults-demo-rate1000-q100", "faults-demo-persist-q100"):
-        result = load(name)
-        config = result["broker_config"]
-        setting = "with the defaults" if not config else "with " + ", ".join(f"`{k}={v}`" for k, v in config.items())
-        if result.get("receiver_queue_size"):
-            setting += f" and a receive queue of {result['receiver_queue_size']} (the test's)"
-        shares = ", ".join(f"{pct:.2f} %" for pct in result["duplicates_pct"])
-        parts.append(f"{shares} {setting} (`bench/results/{name}.json`)")
-    return "duplicates " + "; ".join(parts) + "."
+    """The demo with a broker killed, per subscription type, tracker, broker setting and receive queue (``bench.faults --demo-only``)."""
+    lines = []
+    for (subscription, tracker), names in DEMO_KILL_RUNS.items():
+        parts = []
+        for name in names:
+            result = load(name)
+            assert (result.get("subscription", "Shared"), result.get("tracker", "ours")) == (subscription, tracker), name
+            config = result["broker_config"]
+            setting = "with the defaults" if not config else "with " + ", ".join(f"`{k}={v}`" for k, v in config.items())
+            if result.get("receiver_queue_size"):
+                setting += f" and a receive queue of {result['receiver_queue_size']} (the test's)"
+            shares = ", ".join(f"{pct:.2f} %" for pct in result["duplicates_pct"])
+            lost = sum(run["summary"]["lost"] + run["summary"]["left_in_subscription"] for run in result["spark_demo"])
+            parts.append(f"{shares} {setting}, {lost} lost (`bench/results/{name}.json`)")
+        who = "our tracker" if tracker == "ours" else "the built-in nack"
+        lines.append(f"- {subscription}, {who}: duplicates " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+DEMO_KILL_RUNS = {
+    ("Shared", "ours"): ("faults-demo-default", "faults-demo-rate1000", "faults-demo-rate1000-q100", "faults-demo-persist-q100"),
+    ("KeyShared", "ours"): ("faults-demo-keyshared-default", "faults-demo-keyshared-persist-q100"),
+    ("KeyShared", "builtin"): ("faults-demo-keyshared-persist-q100-builtin",),
+}
+"""The committed runs of the demo with a broker killed, per subscription type and tracker."""
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
