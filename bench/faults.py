@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pulsar_nack.cli.demo import SUBSCRIPTION_TYPES
+
 from ._common import finish, parser, print_table, start_context
 
 ARMS = ("ours", "builtin")
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     args_parser.add_argument("--broker-config", nargs="*", default=[], metavar="KEY=VALUE", help="brokers' settings")
     args_parser.add_argument("--receiver-queue-size", type=int, help="the demo consumers' receive queue (--demo-only)")
     args_parser.add_argument(
-        "--subscription", choices=("Shared", "KeyShared"), default="Shared", help="the demo's subscription type (--demo-only)"
+        "--subscription", choices=SUBSCRIPTION_TYPES, default="Shared", help="the demo's subscription type (--demo-only)"
     )
     args_parser.add_argument(
         "--tracker", choices=ARMS, default="ours", help="the demo's tracker (--demo-only; default ours)"

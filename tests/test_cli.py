@@ -38,6 +38,13 @@ def test_the_command_line_lists_its_commands_and_rejects_unknown_ones(capsys):
     assert done.value.code == 2
 
 
+def test_demo_refuses_an_unknown_subscription_type_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--subscription", "Failover"])  # the demo's workers share the topic: Shared or KeyShared
+    assert done.value.code == 2
+    assert "--subscription: invalid choice: 'Failover'" in capsys.readouterr().err
+
+
 def test_help_texts_show_no_rst_backticks(capsys):
     outputs = {}
     for argv in (["--help"], ["demo", "--help"], ["broker", "--help"], ["bench", "--help"]):

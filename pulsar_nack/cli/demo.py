@@ -48,7 +48,7 @@ from typing import Any
 
 from ._prepare import SetupError, check_master, check_service_url, check_spark_java, check_standalone, fetch_standalone
 
-__all__ = ["SIZES", "DemoHandler", "TransientError", "add_arguments", "result", "run"]
+__all__ = ["SIZES", "SUBSCRIPTION_TYPES", "DemoHandler", "TransientError", "add_arguments", "result", "run"]
 
 PROG = "pulsar-nack demo"
 
