@@ -641,7 +641,6 @@ class NackingCore:
             default_topic=self.topics.single or "",
         )
         self.handoff_delay_ms = settings.handoff_delay_ms
-        self.handoff_lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
 
     def route_dead_letters(self, route: DeadLetterCallback) -> None:
         """Set where messages for the dead-letter topic go: ``route(message, stored)``.
@@ -767,12 +766,13 @@ class NackingCore:
         The window is the handoff's lead (:func:`handoff_lead_ms`): it ends at the bucket's time.
         """
         at = self._handoffs.get((ledger_id, entry_id))
-        return at is not None and monotonic_ms() < at + self.handoff_lead_ms
+        return at is not None and monotonic_ms() < at + self.tracker.lead_ms
 
     def _note_handoffs(self, now: int, entries: list[tuple[int, int]]) -> None:
         """Under the lock: *entries* are handed off at *now*; forget handoffs older than the lead."""
         log, handoffs = self._handoff_log, self._handoffs
-        while log and log[0][0] + self.handoff_lead_ms <= now:
+        lead = self.tracker.lead_ms
+        while log and log[0][0] + lead <= now:
             at, old = log.popleft()
             for entry in old:
                 if handoffs.get(entry) == at:
@@ -901,14 +901,18 @@ class NackingCore:
                 self._forget_counts(item)
 
     def _keeps_counts(self) -> bool:
-        """True if some message's delivery counts are kept (read without the lock, as a hint)."""
+        """True if some message's delivery counts are kept (read without the lock, as a hint).
+
+        Spelled out rather than over :meth:`_count_maps`: it is read on every acknowledgement."""
         return bool(self._copies or self._shown or self._nacks or self._last)
 
     def _forget_counts(self, item: Item) -> None:
-        self._copies.pop(item, None)
-        self._shown.pop(item, None)
-        self._nacks.pop(item, None)
-        self._last.pop(item, None)
+        for counts in self._count_maps():
+            counts.pop(item, None)
+
+    def _count_maps(self) -> tuple[dict[Item, Any], ...]:
+        """The per-message delivery counts (dead-letter policy): swallowed copies, tally, nacks, last copy."""
+        return (self._copies, self._shown, self._nacks, self._last)
 
     # ------------------------------------------------------------------ settling
 
@@ -1223,10 +1227,8 @@ class NackingCore:
             self._after_ack.clear()
             if forget_counts:
                 self._entries.clear()
-                self._copies.clear()
-                self._shown.clear()
-                self._nacks.clear()
-                self._last.clear()
+                for counts in self._count_maps():
+                    counts.clear()
                 self._stored.clear()
             else:
                 self._entries.clear_nacks()
@@ -1243,10 +1245,8 @@ class NackingCore:
             self._complete.clear()
             self._entries.clear()
             self._bare.clear()
-            self._copies.clear()
-            self._shown.clear()
-            self._nacks.clear()
-            self._last.clear()
+            for counts in self._count_maps():
+                counts.clear()
             self._stored.clear()
 
     # ------------------------------------------------------------------ counters
