@@ -12,9 +12,12 @@ Run: ``python -m bench.demo [--quick] [--sizes default,large] [--repeats N] [--r
 (quick: the small size, ``-quick`` files).
 
 ``--retries`` runs the retry modes side by side instead (issue 25), each demo on its own
-broker: ``nack``, ``durable`` and ``builtin`` on a broker with a 100 ms delayed-delivery
-tick, and ``durable`` again on the stock 1 s tick (``durable-stock-tick``), to
-``bench/results/demo-retries.json`` (docs/spark.md, "Durable retries").
+broker: ``nack``, ``durable`` (the demo's default: its retries held by the workers'
+consumers, ``retry_hold_ms``) and ``builtin`` on a broker with a 100 ms delayed-delivery
+tick, ``durable-broker`` (``--retry-hold-ms 0``: every retry held by the broker, as the
+Java client's) on the same tick, and that again on the stock 1 s tick
+(``durable-stock-tick``), to ``bench/results/demo-retries.json`` (docs/spark.md,
+"Durable retries").
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ RETRY_MODES: dict[str, list[str]] = {
     "nack": ["--tracker", "ours", "--retries", "nack", "--broker-tick-ms", "100"],
     "durable": ["--tracker", "ours", "--retries", "durable", "--broker-tick-ms", "100"],
     "builtin": ["--tracker", "builtin", "--broker-tick-ms", "100"],
-    "durable-stock-tick": ["--tracker", "ours", "--retries", "durable", "--broker-tick-ms", "1000"],
+    "durable-broker": ["--tracker", "ours", "--retries", "durable", "--retry-hold-ms", "0", "--broker-tick-ms", "100"],
+    "durable-stock-tick": [
+        "--tracker", "ours", "--retries", "durable", "--retry-hold-ms", "0", "--broker-tick-ms", "1000"
+    ],
 }
 """``--retries``: the demo's options per retry mode (each run starts its own broker)."""
 
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args_parser.add_argument("--receiver-queue-size", type=int, default=None)
     args_parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
     args_parser.add_argument("--retries", action="store_true", help="the retry modes side by side (see the module notes)")
-    args_parser.add_argument("--modes", default=None, help="with --retries: comma-separated modes (default: all four)")
+    args_parser.add_argument("--modes", default=None, help="with --retries: comma-separated modes (default: all five)")
     args = args_parser.parse_args(argv)
     if args.retries:
         return retries_side_by_side(args)
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def retries_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
-    """The retry modes (nack, durable, builtin on a 100 ms tick, durable on the stock tick) per size, order rotating."""
+    """The retry modes (see the module notes) per size, order rotating."""
     modes = args.modes.split(",") if args.modes else list(RETRY_MODES)
     unknown = set(modes) - set(RETRY_MODES)
     if unknown:

@@ -777,43 +777,56 @@ def demo_retries_table(result: dict[str, Any] | None = None) -> str:
                      and r.get("repeat", 0) == run.get("repeat", 0)), None)
         ratio = "–" if peer is None else f"{s['messages_per_s'] / peer['summary']['messages_per_s']:.2f}×"
         rows.append([
-            run["mode"], f"{tick} ms", run["size"] + (f", run {run.get('repeat', 0) + 1}" if repeated else ""),
+            run["mode"], _held_by(s), f"{tick} ms", run["size"] + (f", run {run.get('repeat', 0) + 1}" if repeated else ""),
             f"{s['produced']:,}", s["lost"], f"{s['duplicates']:,} ({s['duplicates_pct']:.2f} %)", f"{s['nacked']:,}",
             " / ".join(f"{late[k]:,.0f}" for k in ("min", "p50", "p99", "max")) + " ms", _stages(s),
             f"{s['messages_per_s']:,.0f}", ratio,
         ])
     table = md_table(
-        ["mode", "broker tick", "size", "events", "lost", "duplicates", "retries", "retry lateness min / p50 / p99 / max",
-         "p99 after due: broker / consumer", "messages/s", "vs nack, same size"], rows, "lllrrrrllrr")
+        ["mode", "retries held by", "broker tick", "size", "events", "lost", "duplicates", "retries",
+         "retry lateness min / p50 / p99 / max", "p99 after due: broker / consumer", "messages/s", "vs nack, same size"],
+        rows, "llllrrrrllrr")
     lines = [table, "", "`python -m bench.demo --retries` (`bench/results/demo-retries.json`); each run starts its own broker, "
              "the modes one after the other, their order rotating between repetitions. *p99 after due* (durable runs): "
              "the copy's arrival at the retry topic's consumer minus its due time (publish time + `DELAY_TIME`; the "
              "broker's delivery), and its handover to the handler minus the later of its arrival and its due time (the "
-             "consumer's part); the lateness also counts the produce, from the reconsume call to the stored copy."]
+             "consumer's part); the lateness also counts the produce, from the reconsume call to the stored copy. "
+             "*Retries held by* the consumers: `retry_hold_ms` (batched copies without a delivery time, held unacked "
+             "by the workers' consumers until due; their due time is `DELIVER_AT_TIME`); by the broker: each copy "
+             "sent with its delivery time, as the Java client sends it."]
     summary = _demo_retries_summary(runs)
     return "\n".join(lines + ([] if summary is None else ["", summary]))
 
 
+def _held_by(summary: dict[str, Any]) -> str:
+    """Who holds a demo run's pending retries (its summary's ``retries`` and ``retry_hold_ms``)."""
+    if summary.get("retries", "nack") != "durable":
+        return "the workers' memory"
+    hold = summary.get("retry_hold_ms") or 0
+    return f"the consumers (≤ {hold:,} ms)" if hold else "the broker"
+
+
 def _demo_retries_summary(runs: list[dict[str, Any]]) -> str | None:
-    """Medians over the repetitions: durable beside nack (throughput ratio, p99 lateness), per size."""
+    """Medians over the repetitions: each durable mode beside nack (throughput ratio, p99 lateness), per size."""
     repeats = sorted({r.get("repeat", 0) for r in runs})
     if len(repeats) < 2:
         return None
     parts = []
     for size in dict.fromkeys(r["size"] for r in runs):
-        pairs = []
-        for repeat in repeats:
-            by_mode = {r["mode"]: r["summary"] for r in runs if r["size"] == size and r.get("repeat", 0) == repeat}
-            if "durable" in by_mode and "nack" in by_mode:
-                pairs.append((by_mode["durable"]["messages_per_s"] / by_mode["nack"]["messages_per_s"],
-                              by_mode["durable"]["redelivery_lateness_ms"]["p99"]))
-        if pairs:
-            parts.append(
-                f"`{size}`: durable / nack messages/s {statistics.median(p[0] for p in pairs):.2f}× (runs: "
-                + ", ".join(f"{p[0]:.2f}×" for p in pairs)
-                + f"), durable p99 lateness {statistics.median(p[1] for p in pairs):,.0f} ms (runs: "
-                + ", ".join(f"{p[1]:,.0f}" for p in pairs) + " ms)"
-            )
+        for mode in dict.fromkeys(r["mode"] for r in runs if r["mode"].startswith("durable")):
+            pairs = []
+            for repeat in repeats:
+                by_mode = {r["mode"]: r["summary"] for r in runs if r["size"] == size and r.get("repeat", 0) == repeat}
+                if mode in by_mode and "nack" in by_mode:
+                    pairs.append((by_mode[mode]["messages_per_s"] / by_mode["nack"]["messages_per_s"],
+                                  by_mode[mode]["redelivery_lateness_ms"]["p99"]))
+            if pairs:
+                parts.append(
+                    f"`{size}`, {mode} / nack messages/s {statistics.median(p[0] for p in pairs):.2f}× (runs: "
+                    + ", ".join(f"{p[0]:.2f}×" for p in pairs)
+                    + f"), {mode} p99 lateness {statistics.median(p[1] for p in pairs):,.0f} ms (runs: "
+                    + ", ".join(f"{p[1]:,.0f}" for p in pairs) + " ms)"
+                )
     return f"Medians of the {len(repeats)} repetitions: " + "; ".join(parts) + "."
 
 PROMISE_TESTS: dict[str, tuple[str, ...]] = {

@@ -133,7 +133,7 @@ def lateness_run(broker: Any, per_delay: int) -> dict[str, Any]:
     # waiting a round trip (reconsume_later_async), and its copy is timed when it is back.
     sender = threading.Thread(target=_send_paced, args=(client, topic, n), daemon=True)
     sender.start()
-    futures: list[concurrent.futures.Future[None]] = []
+    futures: list[concurrent.futures.Future[str]] = []
     ours: dict[int, list[int]] = {d: [] for d in DELAYS_MS}
     end = time.monotonic() + n * INTERVAL_MS / 1000 + max(DELAYS_MS) / 1000 + 60
     seen = 0

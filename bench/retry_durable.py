@@ -14,11 +14,14 @@ summarizes the others alone. Per message: its first arrival
 minus its due time (negative: early), copies beyond the first (duplicates), and the
 messages never seen (lost).
 
-Reconsume mode: the scheduler's originals are all acked on the broker (its backlog is 0)
-before the kill, so the retries live only in the retry topic. Nack mode: the originals
-are unacked and their schedule is in the killed process's memory.
+Reconsume modes: the scheduler's originals are all acked on the broker (its backlog is 0)
+before the kill, so the retries live only in the retry topic: ``reconsume`` as the Java
+client sends them (each with its delivery time), ``reconsume-held`` batched without one
+and held by the consumers (``retry_hold_ms``), so the killed scheduler had them all and
+the receiver gets them all at once, to hold until due. Nack mode: the originals are
+unacked and their schedule is in the killed process's memory.
 
-Run: ``python -m bench.retry_durable [--retries 1000] [--modes reconsume,nack]
+Run: ``python -m bench.retry_durable [--retries 1000] [--modes reconsume,reconsume-held,nack]
 [--scenarios kill,kill+restart] [--tick-ms 1000]``; writes ``bench/results/retry_durable.json``
 (``--out`` to change). ``tests/test_retry_durable.py`` runs the same scenario with fewer
 messages. Workers: ``python -m bench.retry_durable --worker schedule|receive ...``.
@@ -42,7 +45,10 @@ from pulsar_nack.testing.waits import wait_until
 
 from ._common import REPO, percentile, print_table, start_context, write_result
 
-MODES = ("reconsume", "nack")
+MODES = ("reconsume", "reconsume-held", "nack")
+HELD_HOLD_MS = 120_000
+"""``reconsume-held``: the consumers' ``retry_hold_ms``, above every delay of both scenarios, so
+that each retry copy is batched and held by a consumer instead of by the broker."""
 SCENARIOS = ("kill", "kill+restart")
 EARLY_SLACK_MS = 50
 """A message is early when it arrives before its due time minus this."""
@@ -75,8 +81,8 @@ def _subscribe(url: str, topic: str, mode: str) -> tuple[Any, Any]:
     client = quiet_client(url)
     consumer = pulsar_nack.subscribe(
         client, topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared,
-        initial_position=pulsar.InitialPosition.Earliest, retry_enable=mode == "reconsume",
-        never_early=True, receiver_queue_size=2000,
+        initial_position=pulsar.InitialPosition.Earliest, retry_enable=mode != "nack",
+        retry_hold_ms=HELD_HOLD_MS if mode == "reconsume-held" else 0, never_early=True, receiver_queue_size=2000,
     )
     return client, consumer
 
@@ -92,7 +98,7 @@ def worker_schedule(url: str, topic: str, mode: str, n: int, min_ms: int, max_ms
             continue
         delay = delay_of(index, min_ms, max_ms)
         called = now_ms()
-        if mode == "reconsume":
+        if mode != "nack":
             consumer.reconsume_later(message, delay)
         else:
             consumer.negative_acknowledge(message, delay)
@@ -180,7 +186,7 @@ def run_scenario(
     )
     _await_ready(scheduler, 300)
     acked_before_kill = None
-    if mode == "reconsume":  # the originals' acks are on the broker: only the retry topic holds the retries
+    if mode != "nack":  # the originals' acks are on the broker: only the retry topic holds the retries
         acked_before_kill = wait_until(lambda: broker.admin.backlog(topic, SUBSCRIPTION) == 0, 10, poll_s=0.05)
     killed_at = now_ms()
     os.kill(scheduler.pid, signal.SIGKILL)

@@ -45,6 +45,15 @@ def test_demo_refuses_an_unknown_subscription_type_naming_the_option(capsys):
     assert "--subscription: invalid choice: 'Failover'" in capsys.readouterr().err
 
 
+def test_demo_refuses_a_retry_hold_without_durable_retries_or_below_zero(capsys):
+    assert main(["demo", "--retry-hold-ms", "1000"]) == 2  # with the default --retries nack: nothing would hold
+    assert "--retry-hold-ms needs --retries durable" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--retries", "durable", "--retry-hold-ms", "-1"])
+    assert done.value.code == 2
+    assert "--retry-hold-ms: must be >= 0" in capsys.readouterr().err
+
+
 def test_help_texts_show_no_rst_backticks(capsys):
     outputs = {}
     for argv in (["--help"], ["demo", "--help"], ["broker", "--help"], ["bench", "--help"]):

@@ -106,6 +106,17 @@ def test_the_consumer_docs_give_the_handoff_numbers_of_the_code():
             assert [int(v) for v in ([match] if isinstance(match, str) else match)] == values, (pattern, match)
 
 
+def test_the_consumer_docs_give_the_retry_hold_limits_of_the_code():
+    """docs/consumer.md's ``retry_hold_ms`` prose: the in-memory cap and the largest payload held."""
+    from pulsar_nack.consumer.retry import HELD_MAX_BYTES, MEMORY_HOLD_MAX
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
+    cap = re.findall(r"in memory until due \(up to ([\d,]+) copies", text)
+    assert [int(v.replace(",", "")) for v in cap] == [MEMORY_HOLD_MAX], cap
+    largest = re.findall(r"A payload above (\d+) KiB goes the broker's way", text)
+    assert [int(v) * 1024 for v in largest] == [HELD_MAX_BYTES], largest
+
+
 def test_every_test_the_consumer_docs_name_exists():
     """``tests/test_x.py::test_name`` in docs/consumer.md and docs/asyncio.md names a test that is there."""
     missing = []

@@ -22,6 +22,7 @@ from helpers import wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff
 from pulsar_nack.consumer.retry import (
     DELAY_TIME,
+    DELIVER_AT_TIME,
     ORIGIN_MESSAGE_ID,
     REAL_SUBSCRIPTION,
     REAL_TOPIC,
@@ -150,14 +151,18 @@ def test_dead_letter_after_max_redeliver_count(pulsar_client, topic):
     consumer.close()
 
 
-def test_failed_produce_leaves_the_original_unacked_and_raises(pulsar_client, session_broker):
-    """The retry topic refuses our producer (its namespace allows one producer per topic, taken)."""
+@pytest.mark.parametrize("hold_ms", [0, 5_000], ids=["broker-held", "consumer-held"])
+def test_failed_produce_leaves_the_original_unacked_and_raises(pulsar_client, session_broker, hold_ms):
+    """The retry topic refuses our producer (its namespace allows one producer per topic, taken).
+
+    ``consumer-held``: the 1 s retry goes through the batching producer (``retry_hold_ms``).
+    """
     namespace = f"public/retry-fail-{uuid.uuid4().hex[:8]}"
     session_broker.admin.request("PUT", f"namespaces/{namespace}")
     session_broker.admin.request("POST", f"namespaces/{namespace}/maxProducersPerTopic", 1)
     topic = f"persistent://{namespace}/t"
     occupant = pulsar_client.create_producer(f"{topic}-sub-RETRY")
-    consumer = retrying(pulsar_client, topic)
+    consumer = retrying(pulsar_client, topic, retry_hold_ms=hold_ms)
     pulsar_client.create_producer(topic).send(b"keep me")
     message = receive(consumer)
     with pytest.raises(pulsar.PulsarException):
@@ -303,8 +308,97 @@ def test_reconsume_later_async_acks_once_the_copy_is_stored(pulsar_client, topic
     for i in range(20):
         producer.send(str(i).encode())
     futures = [consumer.reconsume_later_async(receive(consumer), 300) for _ in range(20)]
-    assert all(f.result(timeout=30) is None for f in futures)
+    assert all(f.result(timeout=30) == "retry" for f in futures)
     assert consumer.stats()["reconsumed"] == 20 and consumer.stats()["acked"] == 20
     copies = sorted(int(receive(consumer).data()) for _ in range(20))
     assert copies == list(range(20))
     consumer.close()
+
+
+def test_retries_held_by_the_consumer_are_batched_never_early_and_plain_consumers_get_them_at_once(pulsar_client, topic):
+    """``retry_hold_ms``: copies go out batched without a delivery time and the consumer holds them until due.
+
+    Sent 2 ms apart, several copies share a batch, and a batch carries its first message's
+    publish time: each copy is due at its own :data:`DELIVER_AT_TIME` (the reconsume's time +
+    its delay), which is what is checked here, against the clock read before each call. An
+    observer (a plain consumer, as Java's would be) under a second subscription of the
+    retry topic gets every copy at once: why this is not the default.
+    """
+    observed: dict[int, int] = {}  # copy -> DELIVER_AT_TIME - arrival at the observer
+
+    def observe(reader: Any, copy: pulsar.Message) -> None:
+        observed[int(copy.data())] = int(copy.properties()[DELIVER_AT_TIME]) - now_ms()
+        reader.acknowledge(copy)
+
+    observer = pulsar_client.subscribe(
+        f"{topic}-sub-RETRY", "observer", consumer_type=SHARED, initial_position=EARLIEST, message_listener=observe
+    )
+    consumer = retrying(pulsar_client, topic, retry_hold_ms=2_000)
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    delays = [300, 600, 900] * 20
+    for i in range(len(delays)):
+        producer.send(str(i).encode())
+    dues: dict[int, int] = {}
+    for _ in delays:
+        message = receive(consumer)
+        index = int(message.data())
+        dues[index] = now_ms() + delays[index]
+        consumer.reconsume_later_async(message, delays[index])
+        time.sleep(0.002)
+    lateness: dict[int, int] = {}
+    batched = 0
+    while len(lateness) < len(delays):
+        copy = receive(consumer)
+        assert isinstance(copy, RetryMessage)
+        index = int(copy.data())
+        lateness[index] = now_ms() - dues[index]
+        batched += copy.message_id().batch_index() >= 0
+        assert int(copy.properties()[DELIVER_AT_TIME]) >= dues[index] and copy.properties()[DELAY_TIME] == str(delays[index])
+        consumer.acknowledge(copy)
+    early = {i: late for i, late in lateness.items() if late < 0}
+    assert not early, f"handed over before due (ms): {early}"
+    assert max(lateness.values()) < LATE_MS, lateness
+    assert batched == len(delays)  # every copy came in a batch
+    assert wait_for(lambda: len(observed) == len(delays), 15)
+    seen_early = sum(ahead > 0 for ahead in observed.values())
+    assert seen_early == len(delays), f"only {seen_early} of {len(delays)} copies reached a plain consumer before due"
+    observer.close()
+    consumer.close()
+
+
+def test_a_held_retry_survives_its_consumer_and_is_not_early_for_the_next(pulsar_client, topic):
+    consumer = retrying(pulsar_client, topic, retry_hold_ms=5_000)
+    pulsar_client.create_producer(topic).send(b"later")
+    called = now_ms()
+    consumer.reconsume_later(receive(consumer), 2_500)
+    consumer.close()  # the copy was held unacked in memory: the broker gives it to the next consumer
+    successor = retrying(pulsar_client, topic, retry_hold_ms=5_000)
+    copy = receive(successor)
+    assert copy.data() == b"later" and now_ms() >= called + 2_500 and now_ms() >= due_time_ms(copy)
+    successor.acknowledge(copy)
+    successor.close()
+
+
+@pytest.mark.asyncio
+async def test_asyncio_consumer_holds_its_held_retries_until_due(session_broker):
+    client = pulsar.asyncio.Client(session_broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    topic = f"persistent://public/default/aio-held-{uuid.uuid4().hex[:8]}"
+    consumer = await pulsar_nack.asyncio.subscribe(
+        client, topic, "sub", consumer_type=SHARED, initial_position=EARLIEST, retry_enable=True, retry_hold_ms=2_000
+    )
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(6):
+        await producer.send(str(i).encode())
+    dues = {}
+    for _ in range(6):
+        message = await asyncio.wait_for(consumer.receive(), 15)
+        assert not isinstance(message, RetryMessage)
+        dues[message.data()] = now_ms() + 700
+        await consumer.reconsume_later(message, 700)
+    for _ in range(6):
+        copy = await asyncio.wait_for(consumer.receive(), 15)
+        assert isinstance(copy, RetryMessage) and DELIVER_AT_TIME in copy.properties()
+        assert now_ms() >= dues[copy.data()], f"handed over {dues[copy.data()] - now_ms()} ms before due"
+        await consumer.acknowledge(copy)
+    await consumer.close()
+    await client.close()

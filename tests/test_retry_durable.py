@@ -32,9 +32,11 @@ def own_broker() -> Any:
         yield broker
 
 
+@pytest.mark.parametrize("mode", ["reconsume", "reconsume-held"])
 @pytest.mark.parametrize("scenario", ["kill", "kill+restart"])
-def test_reconsumed_retries_survive_a_killed_consumer(own_broker, scenario, tmp_path):
-    run = run_scenario(own_broker, "reconsume", scenario, RETRIES, 2_000, 8_000, tmp_path, restart_offset_ms=10_000)
+def test_reconsumed_retries_survive_a_killed_consumer(own_broker, scenario, mode, tmp_path):
+    """``reconsume-held``: the copies carry no delivery time; the receiver gets them all at once and holds them."""
+    run = run_scenario(own_broker, mode, scenario, RETRIES, 2_000, 8_000, tmp_path, restart_offset_ms=10_000)
     assert run["acked_before_kill"], "the originals were not all acked on the broker before the kill"
     assert run["lost"] == 0, run
     assert run["early"] == 0, f"{run['early']} retries came more than {EARLY_SLACK_MS} ms early: {run}"

@@ -9,6 +9,7 @@ import pytest
 import pulsar_nack
 from pulsar_nack.consumer.retry import (
     DELAY_TIME,
+    DELIVER_AT_TIME,
     ORIGIN_MESSAGE_ID,
     ORIGIN_MESSAGE_ID_LEGACY,
     REAL_SUBSCRIPTION,
@@ -88,6 +89,24 @@ def test_due_time_is_publish_time_plus_delay():
     assert due_time_ms(StandIn("t", _pulsar.MessageId(-1, 1, 1, -1), {DELAY_TIME: "soon"}, publish=1_000)) is None
 
 
+def test_a_held_copy_is_due_at_its_deliver_at_time_unless_publish_time_plus_delay_is_later():
+    """A batch's publish time is its first message's: a later member is due at its own DELIVER_AT_TIME.
+    A stale one (a Java consumer copies every property into its own retry) never makes a copy earlier."""
+    mid = _pulsar.MessageId(-1, 1, 1, 0)
+    assert due_time_ms(StandIn("t", mid, {DELAY_TIME: "250", DELIVER_AT_TIME: "1260"}, publish=1_000)) == 1_260
+    assert due_time_ms(StandIn("t", mid, {DELAY_TIME: "250", DELIVER_AT_TIME: "900"}, publish=1_000)) == 1_250
+    assert due_time_ms(StandIn("t", mid, {DELAY_TIME: "250", DELIVER_AT_TIME: "x"}, publish=1_000)) is None
+
+
+def test_a_reconsume_drops_an_earlier_deliver_at_time_and_writes_its_own_only_when_held():
+    copy = StandIn("persistent://public/default/t-s-RETRY", _pulsar.MessageId(-1, 9, 1, -1),
+                   {RECONSUMETIMES: "1", DELAY_TIME: "250", DELIVER_AT_TIME: "1260", REAL_TOPIC: "t"})
+    broker_held = retry_properties(copy, "s", 500)
+    assert DELIVER_AT_TIME not in broker_held and broker_held[RECONSUMETIMES] == "2"
+    held = retry_properties(copy, "s", 500, {DELIVER_AT_TIME: "1"}, deliver_at_ms=5_000)
+    assert held[DELIVER_AT_TIME] == "5000"  # ours wins over the caller's, as RECONSUMETIMES and DELAY_TIME do
+
+
 class Lookups:
     """A stand-in ``_pulsar.Client`` for name resolution: which topics are partitioned."""
 
@@ -132,6 +151,9 @@ def test_explicit_names_and_policy_win_without_lookups():
         ({"retry_enable": True, "consumer_type": pulsar.ConsumerType.Failover}, ValueError, "Failover"),
         ({"retry_letter_topic": "r"}, ValueError, "retry_enable=True"),
         ({"retry_enable": True, "retry_letter_topic": 5, "consumer_type": pulsar.ConsumerType.Shared}, TypeError, "retry_letter_topic"),
+        ({"retry_enable": True, "retry_hold_ms": 1.5, "consumer_type": pulsar.ConsumerType.Shared}, TypeError, "retry_hold_ms"),
+        ({"retry_enable": True, "retry_hold_ms": -1, "consumer_type": pulsar.ConsumerType.Shared}, ValueError, "retry_hold_ms"),
+        ({"retry_hold_ms": 1_000}, ValueError, "retry_hold_ms needs retry_enable=True"),
     ],
 )
 def test_subscribe_checks_the_retry_keywords_before_talking_to_a_broker(kwargs, error, match):
@@ -167,6 +189,14 @@ def test_spark_durable_retries_are_validated_on_the_driver():
         ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", tracker="builtin")
     with pytest.raises(ValueError, match="Shared or KeyShared"):
         ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", subscription_type="Failover")
+    held = ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", retry_hold_ms=1_000)
+    assert held.consumer_settings() != config.consumer_settings()
+    with pytest.raises(TypeError, match="retry_hold_ms"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", retry_hold_ms="1s")
+    with pytest.raises(ValueError, match="retry_hold_ms"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retries="durable", retry_hold_ms=-5)
+    with pytest.raises(ValueError, match="retry_hold_ms needs retries='durable'"):
+        ConsumerConfig("pulsar://h:6650", "t", "s", retry_hold_ms=1_000)
 
 
 def test_a_retry_copy_is_keyed_as_its_first_message():
@@ -215,3 +245,37 @@ def test_retry_stages_split_the_time_after_due_into_broker_and_consumer():
     assert (stages["broker"]["min"], stages["broker"]["max"]) == (-50.0, 300.0)  # 50 ms early (held), 300 ms late
     assert (stages["consumer"]["min"], stages["consumer"]["max"]) == (5.0, 10.0)
     assert retry_stages([{"retry_stages": []}]) == {}  # type: ignore[list-item, typeddict-item]
+
+
+def test_a_held_copy_is_kept_in_memory_until_due_within_the_hold_and_past_the_cap_in_the_tracker(monkeypatch):
+    """``hold_ms``: a copy due within it is kept in memory (not only within ``MEMORY_HOLD_MS``), up to
+    ``MEMORY_HOLD_MAX`` copies; the rest go to the hold tracker. A copy due later than the hold is nacked."""
+    from pulsar_nack.consumer import retry as retry_module
+    from pulsar_nack.consumer.retry import RetryLetter, RetryTopics
+
+    monkeypatch.setattr(retry_module, "MEMORY_HOLD_MAX", 2)
+    now = [10_000]
+    client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker
+    names = RetryTopics("persistent://public/default/t-s-RETRY", "persistent://public/default/t-s-DLQ", 16)
+    retry = RetryLetter(client, "s", names, clock_ms=lambda: now[0], hold_ms=1_000)
+    try:
+        def copy(entry: int, deliver_at: int) -> StandIn:
+            return StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 7, entry, 0),
+                           {DELAY_TIME: "500", DELIVER_AT_TIME: str(deliver_at)}, publish=now[0])
+        first, second, third, beyond = copy(1, 10_600), copy(2, 10_700), copy(3, 10_800), copy(4, 12_000)
+        for held in (first, second, third, beyond):
+            assert not retry.admit(held, in_memory=True)
+        assert retry.held() == 4 and retry.counts()["held"] == 4
+        assert retry.ms_to_next_due() == 601
+        now[0] = 10_600
+        assert retry.pop_due() is None
+        now[0] = 10_601
+        assert retry.pop_due() is first and retry.pop_due() is None
+        now[0] = 10_701
+        assert retry.pop_due() is second
+        now[0] = 10_801
+        assert retry.pop_due() is None and retry.ms_to_next_due() is None  # the third is past the cap: not in memory
+        assert retry.held() == 2  # it and the one beyond the hold wait in the hold tracker
+    finally:
+        retry.close(redeliver_pending=False)
+        client.close()

@@ -297,10 +297,13 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
     assert all(t["pending_nacks"] == 0 for t in stats["task_stats"])
 
 
-def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client):
+@pytest.mark.parametrize("hold_ms", [0, 2_000], ids=["broker-held", "consumer-held"])
+def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client, hold_ms):
     """``retries="durable"``: a task that ends on its idle timeout (300 ms) first waits for the
     retries it reconsumed (1.5 s, + grace), so one task handles every copy; the idle timeout runs
-    during the grace, so it ends within grace + idle of the last copy (not after both in turn)."""
+    during the grace, so it ends within grace + idle of the last copy (not after both in turn).
+    ``consumer-held`` (``retry_hold_ms``): the copies are batched and held by the consumer, with the
+    shorter grace."""
     topic = new_topic()
     produce(client, topic, 20)
 
@@ -308,7 +311,7 @@ def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client):
         if message.redelivery_count() == 0:
             raise RuntimeError("later")
 
-    config = make_config(url, topic, "durable-drain", retries="durable", nack_delay_ms=1_500)
+    config = make_config(url, topic, "durable-drain", retries="durable", nack_delay_ms=1_500, retry_hold_ms=hold_ms)
     try:
         stats = consume_partition(config, fail_first, TaskBudget(max_time_ms=60_000, idle_timeout_ms=300))
     finally:

@@ -250,14 +250,18 @@ def _rate(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
+def _positive(text: str, minimum: int = 1) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}")
     return value
+
+
+def _non_negative(text: str) -> int:
+    return _positive(text, 0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -304,6 +308,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 DURABLE_TICK_MS = 100
 """The demo broker's ``delayedDeliveryTickTimeMillis`` with ``--retries durable`` (stock: 1000)."""
+DURABLE_HOLD_MS = 1_000
+"""``--retries durable``: retries of at most this delay are held by the workers' consumers
+(``ConsumerConfig.retry_hold_ms``); the demo's retries (its backoff's first delay) are."""
 
 
 def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
@@ -317,6 +324,20 @@ def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
         help="delayedDeliveryTickTimeMillis of the demo's broker (default: "
         f"{DURABLE_TICK_MS} with --retries durable, else the broker's 1000)",
     )
+    parser.add_argument(
+        "--retry-hold-ms", type=_non_negative, default=None, metavar="MS",
+        help="with --retries durable: retries of at most MS are held by the workers' consumers, "
+        f"batched, instead of by the broker (default {DURABLE_HOLD_MS}; 0: the broker holds every "
+        "retry, as the Java client's)",
+    )
+
+
+def _retry_hold_ms(args: argparse.Namespace) -> int:
+    """The workers' ``retry_hold_ms``: the option, else :data:`DURABLE_HOLD_MS` with durable retries."""
+    hold = getattr(args, "retry_hold_ms", None)
+    if getattr(args, "retries", "nack") != "durable":
+        return 0
+    return DURABLE_HOLD_MS if hold is None else int(hold)
 
 
 def _broker_config(args: argparse.Namespace) -> dict[str, str]:
@@ -404,6 +425,8 @@ def _prepare(args: argparse.Namespace) -> Any:
     """Check up front what the demo needs, fetch Apache Pulsar on first use; the release to
     start, or None with ``--service-url``. Raises SetupError (one line) or BrokerError."""
     check_master(args.master)
+    if getattr(args, "retry_hold_ms", None) is not None and getattr(args, "retries", "nack") != "durable":
+        raise SetupError("--retry-hold-ms needs --retries durable")
     if args.service_url:
         check_spark_java()
         check_service_url(args.service_url)
@@ -444,6 +467,7 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
         tracker=args.tracker,
         retries=getattr(args, "retries", "nack"),
+        retry_hold_ms=_retry_hold_ms(args),
         subscription_type=args.subscription,
     )
     budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
@@ -629,6 +653,7 @@ def _summarize(
         "broker": broker,
         "tracker": args.tracker,
         "retries": getattr(args, "retries", "nack"),
+        "retry_hold_ms": _retry_hold_ms(args),
         "subscription": args.subscription,
         "broker_config": _broker_config(args) if broker == "apache-standalone" else None,
         "receiver_queue_size": args.receiver_queue_size,

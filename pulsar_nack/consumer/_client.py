@@ -530,11 +530,14 @@ def is_raw_message(obj: Any) -> bool:
     return isinstance(obj, _pulsar.Message)
 
 
-def retry_producer_configuration() -> Any:
-    """The Java client's retry producer: no batching, chunking on, never blocking on a full queue."""
+def retry_producer_configuration(batched: bool = False) -> Any:
+    """The Java client's retry producer: no batching, chunking on, never blocking on a full queue.
+
+    *batched*: the producer of the copies the consumers hold (``retry_hold_ms``): batching on
+    (the client's defaults), so chunking off."""
     conf = _pulsar.ProducerConfiguration()
-    conf.batching_enabled(False)
-    conf.chunking_enabled(True)
+    conf.batching_enabled(batched)
+    conf.chunking_enabled(not batched)
     conf.block_if_queue_full(False)
     return conf
 

@@ -356,6 +356,7 @@ async def subscribe(
     never_early: bool = False,
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
+    retry_hold_ms: int = 0,
     **subscribe_kwargs: Any,
 ) -> AsyncNackingConsumer:
     """Subscribe like ``await client.subscribe(...)`` and return an :class:`AsyncNackingConsumer`.
@@ -369,7 +370,7 @@ async def subscribe(
     argument is validated before anything is subscribed, by the same code as there
     (:func:`~pulsar_nack.consumer.settings.subscribe_settings`).
 
-    ``retry_enable=True`` and *retry_letter_topic* add durable retries
+    ``retry_enable=True``, *retry_letter_topic* and *retry_hold_ms* add durable retries
     (:meth:`AsyncNackingConsumer.reconsume_later`), as for :func:`pulsar_nack.subscribe`.
 
     Example (needs a broker; ``examples/asyncio_consumer.py`` runs one)::
@@ -393,6 +394,7 @@ async def subscribe(
         never_early=never_early,
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
+        retry_hold_ms=retry_hold_ms,
     )
     names = topics.pattern if topics.pattern is not None else [topic] if isinstance(topic, str) else list(topic)
     loop = asyncio.get_running_loop()
@@ -407,10 +409,7 @@ async def subscribe(
     retry = None
     try:
         if retry_topics is not None:
-            retry = RetryLetter(
-                client, subscription_name, retry_topics,
-                delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
-            )
+            retry = RetryLetter.for_settings(client, subscription_name, retry_topics, settings)
         wrapper = AsyncNackingConsumer(consumer, topics, settings, client=client, retry=retry)
     except BaseException:
         if retry is not None:

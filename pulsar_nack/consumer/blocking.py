@@ -40,6 +40,7 @@ Copies
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import inspect
 import logging
 import re
@@ -366,32 +367,20 @@ class NackingConsumer(ConsumerBase):
 
     def reconsume_later_async(
         self, message: Any, delay_ms: int | None = None, properties: dict[str, str] | None = None
-    ) -> concurrent.futures.Future[None]:
+    ) -> concurrent.futures.Future[str]:
         """:meth:`reconsume_later` without waiting: a future, done once the copy is stored and the original acked.
 
-        The ack is made on the client's thread when the broker confirms the copy; if
-        the produce fails, the original stays unacked and the future holds the client's
-        exception. Bad input raises at once, as :meth:`reconsume_later`. For a loop
-        that must not wait a round trip per retry (the Spark tasks).
+        Its result says where the copy went: ``"retry"``, or ``"dead_letter"`` past
+        ``max_redeliver_count``. The ack is made on the client's thread when the broker
+        confirms the copy; if the produce fails (or the consumer closed meanwhile), the
+        original stays unacked and the future holds the exception. Bad input raises at
+        once, as :meth:`reconsume_later`. For a loop that must not wait a round trip per
+        retry (the Spark tasks).
         """
         self._check_open()
-        stored = self._reconsume_target(message).submit(message, delay_ms, properties)
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def ack(future: concurrent.futures.Future[str]) -> None:
-            error = future.exception()
-            if error is None:
-                try:
-                    self.acknowledge(message)
-                except Exception as exc:  # closed meanwhile: the original stays unacked
-                    error = exc
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
-
-        stored.add_done_callback(ack)
-        return done
+        return self._reconsume_target(message).submit(
+            message, delay_ms, properties, on_stored=functools.partial(self.acknowledge, message)
+        )
 
     # ------------------------------------------------------------------ the rest of the API
 
@@ -526,13 +515,6 @@ def _check_subscribe_args(
     return names, topics
 
 
-def _retry_letter(client: pulsar.Client, subscription: str, topics: Any, settings: ConsumerSettings) -> RetryLetter:
-    return RetryLetter(
-        client, subscription, topics,
-        delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
-    )
-
-
 def _copy_listener(holder: list[NackingConsumer], message_listener: Callable[..., None]) -> Callable[[Any], None]:
     """The retry topic's listener for a ``message_listener``: due copies go to it as RetryMessage objects."""
 
@@ -565,6 +547,7 @@ def subscribe(
     message_listener: Callable[[NackingConsumer, pulsar.Message], None] | None = None,
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
+    retry_hold_ms: int = 0,
     **subscribe_kwargs: Any,
 ) -> NackingConsumer:
     """Subscribe like ``client.subscribe(...)`` and return a :class:`NackingConsumer`.
@@ -586,6 +569,9 @@ def subscribe(
     :mod:`~pulsar_nack.consumer.retry`). It needs ``consumer_type`` Shared or
     KeyShared. ``dead_letter_policy`` then gives ``max_redeliver_count`` (default 16)
     and the dead letter topic of both the reconsume and the nack path, as in Java.
+    *retry_hold_ms* (default 0) lets the consumers, not the broker, hold the retries of
+    up to that delay: batched copies, cheaper per retry, that a Java consumer of the
+    retry topic would get at once (:class:`~pulsar_nack.consumer.settings.ConsumerSettings`).
 
     Example (needs a broker; ``examples/wrap_consumer.py`` runs one)::
 
@@ -601,6 +587,7 @@ def subscribe(
         never_early=never_early,
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
+        retry_hold_ms=retry_hold_ms,
     )
     retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, subscribe_kwargs)
     if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
@@ -631,7 +618,7 @@ def subscribe(
     )
     retry = None
     try:
-        retry = None if retry_topics is None else _retry_letter(client, subscription_name, retry_topics, settings)
+        retry = None if retry_topics is None else RetryLetter.for_settings(client, subscription_name, retry_topics, settings)
         holder.append(NackingConsumer(consumer, topics, settings, client=client, retry=retry))
     except BaseException:
         if retry is not None:

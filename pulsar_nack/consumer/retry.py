@@ -42,6 +42,19 @@ Never early
     durable, and handed to the application only when due: kept in memory when due
     within :data:`MEMORY_HOLD_MS`, else nacked into a never-early tracker of its own
     (:meth:`RetryLetter.admit`).
+Held by the consumer (``retry_hold_ms``, off by default)
+    The broker stores and dispatches every delayed copy as an entry of its own: neither
+    the Java nor the C++ producer batches a message with a delivery time. With
+    ``subscribe(..., retry_hold_ms=N)`` a reconsume whose delay is at most N ms is
+    sent instead by a second, batching producer, without a delivery time and with
+    :data:`DELIVER_AT_TIME` (when it is due, epoch ms); the consumer that receives it
+    holds it, unacked and so still durable, in memory until due (up to
+    :data:`MEMORY_HOLD_MAX` copies, the rest in the hold tracker). Fewer entries for the
+    broker, fewer sends for the client (``bench/results/demo-retries.json``). The cost:
+    a consumer that does not hold copies (Java's) gets these at once, so use it only
+    where every consumer of the subscription is this library's. A payload above
+    :data:`HELD_MAX_BYTES` still goes the broker's way (the batching producer cannot
+    chunk).
 The original topic
     The application sees a retried message as a :class:`RetryMessage`: a
     ``pulsar.Message`` whose ``topic_name()`` is the original topic (``REAL_TOPIC``),
@@ -57,6 +70,7 @@ bytes (base64 in the protocol) is copied as its base64 text.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import heapq
 import itertools
 import logging
@@ -93,6 +107,7 @@ from .settings import HANDOFF_DELAY_MS, ConsumerSettings
 
 __all__ = [
     "DELAY_TIME",
+    "DELIVER_AT_TIME",
     "MAX_RECONSUMETIMES",
     "ORIGIN_MESSAGE_ID",
     "ORIGIN_MESSAGE_ID_LEGACY",
@@ -128,6 +143,17 @@ ORIGIN_MESSAGE_ID_LEGACY = "ORIGIN_MESSAGE_IDY_TIME"
 """The same id under the Java client's old (misspelled) name, which it still writes."""
 MAX_RECONSUMETIMES = 16
 """``max_redeliver_count`` when retries are on without a dead-letter policy (as Java)."""
+DELIVER_AT_TIME = "DELIVER_AT_TIME"
+"""When a copy held by the consumers (``retry_hold_ms``) is due, epoch ms; not a Java property.
+
+Such a copy is batched, and a batch carries one publish time, its first message's: publish
+time + ``DELAY_TIME`` would make the later members of a batch due early."""
+HELD_MAX_BYTES = 128 * 1024
+"""A payload above this goes the broker's way even under ``retry_hold_ms``: the client's
+default largest batch, and its batching producer cannot chunk."""
+MEMORY_HOLD_MAX = 10_000
+"""Copies held by the consumers that one consumer keeps in memory at most; the rest wait in
+the hold tracker (a few bytes each, a broker round trip to come back)."""
 
 HOLD_PRECISION_BITS = 4
 """Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
@@ -187,30 +213,43 @@ def reconsume_times(message: Any) -> int:
 
 
 def due_time_ms(message: Any) -> int | None:
-    """When a retry copy is due (epoch ms): its publish time + ``DELAY_TIME``; None if not a retry copy. O(1)."""
-    delay = message.properties().get(DELAY_TIME)
+    """When a retry copy is due (epoch ms); None if not a retry copy. O(1).
+
+    Its publish time + ``DELAY_TIME``, or its :data:`DELIVER_AT_TIME` if later (a copy held
+    by the consumers; a stale one that a Java consumer copied into its own retry is earlier).
+    """
+    properties = message.properties()
+    delay = properties.get(DELAY_TIME)
     if delay is None:
         return None
     try:
-        return int(message.publish_timestamp()) + int(delay)
+        due = int(message.publish_timestamp()) + int(delay)
+        deliver_at = properties.get(DELIVER_AT_TIME)
+        return due if deliver_at is None else max(due, int(deliver_at))
     except ValueError:
         return None
 
 
 def retry_properties(
-    message: Any, subscription: str, delay_ms: int, custom: Mapping[str, str] | None = None
+    message: Any,
+    subscription: str,
+    delay_ms: int,
+    custom: Mapping[str, str] | None = None,
+    deliver_at_ms: int | None = None,
 ) -> dict[str, str]:
     """The properties of the retry (or dead-letter) copy of *message*, exactly as Java builds them.
 
-    The message's own properties; ``REAL_TOPIC``, ``ORIGIN_MESSAGE_IDY_TIME``,
-    ``ORIGIN_MESSAGE_ID`` and ``REAL_SUBSCRIPTION`` if absent; then *custom* (which
-    overrides any of them); then ``RECONSUMETIMES`` (1, or the value so far + 1) and
-    ``DELAY_TIME``. O(properties).
+    The message's own properties (but an earlier :data:`DELIVER_AT_TIME`); ``REAL_TOPIC``,
+    ``ORIGIN_MESSAGE_IDY_TIME``, ``ORIGIN_MESSAGE_ID`` and ``REAL_SUBSCRIPTION`` if
+    absent; then *custom* (which overrides any of them); then ``RECONSUMETIMES`` (1, or
+    the value so far + 1), ``DELAY_TIME``, and :data:`DELIVER_AT_TIME` for a copy the
+    consumers hold (*deliver_at_ms*). O(properties).
 
     Raises ValueError when ``RECONSUMETIMES`` (the message's or *custom*'s) is not an
     integer.
     """
     properties = dict(message.properties())
+    properties.pop(DELIVER_AT_TIME, None)
     origin_id = java_message_id(message.message_id())
     properties.setdefault(REAL_TOPIC, PARTITION_SUFFIX.sub("", message.topic_name()))
     properties.setdefault(ORIGIN_MESSAGE_ID_LEGACY, origin_id)
@@ -225,6 +264,8 @@ def retry_properties(
         raise ValueError(f"{RECONSUMETIMES} must be an integer, got {old!r}") from None
     properties[RECONSUMETIMES] = str(count)
     properties[DELAY_TIME] = str(max(delay_ms, 0))
+    if deliver_at_ms is not None:
+        properties[DELIVER_AT_TIME] = str(deliver_at_ms)
     return properties
 
 
@@ -409,6 +450,10 @@ def origin_key(message: Any) -> tuple[str, int, int, int] | None:
 # ---------------------------------------------------------------------- the sender and the hold
 
 
+def _close_producer(producer: concurrent.futures.Future[Any]) -> None:
+    producer.result(timeout=30).close()
+
+
 def _error_for(result: Any) -> Exception:
     """The client's exception class for a failed ``Result`` (``pulsar.exceptions``), with its name."""
     name = getattr(result, "name", str(result))
@@ -446,12 +491,15 @@ class RetryLetter:
         sends the reconsume path's dead letters, built here in the Java client's form.
     clock_ms : callable
         Wall-clock epoch milliseconds (publish times are wall-clock).
+    hold_ms : int
+        Reconsumes of at most this delay are held by the consumers, not the broker (see
+        the module notes, "Held by the consumer"); 0: none.
     """
 
     topics: RetryTopics
     _hold: NackingCore
     _copies: Any  # the _pulsar.Consumer of the retry topic, once subscribed
-    _producer_future: concurrent.futures.Future[Any] | None
+    _producer_futures: dict[bool, concurrent.futures.Future[Any]]  # batched or not -> its producer
     _counts: dict[str, int]
 
     def __init__(
@@ -464,10 +512,12 @@ class RetryLetter:
         backoff: RedeliveryBackoff | None = None,
         dead_letter: DeadLetter | None = None,
         clock_ms: Callable[[], int] | None = None,
+        hold_ms: int = 0,
     ) -> None:
         self.topics = topics
         self.subscription = subscription
         self.delay_ms = check_ms("delay_ms", delay_ms)
+        self.hold_ms = check_ms("hold_ms", hold_ms)
         self.backoff = backoff
         self._raw_client = raw_client(client)
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
@@ -484,13 +534,22 @@ class RetryLetter:
         self._copies = None
         self._deliver: Callable[[RawMessage], None] | None = None
         self._wake: Callable[[], None] | None = None
-        self._producer_future = None
+        self._producer_futures = {}
         self._in_memory: list[tuple[int, int, RawMessage, int]] = []  # (due epoch ms, sequence, copy, arrival)
         self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
         self._sequence = itertools.count()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held", "retry_delivered"), 0)
         self._closed = False
+
+    @classmethod
+    def for_settings(cls, client: Any, subscription: str, topics: RetryTopics, settings: ConsumerSettings) -> RetryLetter:
+        """The retry letter of a consumer subscribed with *settings* (its fixed delay, backoff, ``retry_hold_ms``)."""
+        return cls(
+            client, subscription, topics,
+            delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
+            hold_ms=settings.retry_hold_ms,
+        )
 
     # -------------------------------------------------------------- the retry topic's consumer
 
@@ -616,13 +675,20 @@ class RetryLetter:
         return self.delay_ms
 
     def submit(
-        self, message: Any, delay_ms: int | None = None, properties: Mapping[str, str] | None = None
+        self,
+        message: Any,
+        delay_ms: int | None = None,
+        properties: Mapping[str, str] | None = None,
+        on_stored: Callable[[], None] | None = None,
     ) -> concurrent.futures.Future[str]:
         """Produce the retry (or dead-letter) copy of a received *message*; never acks.
 
         Returns a future of ``"retry"`` or ``"dead_letter"``, done once the broker stored
         the copy; it holds the client's exception if the producer or the send failed.
-        Bad input raises at once (TypeError, ValueError) and sends nothing. O(properties).
+        *on_stored* (the consumer's ack of the original) runs on the client's thread once
+        the copy is stored, before the future is done; an exception it raises fails the
+        future. Bad input raises at once (TypeError, ValueError) and sends nothing.
+        O(properties).
         """
         raw = received(message)
         if not is_raw_message(raw):
@@ -633,30 +699,50 @@ class RetryLetter:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
                 raise TypeError("properties must map str to str")
         delay = self.delay_for(raw, delay_ms)
-        props = retry_properties(raw, self.subscription, delay, properties)
+        data = raw.data()
+        held = 0 < delay <= self.hold_ms and len(data) <= HELD_MAX_BYTES
+        props = retry_properties(raw, self.subscription, delay, properties, self._clock_ms() + delay if held else None)
         dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
-        built = build_message(
-            raw.data(), props, raw.partition_key(), raw.ordering_key(), raw.event_timestamp(), 0 if dead else delay
-        )
+        if dead:
+            props.pop(DELIVER_AT_TIME, None)
+        broker_delay = 0 if dead or held else delay
+        built = build_message(data, props, raw.partition_key(), raw.ordering_key(), raw.event_timestamp(), broker_delay)
         outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
         if dead:
-            self._send_dead_letter(built, outcome)
+            self._send_dead_letter(built, outcome, on_stored)
         else:
-            self._send_retry(built, outcome)
+            self._send_retry(built, outcome, held, on_stored)
         return outcome
 
-    def _send_retry(self, built: RawMessage, outcome: concurrent.futures.Future[str]) -> None:
-        """Send a retry copy with this consumer's retry producer; settle *outcome* on the client's thread."""
+    @staticmethod
+    def _stored(outcome: concurrent.futures.Future[str], where: str, on_stored: Callable[[], None] | None) -> None:
+        """The copy is stored: run *on_stored*, then settle *outcome* with *where* (or its exception)."""
+        if on_stored is not None:
+            try:
+                on_stored()
+            except Exception as exc:  # e.g. closed meanwhile: the original stays unacked
+                outcome.set_exception(exc)
+                return
+        outcome.set_result(where)
+
+    def _send_retry(
+        self,
+        built: RawMessage,
+        outcome: concurrent.futures.Future[str],
+        batched: bool,
+        on_stored: Callable[[], None] | None,
+    ) -> None:
+        """Send a retry copy with a retry producer (the batching one for a held copy); settle *outcome* on the client's thread."""
 
         def sent(result: Any, _message_id: Any) -> None:
-            if is_ok(result):
-                with self._lock:
-                    self._counts["reconsumed"] += 1
-                outcome.set_result("retry")
-            else:
+            if not is_ok(result):
                 outcome.set_exception(_error_for(result))
+                return
+            with self._lock:
+                self._counts["reconsumed"] += 1
+            self._stored(outcome, "retry", on_stored)
 
-        def with_producer(producer: concurrent.futures.Future[Any]) -> None:
+        def send(producer: concurrent.futures.Future[Any]) -> None:
             error = producer.exception()
             if error is not None:
                 outcome.set_exception(error)
@@ -666,9 +752,15 @@ class RetryLetter:
             except Exception as exc:  # e.g. the producer was closed meanwhile
                 outcome.set_exception(exc)
 
-        self._producer().add_done_callback(with_producer)
+        producer = self._producer(batched)
+        if producer.done():
+            send(producer)  # the common path: no callback to chain
+        else:
+            producer.add_done_callback(send)
 
-    def _send_dead_letter(self, built: RawMessage, outcome: concurrent.futures.Future[str]) -> None:
+    def _send_dead_letter(
+        self, built: RawMessage, outcome: concurrent.futures.Future[str], on_stored: Callable[[], None] | None
+    ) -> None:
         """Send a copy past ``max_redeliver_count`` through the consumer's dead-letter sender."""
         if self._dead_letter is None:
             raise DeadLetterError("a reconsume past max_redeliver_count needs a dead-letter sender")
@@ -679,23 +771,26 @@ class RetryLetter:
                 return
             with self._lock:
                 self._counts["retry_dead_lettered"] += 1
-            outcome.set_result("dead_letter")
+            self._stored(outcome, "dead_letter", on_stored)
 
         self._dead_letter.send_message_async(built, self.topics.dead_letter_topic, done)
 
     def start(self) -> concurrent.futures.Future[Any]:
-        """Begin creating the retry producer now (the first reconsume need not wait for it)."""
+        """Begin creating the retry producer(s) now (the first reconsume need not wait); the future of the broker's way."""
+        if self.hold_ms:
+            self._producer(batched=True)
         return self._producer()
 
-    def _producer(self) -> concurrent.futures.Future[Any]:
-        """The retry producer, created once on first use (asynchronously); a failed one is retried."""
+    def _producer(self, batched: bool = False) -> concurrent.futures.Future[Any]:
+        """A retry producer (*batched*: of the copies the consumers hold), created once on first use
+        (asynchronously); a failed one is retried."""
         with self._lock:
             if self._closed:
                 raise pulsar.exceptions.AlreadyClosed("Pulsar error: AlreadyClosed (the consumer is closed)")
-            future = self._producer_future
+            future = self._producer_futures.get(batched)
             if future is not None and not (future.done() and future.exception() is not None):
                 return future
-            future = self._producer_future = concurrent.futures.Future()
+            future = self._producer_futures[batched] = concurrent.futures.Future()
 
         def created(result: Any, producer: Any) -> None:
             if is_ok(result):
@@ -704,7 +799,9 @@ class RetryLetter:
                 future.set_exception(_error_for(result))
 
         try:
-            self._raw_client.create_producer_async(self.topics.retry_letter_topic, retry_producer_configuration(), created)
+            self._raw_client.create_producer_async(
+                self.topics.retry_letter_topic, retry_producer_configuration(batched), created
+            )
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -721,7 +818,8 @@ class RetryLetter:
         """True if the retry copy *raw* may go to the application now; else it is held.
 
         A held copy stays unacked (durable). With *in_memory*, one due within
-        :data:`MEMORY_HOLD_MS` is kept here, for :meth:`pop_due` to return when due;
+        :data:`MEMORY_HOLD_MS`, or within ``hold_ms`` while fewer than
+        :data:`MEMORY_HOLD_MAX` are kept, is kept here, for :meth:`pop_due` to return when due;
         otherwise it is nacked into this letter's never-early tracker with the time
         left, and comes back when due (at most about a handoff, 100-150 ms, late). A
         copy of a message whose hold is pending (a batch sibling's redelivery) is
@@ -740,7 +838,7 @@ class RetryLetter:
                 self._counts["held"] += 1
         if left <= 0 and not (queue_due and in_memory):
             return True
-        if in_memory and left <= MEMORY_HOLD_MS:
+        if in_memory and (left <= MEMORY_HOLD_MS or (left <= self.hold_ms and len(self._in_memory) < MEMORY_HOLD_MAX)):
             with self._lock:
                 if not self._closed:
                     now = self._clock_ms()
@@ -767,9 +865,16 @@ class RetryLetter:
     def take_due(self) -> tuple[RawMessage | None, int | None]:
         """:meth:`pop_due` and :meth:`ms_to_next_due` in one: ``(copy, 0)`` for a copy due now (counted
         as delivered), ``(None, ms)`` while the earliest is not due, ``(None, None)`` with nothing
-        queued. One lock and one clock read: the receive loop calls it for every message. O(log n)."""
-        if not self._in_memory:
+        queued. One clock read, and the lock only for a copy due: the receive loop calls it for every
+        message, and with copies held by the consumers (``hold_ms``) some are always queued. O(log n)."""
+        queued = self._in_memory
+        try:
+            earliest = queued[0][0]  # a peek without the lock: one list read, atomic under the GIL
+        except IndexError:
             return None, None
+        now = self._clock_ms()
+        if earliest > now:
+            return None, earliest - now
         with self._lock:
             if not self._in_memory:
                 return None, None
@@ -820,14 +925,14 @@ class RetryLetter:
             if self._closed:
                 return
             self._closed = True
-            producer, self._producer_future = self._producer_future, None
+            producers, self._producer_futures = list(self._producer_futures.values()), {}
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
             self._arrived.clear()
         self._hold.close(redeliver_pending)
         consumer, self._copies = self._copies, None
         for closer in (
             None if consumer is None else consumer.close,
-            None if producer is None else (lambda: producer.result(timeout=30).close()),
+            *(functools.partial(_close_producer, producer) for producer in producers),
             self._dead_letter.close if self._own_dead_letter else None,
         ):
             if closer is None:

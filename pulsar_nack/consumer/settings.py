@@ -75,6 +75,13 @@ class ConsumerSettings:
         client's ``enableRetry`` (see :mod:`~pulsar_nack.consumer.retry`).
     retry_letter_topic : str, optional
         The retry letter topic (with ``retry_enable``); else named as the Java client names it.
+    retry_hold_ms : int
+        With ``retry_enable``: a reconsume whose delay is at most this many ms is held by
+        the consumers instead of the broker (default 0: none, every retry copy carries its
+        delivery time, as Java's). Such copies go out batched and without a delivery
+        time; the consumer that receives one holds it, unacked, until due (see
+        :mod:`~pulsar_nack.consumer.retry`, "Held by the consumer"). Cheaper per retry;
+        a Java consumer of the same retry topic would get them at once.
 
     >>> ConsumerSettings(negative_ack_redelivery_delay_ms=5_000).negative_ack_precision_bit_cnt
     8
@@ -94,6 +101,7 @@ class ConsumerSettings:
     always_guard: bool = False
     retry_enable: bool = False
     retry_letter_topic: str | None = None
+    retry_hold_ms: int = 0
 
     def __post_init__(self) -> None:
         check_ms("negative_ack_redelivery_delay_ms", self.negative_ack_redelivery_delay_ms)
@@ -117,6 +125,9 @@ class ConsumerSettings:
             raise ValueError("retry_letter_topic must not be empty")
         if topic is not None and not self.retry_enable:
             raise ValueError("retry_letter_topic needs retry_enable=True")
+        check_ms("retry_hold_ms", self.retry_hold_ms)
+        if self.retry_hold_ms and not self.retry_enable:
+            raise ValueError("retry_hold_ms needs retry_enable=True")
 
     @property
     def max_redeliver_count(self) -> int | None:
@@ -138,6 +149,7 @@ def subscribe_settings(
     never_early: bool,
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
+    retry_hold_ms: int = 0,
 ) -> ConsumerSettings:
     """The settings of a ``subscribe`` call; adjusts the keywords passed on to the client.
 
@@ -157,6 +169,7 @@ def subscribe_settings(
         always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
+        retry_hold_ms=retry_hold_ms,
     )
     subscribe_kwargs.pop("dead_letter_policy", None)
     subscribe_kwargs.setdefault("batch_index_ack_enabled", True)

@@ -140,6 +140,12 @@ class ConsumerConfig:
         100 ms ``delayedDeliveryTickTimeMillis`` keeps retries within about 0.1-0.3 s
         of their time; the stock 1 s tick makes them up to about 1 s late).
         ``max_redeliveries`` and ``on_non_retryable`` apply as with nacks.
+    retry_hold_ms : int
+        With ``retries="durable"``: retries of at most this delay are held by the
+        workers' consumers instead of the broker (the consumer's ``retry_hold_ms``):
+        batched copies, held unacked until due; cheaper per retry, but a Java consumer of
+        the same retry topic would get them at once. Default 0: the broker holds every
+        retry, as Java's.
 
     Examples
     --------
@@ -174,6 +180,7 @@ class ConsumerConfig:
     batch_index_ack: bool = True
     tracker: str = "ours"
     retries: str = "nack"
+    retry_hold_ms: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -231,6 +238,9 @@ class ConsumerConfig:
             raise ValueError("retries='durable' needs tracker='ours'")
         if self.retries == "durable" and self.subscription_type not in ("Shared", "KeyShared"):
             raise ValueError(f"retries='durable' needs a Shared or KeyShared subscription, not {self.subscription_type}")
+        check_ms("retry_hold_ms", self.retry_hold_ms)
+        if self.retry_hold_ms and self.retries != "durable":
+            raise ValueError("retry_hold_ms needs retries='durable'")
 
     @property
     def key(self) -> tuple[str, tuple[str, ...], str]:
@@ -258,6 +268,7 @@ class ConsumerConfig:
             self.batch_index_ack,
             self.tracker,
             self.retries,
+            self.retry_hold_ms,
         )
 
     def retry_delay_ms(self, redelivery_count: int) -> int:
@@ -295,7 +306,8 @@ class TaskBudget:
         Keep receiving while this worker has retries pending (default True), so a
         task that ends on its idle timeout leaves nothing scheduled behind it. With
         ``retries="durable"``: until each reconsumed retry's due time plus a 2 s grace
-        for the broker's delivery, the idle timeout running meanwhile.
+        for the broker's delivery (0.5 s for a retry the consumers hold,
+        ``ConsumerConfig.retry_hold_ms``), the idle timeout running meanwhile.
 
     >>> TaskBudget(max_messages=10_000).idle_timeout_ms
     1000

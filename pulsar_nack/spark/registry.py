@@ -115,6 +115,7 @@ def _build(config: ConsumerConfig) -> Entry:
         # Retries go to the retry letter topic; the task's retry policy alone decides about
         # dead letters (max_redeliveries, on_non_retryable), so the consumer's own limit is off.
         options["retry_enable"] = True
+        options["retry_hold_ms"] = config.retry_hold_ms
         options["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(_NO_LIMIT)
     consumer: NackingConsumer | BuiltinNackConsumer
     try:

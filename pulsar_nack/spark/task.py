@@ -39,6 +39,9 @@ _DURABLE_GRACE_S = 2.0
 (the broker's stock delayed-delivery tick is 1 s, and an early copy is held about 0.15 s more).
 The idle timeout runs during the grace (a nack's drain restarts it instead: its message comes back
 at once after the handoff), so a task ends at ``max(last due + grace, last message + idle timeout)``."""
+_HELD_GRACE_S = 0.5
+"""The same for a retry the consumers hold (its delay within ``ConsumerConfig.retry_hold_ms``): its
+copy is back in a consumer's memory at once and handed over when due, no broker tick involved."""
 _HARVEST_TIMEOUT_S = 60.0
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
@@ -147,7 +150,7 @@ class _TaskRun:
         self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
         self.tracker = self.consumer.tracker  # None with tracker="builtin"
         self.durable = config.retries == "durable"
-        self.reconsumes: list[tuple[concurrent.futures.Future[None], Any]] = []  # not yet stored
+        self.reconsumes: list[tuple[concurrent.futures.Future[str], Any]] = []  # not yet stored
         self.swallowed_before = self.consumer.stats()["swallowed"]
         self.counts = dict.fromkeys(("received", "acked", "nacked", "redelivered", "non_retryable", "dead_lettered"), 0)
         self.reported = dict.fromkeys(_COUNTERS, 0)
@@ -291,7 +294,8 @@ class _TaskRun:
         called_ms = time.time() * 1000  # before the call: the copy's due time counts from its send
         future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
         self.reconsumes.append((future, message))
-        heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + _DURABLE_GRACE_S)
+        grace = _HELD_GRACE_S if delay <= self.config.retry_hold_ms else _DURABLE_GRACE_S
+        heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + grace)
         self.counts["nacked"] += 1
         if self.record_timings:
             self.nacks.append((_message_key(message), called_ms, called_ms + delay))
