@@ -135,3 +135,25 @@ def test_pulsar_lite_is_named_only_in_the_changelog():
     files += [p for place in places for p in (REPO / place).rglob("*") if p.is_file() and p.suffix in {".py", ".md", ".json", ".toml", ".c", ".txt", ".cfg"}]
     found = [str(p.relative_to(REPO)) for p in files if p != Path(__file__).resolve() and pattern.search(p.read_text(errors="replace"))]
     assert not found, found
+
+
+def test_the_spark_docs_durable_goal_figures_are_the_committed_runs():
+    """docs/spark.md's prose on issue 25's goals: ratios and p99s of bench/results/demo-retries.json."""
+    import json
+
+    runs = json.loads((REPO / "bench" / "results" / "demo-retries.json").read_text())["runs"]
+    by = {(r["mode"], r.get("repeat", 0)): r["summary"] for r in runs}
+    repeats = sorted({r.get("repeat", 0) for r in runs})
+
+    def ratio(mode: str, repeat: int) -> str:
+        return f"{by[(mode, repeat)]['messages_per_s'] / by[('nack', repeat)]['messages_per_s']:.2f}"
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "spark.md").read_text())
+    held = re.search(r"retry lateness p99 (\d+) and (\d+) ms \(goal 300 ms\), and ([\d.]+)× and ([\d.]+)× the nack", text)
+    assert held, "spark.md no longer states the durable goal figures: update this test with it"
+    assert [int(held[1]), int(held[2])] == [round(by[("durable", r)]["redelivery_lateness_ms"]["p99"]) for r in repeats]
+    assert [held[3], held[4]] == [ratio("durable", r) for r in repeats]
+    broker = re.search(r"\(`durable-broker`\), the same holds but throughput: ([\d.]+)× and ([\d.]+)×", text)
+    assert broker and [broker[1], broker[2]] == [ratio("durable-broker", r) for r in repeats]
+    assert all(by[("durable", r)]["lost"] == 0 and by[("durable", r)]["duplicates"] == 0 for r in repeats)
+    assert all(by[("durable", r)]["redelivery_lateness_ms"]["min"] >= 0 for r in repeats)
