@@ -680,6 +680,14 @@ def retry_lateness_table() -> str:
     return "\n".join(lines)
 
 
+_DURABLE_MODE_NAMES = {
+    "reconsume": "reconsume_later",
+    "reconsume-held": "reconsume_later, held by the consumers (`retry_hold_ms`)",
+    "nack": "negative_acknowledge",
+}
+"""The rows of ``bench/results/retry_durable.json`` by mode (``bench.retry_durable.MODES``)."""
+
+
 def retry_durable_table() -> str:
     """Retries across a SIGKILL of the consumer and a broker restart: reconsume vs nack (bench/retry_durable.py)."""
     data = load("retry_durable")
@@ -695,7 +703,7 @@ def retry_durable_table() -> str:
     for run in data["runs"]:
         after = run["due_after_receiver_up"]
         lines.append(
-            f"| {'reconsume_later' if run['mode'] == 'reconsume' else 'negative_acknowledge'} | {run['scenario']} | "
+            f"| {_DURABLE_MODE_NAMES[run['mode']]} | {run['scenario']} | "
             f"{run['retries']:,} | {run['received']:,} | {run['lost']} | {run['duplicates']} | "
             f"{run['early']:,} ({100 * run['early'] / run['retries']:.0f} %) | {span(run['lateness_ms'])} | "
             f"{span(after['lateness_ms'])} ({after['retries']:,} retries) |"
