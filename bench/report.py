@@ -730,13 +730,18 @@ def retry_cost_table() -> str:
         if cost["mode"] == "nack":
             memory = f"{cost['tracker_bytes_per_pending']:.1f} B (tracker estimate)"
             broker = "nothing (the entry stays unacked)"
+        elif cost["mode"].endswith("_held"):
+            memory = f"the copy, held in memory ({cost['held']:,} held)"
+            b = cost["broker"]
+            broker = f"{b['storage_bytes_per_pending']:.0f} B stored (retry topic), no delayed-delivery index"
         else:
             memory = f"nothing tracked ({cost['tracker_pending']} in the tracker, {cost['held']} held)"
             b = cost["broker"]
             broker = (f"{b['storage_bytes_per_pending']:.0f} B stored (retry topic), "
                       f"{b['delayed_index_bytes_per_pending']:.0f} B delayed-delivery index")
         name = {"nack": "`negative_acknowledge`", "reconsume": "`reconsume_later` (waits for the stored copy)",
-                "reconsume_async": "`reconsume_later_async` (pipelined)"}[cost["mode"]]
+                "reconsume_async": "`reconsume_later_async` (pipelined)",
+                "reconsume_async_held": "`reconsume_later_async`, held by the consumer (`retry_hold_ms`)"}[cost["mode"]]
         lines.append(
             f"| {name} | {cost['pending']:,} | {call['p50']:,.1f} / {call['p99']:,.1f} µs | {cost['retries_per_s']:,.0f} | "
             f"{memory}; process RSS {cost['rss_delta_bytes_per_pending']:+,.0f} B | {broker} |"

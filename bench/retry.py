@@ -187,10 +187,11 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
 
     client = quiet_client(broker.url)
     topic = f"persistent://public/default/retry-cost-{mode}-{uuid.uuid4().hex[:8]}"
+    held = mode == "reconsume_async_held"
     consumer = pulsar_nack.subscribe(
         client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
         initial_position=pulsar.InitialPosition.Earliest, retry_enable=mode != "nack",
-        receiver_queue_size=1000,
+        retry_hold_ms=LONG_DELAY_MS if held else 0, receiver_queue_size=1000,
     )
     producer = client.create_producer(topic, batching_enabled=False, max_pending_messages=pending + 1)
     for i in range(pending):
@@ -201,6 +202,7 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
         "nack": consumer.negative_acknowledge,
         "reconsume": consumer.reconsume_later,
         "reconsume_async": consumer.reconsume_later_async,
+        "reconsume_async_held": consumer.reconsume_later_async,
     }[mode]
     call(messages[0], LONG_DELAY_MS)  # warm up (the retry producer, the tracker's first bucket)
     times_ns = array.array("q", bytes(8 * (pending - 1)))  # preallocated: not in the RSS delta
@@ -212,9 +214,11 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
         begin = time.perf_counter_ns()
         outcomes[i] = call(message, LONG_DELAY_MS)
         times_ns[i] = time.perf_counter_ns() - begin
-    if mode == "reconsume_async":
+    if mode.startswith("reconsume_async"):
         concurrent.futures.wait(outcomes, timeout=300)
     all_done_s = (time.perf_counter_ns() - started) / 1e9
+    if held:  # the copies come straight back, to wait in this process's memory: count them in
+        wait_until(lambda: consumer.stats()["held"] >= pending, 60, poll_s=0.05)
     del outcomes  # the futures of the calls: the benchmark's, not the retries'
     trim_heap()
     rss_after = rss_bytes()
@@ -232,7 +236,8 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     if mode != "nack":
         result["held"] = consumer.stats()["held"]
         retry_topic = f"{topic}-sub-RETRY"
-        wait_until(lambda: broker.admin.topic_stats(retry_topic)["subscriptions"]["sub"]["msgDelayed"] >= pending, 30, poll_s=0.05)
+        counted = "msgBacklog" if held else "msgDelayed"  # held copies have no delivery time
+        wait_until(lambda: broker.admin.topic_stats(retry_topic)["subscriptions"]["sub"][counted] >= pending, 30, poll_s=0.05)
         stats = broker.admin.topic_stats(retry_topic)
         sub = stats["subscriptions"]["sub"]
         result["broker"] = {
@@ -345,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     title="reconsume lateness (arrival - due)")
     if "cost" in parts:
         with PulsarStandalone() as broker:
-            for mode in ("nack", "reconsume", "reconsume_async"):
+            for mode in ("nack", "reconsume", "reconsume_async", "reconsume_async_held"):
                 payload["cost"].append(_retry_cost(broker, mode, args.pending))
         print_table(
             ["mode", "pending", "call µs p50", "call µs p99", "retries/s", "tracker B/pending", "RSS B/pending"],
