@@ -742,6 +742,8 @@ def retry_cost_table() -> str:
         name = {"nack": "`negative_acknowledge`", "reconsume": "`reconsume_later` (waits for the stored copy)",
                 "reconsume_async": "`reconsume_later_async` (pipelined)",
                 "reconsume_async_held": "`reconsume_later_async`, held by the consumer (`retry_hold_ms`)"}[cost["mode"]]
+        if cost.get("failed"):
+            name += f" ({cost['failed']:,} calls failed)"
         lines.append(
             f"| {name} | {cost['pending']:,} | {call['p50']:,.1f} / {call['p99']:,.1f} µs | {cost['retries_per_s']:,.0f} | "
             f"{memory}; process RSS {cost['rss_delta_bytes_per_pending']:+,.0f} B | {broker} |"
@@ -749,10 +751,17 @@ def retry_cost_table() -> str:
     lines += [
         "",
         "10-byte payloads, 10 min delays; RSS is the process's growth over the calls divided by the retries, after "
-        "`malloc_trim` (with the pipelined calls it includes the client's buffers for thousands of copies in flight "
-        "at once); `python -m bench.retry` (`bench/results/retry.json`).",
+        "`malloc_trim` (with the pipelined calls it includes the client's buffers for the copies in flight, at most "
+        f"{_retry_in_flight()} unconfirmed: a retry producer fails a send at once beyond the client's 1,000 pending); "
+        "`python -m bench.retry` (`bench/results/retry.json`).",
     ]
     return "\n".join(lines)
+
+
+def _retry_in_flight() -> int:
+    from .retry import IN_FLIGHT
+
+    return IN_FLIGHT
 
 
 def retry_receive_table() -> str:

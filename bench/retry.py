@@ -51,6 +51,9 @@ BROKERS: dict[str, dict[str, str]] = {
 }
 DELAYS_MS = (250, 500, 1000, 2000, 5000)
 LONG_DELAY_MS = 600_000
+IN_FLIGHT = 500
+"""The pipelined modes keep at most this many reconsumes unconfirmed: a retry producer takes
+1,000 pending sends (the client's default) and fails the next at once (``ProducerQueueIsFull``)."""
 
 
 def now_ms() -> int:
@@ -211,12 +214,15 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
     rss_before = rss_bytes()
     started = time.perf_counter_ns()
     for i, message in enumerate(messages[1:]):
+        if i >= IN_FLIGHT and mode.startswith("reconsume_async"):
+            outcomes[i - IN_FLIGHT].exception(timeout=60)  # keep at most IN_FLIGHT copies unconfirmed
         begin = time.perf_counter_ns()
         outcomes[i] = call(message, LONG_DELAY_MS)
         times_ns[i] = time.perf_counter_ns() - begin
     if mode.startswith("reconsume_async"):
         concurrent.futures.wait(outcomes, timeout=300)
     all_done_s = (time.perf_counter_ns() - started) / 1e9
+    failed = sum(1 for outcome in outcomes if isinstance(outcome, concurrent.futures.Future) and outcome.exception() is not None)
     if held:  # the copies come straight back, to wait in this process's memory: count them in
         wait_until(lambda: consumer.stats()["held"] >= pending, 60, poll_s=0.05)
     del outcomes  # the futures of the calls: the benchmark's, not the retries'
@@ -232,6 +238,7 @@ def _retry_cost(broker: Any, mode: str, pending: int) -> dict[str, Any]:
         "tracker_bytes_per_pending": tracker["memory_bytes"] / pending if mode == "nack" else None,
         "tracker_pending": tracker["pending_messages"],
         "rss_delta_bytes_per_pending": (rss_after - rss_before) / (pending - 1),
+        "failed": failed,
     }
     if mode != "nack":
         result["held"] = consumer.stats()["held"]
