@@ -334,9 +334,9 @@ def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _retry_hold_ms(args: argparse.Namespace) -> int:
     """The workers' ``retry_hold_ms``: the option, else :data:`DURABLE_HOLD_MS` with durable retries."""
-    hold = getattr(args, "retry_hold_ms", None)
     if getattr(args, "retries", "nack") != "durable":
         return 0
+    hold = getattr(args, "retry_hold_ms", None)
     return DURABLE_HOLD_MS if hold is None else int(hold)
 
 
