@@ -7,8 +7,9 @@ once the copy is stored. The consumer also reads the retry topic (a Shared
 subscription of the same name, by a consumer of its own, as Java's), so the copy comes
 back to it (or to any consumer of the subscription) when the broker delivers it. After
 ``max_redeliver_count`` reconsumes the copy goes to the **dead letter topic** instead.
-Nothing about a pending retry lives in the consumer's memory: a crash, a restart or a
-broker restart loses nothing and keeps every delay.
+Nothing about a pending retry lives only in the consumer's memory (a copy held by the
+consumers, below, is still unacked on the broker): a crash, a restart or a broker restart
+loses nothing and keeps every delay.
 
 What the Java client (4.0.8) does, and this module does the same:
 
@@ -775,12 +776,6 @@ class RetryLetter:
 
         self._dead_letter.send_message_async(built, self.topics.dead_letter_topic, done)
 
-    def start(self) -> concurrent.futures.Future[Any]:
-        """Begin creating the retry producer(s) now (the first reconsume need not wait); the future of the broker's way."""
-        if self.hold_ms:
-            self._producer(batched=True)
-        return self._producer()
-
     def _producer(self, batched: bool = False) -> concurrent.futures.Future[Any]:
         """A retry producer (*batched*: of the copies the consumers hold), created once on first use
         (asynchronously); a failed one is retried."""
@@ -852,15 +847,7 @@ class RetryLetter:
 
     def pop_due(self) -> RawMessage | None:
         """The earliest copy queued here if it is due now, else None; counted as delivered. O(log n)."""
-        if not self._in_memory:
-            return None
-        with self._lock:
-            if self._in_memory and self._in_memory[0][0] <= self._clock_ms():
-                self._counts["retry_delivered"] += 1
-                _due, _sequence, raw, arrived = heapq.heappop(self._in_memory)
-                self._arrived[id(raw)] = arrived
-                return raw
-        return None
+        return self.take_due()[0]
 
     def take_due(self) -> tuple[RawMessage | None, int | None]:
         """:meth:`pop_due` and :meth:`ms_to_next_due` in one: ``(copy, 0)`` for a copy due now (counted
@@ -875,15 +862,13 @@ class RetryLetter:
         now = self._clock_ms()
         if earliest > now:
             return None, earliest - now
-        with self._lock:
-            if not self._in_memory:
+        with self._lock:  # another thread may have taken it meanwhile: look again, at the same time
+            if not queued:
                 return None, None
-            now = self._clock_ms()
-            due = self._in_memory[0][0]
-            if due > now:
-                return None, due - now
+            if queued[0][0] > now:
+                return None, queued[0][0] - now
             self._counts["retry_delivered"] += 1
-            _due, _sequence, raw, arrived = heapq.heappop(self._in_memory)
+            _due, _sequence, raw, arrived = heapq.heappop(queued)
             self._arrived[id(raw)] = arrived
             return raw, 0
 
