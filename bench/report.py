@@ -250,14 +250,14 @@ def space_table() -> str:
 
 def constants_table() -> str:
     """The constants docs/design.md names, read from the code."""
-    from pulsar_nack.consumer.nacking import (
+    from pulsar_nack.core import accel, buckets, keys, pages
+    from pulsar_nack.timing import (
         COALESCE_MS,
         HANDOFF_DELAY_MS,
         HANDOFF_MARGIN_MS,
         client_handoff_latency_ms,
         handoff_lead_ms,
     )
-    from pulsar_nack.core import accel, buckets, keys, pages
 
     return md_table(["constant", "value", "where"], [
         ["default precision", f"{buckets.DEFAULT_PRECISION_BITS} bits: buckets of {buckets.bucket_ms(buckets.DEFAULT_PRECISION_BITS)} ms",
@@ -267,12 +267,12 @@ def constants_table() -> str:
         ["hot slots", f"{accel.MAX_SLOTS} bitmaps", "`core/accel.py` `MAX_SLOTS`"],
         ["tail log", f"{accel.LOG_CAPACITY:,} records, at most {accel.LOG_GROUP} per bucket", "`core/accel.py` `LOG_CAPACITY`, `LOG_GROUP`"],
         ["batched value", f"`entry_id << {keys.BATCH_BITS} | batch_index`", "`core/keys.py` `BATCH_BITS`"],
-        ["client nack delay", f"{HANDOFF_DELAY_MS} ms", "`consumer/nacking.py` `HANDOFF_DELAY_MS`"],
+        ["client nack delay", f"{HANDOFF_DELAY_MS} ms", "`timing.py` `HANDOFF_DELAY_MS`"],
         ["handoff lead (buckets fire this early)",
          f"{handoff_lead_ms(HANDOFF_DELAY_MS)} ms: the client's delay less a {HANDOFF_MARGIN_MS} ms margin, in every mode",
-         "`consumer/nacking.py` `handoff_lead_ms`"],
-        ["client handoff latency", f"{client_handoff_latency_ms(HANDOFF_DELAY_MS)} ms", "`consumer/nacking.py` `client_handoff_latency_ms`"],
-        ["burst spacing", f"{COALESCE_MS} ms", "`consumer/nacking.py` `COALESCE_MS`"],
+         "`timing.py` `handoff_lead_ms`"],
+        ["client handoff latency", f"{client_handoff_latency_ms(HANDOFF_DELAY_MS)} ms", "`timing.py` `client_handoff_latency_ms`"],
+        ["burst spacing", f"{COALESCE_MS} ms", "`timing.py` `COALESCE_MS`"],
     ])
 
 

@@ -88,12 +88,11 @@ def test_design_names_the_constants_of_the_code_and_links_only_inside():
 
 def test_the_consumer_docs_give_the_handoff_numbers_of_the_code():
     """docs/consumer.md's handoff prose: the lead, its margin and where a message lands after its bucket."""
-    from pulsar_nack.consumer.nacking import HANDOFF_MARGIN_MS, handoff_lead_ms
-    from pulsar_nack.consumer.settings import HANDOFF_DELAY_MS
+    from pulsar_nack.timing import CLIENT_TICK_MS, HANDOFF_DELAY_MS, HANDOFF_MARGIN_MS, handoff_lead_ms
 
     text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
     lead = handoff_lead_ms(HANDOFF_DELAY_MS)
-    tick = HANDOFF_DELAY_MS // 3  # the C++ client's timer interval
+    tick = CLIENT_TICK_MS  # the C++ client's timer interval
     expected = {
         r"less a (\d+) ms margin, (\d+) ms, in every mode": [HANDOFF_MARGIN_MS, lead],
         r"arrives between (\d+) ms and about (\d+) ms after its bucket": [HANDOFF_DELAY_MS - lead, HANDOFF_DELAY_MS + tick - lead],

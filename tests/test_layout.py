@@ -12,10 +12,11 @@ PACKAGE = Path(pulsar_nack.__file__).parent
 LAYERS = {
     # package (or root module) -> the first-party places it may import
     "core": {"core", "_validate", "errors"},
-    "consumer": {"core", "consumer", "_validate", "errors"},
+    "consumer": {"core", "consumer", "_validate", "errors", "timing"},
     "asyncio": {"consumer"},
     "metrics": {"core"},
-    "spark": {"core", "consumer", "spark", "_validate", "errors"},
+    "spark": {"core", "consumer", "spark", "_validate", "errors", "timing"},
+    "timing": set(),
 }
 
 
@@ -41,7 +42,7 @@ def _first_party_imports(path: Path) -> set[str]:
 
 def test_the_root_holds_only_the_shared_modules_and_the_packages():
     modules = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert modules == ["__init__.py", "_validate.py", "errors.py", "metrics.py"]
+    assert modules == ["__init__.py", "_validate.py", "errors.py", "metrics.py", "timing.py"]
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     assert packages == ["asyncio", "cli", "consumer", "core", "spark", "testing"]
 
@@ -127,3 +128,39 @@ def test_spark_does_not_reach_into_our_other_modules_private_names():
     (``registry.acquire``, ``ConsumerConfig.consumer_settings()``), never their ``_names``."""
     found = [hit for path in sorted((PACKAGE / "spark").rglob("*.py")) for hit in _private_reaches(path)]
     assert not found, "private names reached into from pulsar_nack/spark:\n" + "\n".join(found)
+
+
+def _module_level_names(path: Path) -> list[str]:
+    """The names *path* binds at module level (plain and annotated assignments)."""
+    names = []
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def test_every_timing_constant_of_the_consumer_layer_and_spark_lives_in_the_timing_module():
+    """One model of the client's timing: no module of consumer/ or spark/ defines a ``*_MS`` or ``*_S`` of its own."""
+    stray = [
+        f"{path.relative_to(PACKAGE)}:{name}"
+        for package in ("consumer", "spark")
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        for name in _module_level_names(path)
+        if name.endswith(("_MS", "_S"))
+    ]
+    assert not stray, "timing constants outside pulsar_nack/timing.py: " + ", ".join(stray)
+    import pulsar_nack.timing as timing
+
+    assert {n for n in _module_level_names(PACKAGE / "timing.py") if n.endswith(("_MS", "_S"))} <= set(dir(timing))
+
+
+def test_the_timing_model_keeps_its_derivations():
+    """The values argued from the client's behaviour keep the relations their reasons state."""
+    from pulsar_nack import timing
+
+    assert timing.COALESCE_MS > timing.CLIENT_TICK_MS  # bursts further apart than the client's tick
+    assert timing.ACK_FLUSH_MS > timing.ACK_GROUPING_MS  # the grouped acks are on the wire
+    assert timing.HANDOFF_DELAY_MS - timing.handoff_lead_ms(timing.HANDOFF_DELAY_MS) == timing.HANDOFF_MARGIN_MS
+    assert timing.DURABLE_GRACE_S * 1000 >= timing.BROKER_DELAY_TICK_MS + timing.MEMORY_HOLD_MS
+    assert timing.client_handoff_latency_ms(timing.HANDOFF_DELAY_MS) <= timing.HELD_GRACE_S * 1000
+    assert timing.HARVEST_TIMEOUT_S * 1000 > timing.CLIENT_SEND_TIMEOUT_MS

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import _varint, wait_for
+from pulsar_nack import timing
 from pulsar_nack.consumer import nacking
 from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
 from pulsar_nack.consumer.settings import ConsumerSettings
@@ -322,10 +323,10 @@ def test_a_handed_off_message_that_never_returns_is_forgotten_and_its_entry_with
     _ack(core, members[1])
     assert wait_for(lambda: core._handed, 10)
     assert len(core._complete) == 1
-    now[0] += nacking.STALE_MS
+    now[0] += timing.STALE_MS
     assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ages the states once: not yet stale
     assert core._handed and core._complete
-    now[0] += nacking.STALE_MS
+    now[0] += timing.STALE_MS
     assert core.admit(Stub(T, 1, 2))  # twice: stale
     assert not core._handed and not core._complete, "a stale handoff must leave no knowledge behind"
     assert core.admit(Member(9, 5, 1, 2)), "an entry no longer known is delivered, never filtered"

@@ -210,7 +210,8 @@ def test_a_retry_copy_is_keyed_as_its_first_message():
 
 
 def test_a_copy_due_within_150_ms_is_kept_in_memory_until_due_and_a_later_one_is_nacked():
-    from pulsar_nack.consumer.retry import MEMORY_HOLD_MS, RetryLetter, RetryTopics
+    from pulsar_nack.consumer.retry import RetryLetter, RetryTopics
+    from pulsar_nack.timing import MEMORY_HOLD_MS
 
     now = [1_000]
     client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker

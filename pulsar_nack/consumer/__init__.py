@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import ConsumerClosedError
 from . import _client  # noqa: F401 (first: checks the installed pulsar-client, UnsupportedClientError)
-from .blocking import NackingConsumer, client_handoff_latency_ms, subscribe
+from .blocking import NackingConsumer, subscribe
 from .common import ConsumerStats
 from .dead_letter import DeadLetter
 from .settings import ConsumerSettings, SeekArgumentError
@@ -31,6 +31,5 @@ __all__ = [
     "DeadLetter",
     "NackingConsumer",
     "SeekArgumentError",
-    "client_handoff_latency_ms",
     "subscribe",
 ]

@@ -36,11 +36,12 @@ import pulsar.asyncio as pulsar_asyncio
 from .._validate import check_bool, check_name
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
+from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS
 from ._client import async_get_last_message_id, async_redeliver_unacknowledged, consumer_schema, raw_id
 from .common import ConsumerBase
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
-from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
+from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
 

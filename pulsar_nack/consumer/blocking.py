@@ -13,9 +13,9 @@ Handoff to the client
     ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
     ticks every ``delay // 3`` (33 ms) and releases only entries strictly past due, so a
     handoff comes back 100 to 133 ms later
-    (:func:`~pulsar_nack.consumer.nacking.client_handoff_latency_ms`: 132 ms into an idle
+    (:func:`~pulsar_nack.timing.client_handoff_latency_ms`: 132 ms into an idle
     tracker). Our buckets fire early by the client's delay less a 5 ms margin
-    (:func:`~pulsar_nack.consumer.nacking.handoff_lead_ms`, 95 ms), in every mode: a message
+    (:func:`~pulsar_nack.timing.handoff_lead_ms`, 95 ms), in every mode: a message
     arrives 5 to about 38 ms after its bucket deadline, never before it, and a copy that
     comes before that deadline (a reconnect's) is swallowed. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
@@ -58,25 +58,23 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
+from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
 from .common import ConsumerBase, ConsumerStats
-from .nacking import TopicMatcher, client_handoff_latency_ms
+from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
-from .settings import ACK_FLUSH_MS, HANDOFF_DELAY_MS, ConsumerSettings, seek_target, subscribe_settings
+from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
     "ConsumerClosedError",
     "ConsumerStats",
     "NackingConsumer",
-    "client_handoff_latency_ms",
     "subscribe",
 ]
 
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
-RETRY_POLL_MS = 10
-"""With a retry letter topic, ``receive`` looks for due retry copies at least this often."""
 
 
 class NackingConsumer(ConsumerBase):

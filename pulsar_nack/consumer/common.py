@@ -17,18 +17,17 @@ from typing import Any, TypedDict
 
 from ..core.tracker import NegativeAcksTracker, TrackerStats
 from ..errors import ConsumerClosedError
+from ..timing import DEAD_LETTER_DRAIN_S
 from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer
 from .dead_letter import DeadLetter, DeadLetterRoute
 from .nacking import NackingCore, TopicMatcher
 from .retry import RetryLetter
 from .settings import ConsumerSettings
 
-__all__ = ["DEAD_LETTER_DRAIN_S", "ConsumerBase", "ConsumerStats"]
+__all__ = ["ConsumerBase", "ConsumerStats"]
 
 _log = logging.getLogger(__name__)
 
-DEAD_LETTER_DRAIN_S = 5.0
-"""``close()`` waits this long for dead letters in flight, so their originals get acknowledged."""
 
 
 class _ConsumerCounts(TypedDict):

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadLetterError
+from ..timing import SEND_TIMEOUT_S
 from ._client import (
     RawClient,
     RawMessage,
@@ -66,8 +67,6 @@ REAL_TOPIC = "REAL_TOPIC"
 """Property naming the topic the dead letter came from (C++ ``SYSTEM_PROPERTY_REAL_TOPIC``)."""
 ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 """Property holding the original message id, ``(ledger,entry,partition,batch_index)``."""
-SEND_TIMEOUT_S = 60.0
-"""How long :meth:`DeadLetter.send` waits: the client's 30 s send timeout, plus creating the producer."""
 
 Done = Callable[[BaseException | None], None]
 """Called once a dead letter is stored (None) or could not be (the error)."""

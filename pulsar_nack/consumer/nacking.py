@@ -77,19 +77,16 @@ from ..core.keys import BATCH_BITS, MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKe
 from ..core.timer import monotonic_ms
 from ..core.tracker import NegativeAcksTracker
 from ..errors import ClosedError
+from ..timing import DEAD_LETTER_RETRY_MS, STALE_MS, handoff_lead_ms
 from . import msgid as _msgid
 from ._client import RawMessageId, inner_message, is_raw_message_id, raw_id
 from ._client import entry_id as raw_entry_id
-from .settings import COALESCE_MS, HANDOFF_DELAY_MS, ConsumerSettings
+from .settings import ConsumerSettings
 
 __all__ = [
-    "COALESCE_MS",
-    "DEAD_LETTER_RETRY_MS",
     "GUARD_MESSAGES",
-    "HANDOFF_DELAY_MS",
     "PARTITION_SUFFIX",
     "SETTLED_CAPACITY",
-    "STALE_MS",
     "START_GUARD_MESSAGES",
     "AgingSet",
     "DeadLetterCallback",
@@ -99,15 +96,11 @@ __all__ = [
     "PendingNacks",
     "TopicMatcher",
     "batch_size_of",
-    "client_handoff_latency_ms",
     "full_topic_name",
     "handoff_id",
-    "handoff_lead_ms",
     "raw_id",
 ]
 
-DEAD_LETTER_RETRY_MS = 1_000
-"""A message whose dead letter was not stored comes back (to be routed again) after this long."""
 GUARD_MESSAGES = 10_000
 """Deliveries a consumer keeps guarding after its last nack state ended."""
 START_GUARD_MESSAGES = 1_000
@@ -117,48 +110,6 @@ SETTLED_CAPACITY = 8192
 drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
 them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
 second; about 500 kB when full."""
-HANDOFF_MARGIN_MS = 5
-"""Buckets fire early by the client's delay less this margin (:func:`handoff_lead_ms`), and a
-copy of a handed-off message is swallowed only until its handoff plus that lead: the client
-never redelivers sooner than its delay, and the margin keeps a clock read on either side from
-swallowing the handoff's own copy."""
-STALE_MS = 60_000
-"""A handed-off message that has not come back, or a returned one the application has not
-settled, is forgotten after 1 to 2 times this long (its entry's knowledge with it: copies
-of its siblings are then delivered, never filtered)."""
-
-def client_handoff_latency_ms(handoff_delay_ms: int) -> int:
-    """How long the C++ client takes to redeliver an id nacked into an idle tracker.
-
-    Its timer ticks every ``delay // 3`` ms (at least 100 ms delay) and redelivers the
-    entries whose deadline is strictly past, so the id comes back on the first tick
-    after ``delay``. O(1).
-
-    >>> client_handoff_latency_ms(100)
-    132
-    >>> client_handoff_latency_ms(300)
-    400
-    """
-    delay = max(handoff_delay_ms, HANDOFF_DELAY_MS)
-    interval = delay // 3
-    return (delay // interval + 1) * interval
-
-
-def handoff_lead_ms(handoff_delay_ms: int) -> int:
-    """How early buckets fire: the client's delay (``handoff_delay_ms``) less
-    ``HANDOFF_MARGIN_MS``, in every mode.
-
-    The client redelivers a handed-off entry no sooner than its delay after the handoff,
-    so the copy comes at the bucket's time or after it (up to a client tick, 33 ms, later).
-    A copy that comes sooner was brought by something else (a reconnect) and is swallowed
-    until the handoff plus this lead, i.e. until the bucket's time: never before the bucket,
-    whatever brings a copy. O(1).
-
-    >>> handoff_lead_ms(HANDOFF_DELAY_MS), handoff_lead_ms(300), handoff_lead_ms(0)
-    (95, 295, 0)
-    """
-    return max(handoff_delay_ms - HANDOFF_MARGIN_MS, 0)
-
 
 HandOff = Callable[[list[RawMessageId]], None]
 """What a consumer does with due entries: ``negative_acknowledge`` each id on its client."""

@@ -87,6 +87,7 @@ from .._validate import MAX_DELAY_MS, check_bool, check_ms
 from ..core.backoff import RedeliveryBackoff
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
+from ..timing import HANDOFF_DELAY_MS, MEMORY_HOLD_MS
 from ._client import (
     RawClient,
     RawMessage,
@@ -104,7 +105,7 @@ from ._client import (
 from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
 from .nacking import NackingCore, full_topic_name
-from .settings import HANDOFF_DELAY_MS, ConsumerSettings
+from .settings import ConsumerSettings
 
 __all__ = [
     "DELAY_TIME",
@@ -158,13 +159,6 @@ the hold tracker (a few bytes each, a broker round trip to come back)."""
 
 HOLD_PRECISION_BITS = 4
 """Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
-MEMORY_HOLD_MS = 150
-"""``NackingConsumer.receive`` keeps an early copy due within this many ms in memory (unacked)
-and returns it when due: a nack could not bring it back sooner than 100-150 ms. One due later
-is nacked into the hold tracker (a broker round trip). Measured: a broker on the stock 1 s tick
-delivers copies up to a second early and, while no redelivery wakes its dispatcher, others up to
-a tick late; nacked holds keep its dispatcher busy, and the tail was about 10x shorter than with
-every copy held in memory (bench/retry_durable.py: p99 104 ms against 1,097 ms)."""
 
 _CONSUMER_TYPES = ("Shared", "KeyShared")
 _log = logging.getLogger(__name__)

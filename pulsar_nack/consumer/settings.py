@@ -18,25 +18,15 @@ import pulsar
 from .._validate import check_bool, check_int, check_ms
 from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ..timing import COALESCE_MS, HANDOFF_DELAY_MS
 from ._client import MESSAGE_ID_TYPES
 
 __all__ = [
-    "ACK_FLUSH_MS",
-    "COALESCE_MS",
-    "HANDOFF_DELAY_MS",
     "ConsumerSettings",
     "SeekArgumentError",
     "seek_target",
     "subscribe_settings",
 ]
-
-HANDOFF_DELAY_MS = 100
-"""The C++ client's minimum nack delay: what the wrapped consumer is subscribed with."""
-COALESCE_MS = 50
-"""Minimum gap between handoff bursts; above the C++ timer interval (delay/3 = 33 ms)."""
-ACK_FLUSH_MS = 150
-"""Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping (100 ms) plus margin."""
-
 
 @dataclass(frozen=True)
 class ConsumerSettings:

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ..timing import RECONNECT_GRACE_S
 from .builtin import BuiltinNackConsumer
 from .config import ConsumerConfig
 
@@ -28,7 +29,6 @@ __all__ = ["Entry", "acquire", "close_executor_consumers", "discard", "executor_
 
 _log = logging.getLogger(__name__)
 
-_RECONNECT_GRACE_S = 2.0
 _NO_LIMIT = 2**31 - 1
 """A dead-letter count that is never reached (the client's int32 maximum)."""
 
@@ -160,7 +160,7 @@ def _healthy(entry: Entry) -> bool:
     consumer = entry.consumer
     if consumer.closed:
         return False
-    deadline = time.monotonic() + _RECONNECT_GRACE_S
+    deadline = time.monotonic() + RECONNECT_GRACE_S
     while True:
         try:
             if consumer.is_connected():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
 from ..core.keys import message_key
+from ..timing import DURABLE_GRACE_S, HARVEST_TIMEOUT_S, HELD_GRACE_S, HOUSEKEEPING_S, RECONNECT_POLL_S
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import Entry, acquire, discard, next_worker_task
@@ -33,16 +34,6 @@ __all__ = ["consume_partition", "consumer_task"]
 
 _log = logging.getLogger(__name__)
 
-_HOUSEKEEPING_S = 0.2
-_DURABLE_GRACE_S = 2.0
-"""With ``retries="durable"``, a task drains a retry it scheduled until this long after its due time
-(the broker's stock delayed-delivery tick is 1 s, and an early copy is held about 0.15 s more).
-The idle timeout runs during the grace (a nack's drain restarts it instead: its message comes back
-at once after the handoff), so a task ends at ``max(last due + grace, last message + idle timeout)``."""
-_HELD_GRACE_S = 0.5
-"""The same for a retry the consumers hold (its delay within ``ConsumerConfig.retry_hold_ms``): its
-copy is back in a consumer's memory at once and handed over when due, no broker tick involved."""
-_HARVEST_TIMEOUT_S = 60.0
 _COUNTERS = ("received", "acked", "nacked", "redelivered")
 
 Key = tuple[str, int, int, int]
@@ -121,10 +112,6 @@ def _task_context() -> tuple[int, int]:
     if context is None:
         return -1, 0
     return context.partitionId(), context.attemptNumber()
-
-
-RECONNECT_POLL_S = 0.02
-"""While its consumer is disconnected, a task takes no message and looks again this often."""
 
 
 class _TaskRun:
@@ -294,7 +281,7 @@ class _TaskRun:
         called_ms = time.time() * 1000  # before the call: the copy's due time counts from its send
         future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
         self.reconsumes.append((future, message))
-        grace = _HELD_GRACE_S if delay <= self.config.retry_hold_ms else _DURABLE_GRACE_S
+        grace = HELD_GRACE_S if delay <= self.config.retry_hold_ms else DURABLE_GRACE_S
         heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + grace)
         self.counts["nacked"] += 1
         if self.record_timings:
@@ -305,7 +292,7 @@ class _TaskRun:
         pending = []
         for future, message in self.reconsumes:
             if wait:
-                concurrent.futures.wait([future], timeout=_HARVEST_TIMEOUT_S)
+                concurrent.futures.wait([future], timeout=HARVEST_TIMEOUT_S)
             if not future.done():
                 pending.append((future, message))
                 continue
@@ -340,7 +327,7 @@ class _TaskRun:
             pending = self._pending_retries(now)
         self.peak_memory = _peak(self.peak_memory, memory)
         self.peak_pending = _peak(self.peak_pending, pending)
-        self.next_housekeeping = now + _HOUSEKEEPING_S
+        self.next_housekeeping = now + HOUSEKEEPING_S
         if now >= self.next_progress:
             self._report()
             self.next_progress = now + self.progress_every
