@@ -64,28 +64,28 @@ def test_c_and_python_tables_agree_on_every_call(ops: list[tuple], capacity: int
 @pytest.mark.parametrize("table_type", TABLES)
 def test_an_entry_settles_when_every_member_is_acked(table_type) -> None:
     table = table_type(8)
-    assert [table.ack(1, 9, i, 3) for i in (0, 2)] == [msgid.NONE, msgid.NONE]
-    assert table.verdict(1, 9, 0) == msgid.ACKED and table.verdict(1, 9, 1) == msgid.DELIVER
-    assert table.ack(1, 9, 1, 3) == msgid.SETTLED
-    assert table.counts() == (0, 1) and table.verdict(1, 9, 1) == msgid.ACKED
+    assert [table.ack(1, 9, i, 3) for i in (0, 2)] == [msgid.Outcome.NONE, msgid.Outcome.NONE]
+    assert table.verdict(1, 9, 0) == msgid.Verdict.ACKED and table.verdict(1, 9, 1) == msgid.Verdict.DELIVER
+    assert table.ack(1, 9, 1, 3) == msgid.Outcome.SETTLED
+    assert table.counts() == (0, 1) and table.verdict(1, 9, 1) == msgid.Verdict.ACKED
 
 
 @pytest.mark.parametrize("table_type", TABLES)
 def test_an_entry_with_a_nacked_member_completes_and_leaves(table_type) -> None:
     table = table_type(8)
-    assert table.nack(1, 9, 1, 3) == msgid.NONE
-    assert table.verdict(1, 9, 1) == msgid.NACKED
-    assert table.ack(1, 9, 0, 3) == msgid.NONE
-    assert table.ack(1, 9, 2, 3) == msgid.COMPLETE
-    assert len(table) == 0 and table.verdict(1, 9, 0) == msgid.FRESH
+    assert table.nack(1, 9, 1, 3) == msgid.Outcome.NONE
+    assert table.verdict(1, 9, 1) == msgid.Verdict.NACKED
+    assert table.ack(1, 9, 0, 3) == msgid.Outcome.NONE
+    assert table.ack(1, 9, 2, 3) == msgid.Outcome.COMPLETE
+    assert len(table) == 0 and table.verdict(1, 9, 0) == msgid.Verdict.FRESH
 
 
 @pytest.mark.parametrize("table_type", TABLES)
 def test_settled_records_are_the_last_settlements(table_type) -> None:
     table = table_type(3)
     for entry in range(5):
-        assert table.ack(4, entry, -1, 0) == msgid.SETTLED
-    assert [table.verdict(4, e, -1) for e in range(5)] == [msgid.FRESH] * 2 + [msgid.ACKED] * 3
+        assert table.ack(4, entry, -1, 0) == msgid.Outcome.SETTLED
+    assert [table.verdict(4, e, -1) for e in range(5)] == [msgid.Verdict.FRESH] * 2 + [msgid.Verdict.ACKED] * 3
     table.forget_settled()
     assert len(table) == 0
 
@@ -95,8 +95,8 @@ def test_a_member_acked_through_a_made_up_id_is_reported_at_settlement(table_typ
     table = table_type(8)
     table.open(2, 3, 2)
     assert table.size_of(2, 3) == 2
-    assert table.ack(2, 3, 0, 2, foreign=True) == msgid.NONE
-    assert table.ack(2, 3, 1, 2) == msgid.SETTLED_FOREIGN
+    assert table.ack(2, 3, 0, 2, foreign=True) == msgid.Outcome.NONE
+    assert table.ack(2, 3, 1, 2) == msgid.Outcome.SETTLED_FOREIGN
 
 
 @pytest.mark.parametrize("table_type", TABLES)
@@ -111,9 +111,9 @@ def test_admit_reads_the_id_of_a_message(table_type) -> None:
     table = table_type(8)
     table.ack(11, 12, 1, 4)
     verdict, data = table.admit(Message(_pulsar.MessageId(-1, 11, 12, 1)))
-    assert verdict == msgid.ACKED and msgid.parse_id(data)[:4] == (11, 12, -1, 1)
-    assert table.admit(Message(_pulsar.MessageId(-1, 11, 12, 2)))[0] == msgid.DELIVER
-    assert table.admit(Message(_pulsar.MessageId(-1, 11, 13, 2)))[0] == msgid.FRESH
+    assert verdict == msgid.Verdict.ACKED and msgid.parse_id(data)[:4] == (11, 12, -1, 1)
+    assert table.admit(Message(_pulsar.MessageId(-1, 11, 12, 2)))[0] == msgid.Verdict.DELIVER
+    assert table.admit(Message(_pulsar.MessageId(-1, 11, 13, 2)))[0] == msgid.Verdict.FRESH
 
 
 @pytest.mark.parametrize("table_type", TABLES)
@@ -121,8 +121,27 @@ def test_wide_entries_keep_every_member(table_type) -> None:
     table = table_type(4)
     for index in range(0, 1000, 7):
         table.ack(5, 6, index, 1000)
-    assert all(table.verdict(5, 6, i) == (msgid.ACKED if i % 7 == 0 else msgid.DELIVER) for i in range(1000))
+    assert all(table.verdict(5, 6, i) == (msgid.Verdict.ACKED if i % 7 == 0 else msgid.Verdict.DELIVER) for i in range(1000))
     for index in range(1000):
         if index % 7:
             outcome = table.ack(5, 6, index, 1000)
-    assert outcome == msgid.SETTLED and table.counts() == (0, 1)
+    assert outcome == msgid.Outcome.SETTLED and table.counts() == (0, 1)
+
+
+def test_the_c_table_compiles_in_the_verdicts_and_outcomes_of_the_python_enums() -> None:
+    """One table: ``_msgid.c``'s #defines are msgid.Verdict's and msgid.Outcome's values (as it reports
+    them, and as written in its source), and no verdict shares a value with an outcome."""
+    import re
+    from pathlib import Path
+
+    source = (Path(msgid.__file__).parent / "_msgid.c").read_text()
+    written = {m[1]: int(m[2]) for m in re.finditer(r"#define V_(\w+) (\d+)", source)}
+    assert written == {v.name: v.value for v in msgid.Verdict if v <= msgid.Verdict.FRESH}
+    written = {m[1]: int(m[2]) for m in re.finditer(r"#define R_(\w+) (\d+)", source)}
+    assert written == {o.name: o.value for o in msgid.Outcome}
+    assert not {v.value for v in msgid.Verdict} & {o.value for o in msgid.Outcome}
+    if msgid.MSGID:
+        import pulsar_nack.consumer._msgid as c
+
+        assert {v.name: v.value for v in msgid.Verdict if v <= msgid.Verdict.FRESH} == c.VERDICTS
+        assert {o.name: o.value for o in msgid.Outcome} == c.OUTCOMES

@@ -176,17 +176,18 @@ message_key(PyObject *module, PyObject *message)
 
 /* ------------------------------------------------------------------ EntryTable */
 
-/* admit() verdicts */
+/* admit() verdicts and ack() / nack() outcomes: the values of msgid.py's Verdict and Outcome
+   enums, which are the one table. This module exports them (VERDICTS, OUTCOMES) and msgid.py
+   refuses a build whose values differ (tests/test_entry_table.py checks it too). */
 #define V_DELIVER 0 /* an open record, member neither acked nor nacked: hand it to the application */
 #define V_ACKED 1   /* the member (or the whole entry) was acked: filter the copy */
 #define V_NACKED 2  /* the member was nacked: the caller's nack sets decide */
 #define V_FRESH 3   /* no record: the caller decides (and opens one for a batch entry) */
-/* ack() / nack() outcomes */
-#define R_NONE 0
-#define R_SETTLED 1         /* every member acked: now a settled record */
-#define R_SETTLED_FOREIGN 2 /* the same, and some member was acked through an id the client made up */
-#define R_COMPLETE 3        /* every member acked or nacked, some nacked: record dropped */
-#define R_MISSING 4         /* no record, and none was created */
+#define R_NONE 8
+#define R_SETTLED 9          /* every member acked: now a settled record */
+#define R_SETTLED_FOREIGN 10 /* the same, and some member was acked through an id the client made up */
+#define R_COMPLETE 11        /* every member acked or nacked, some nacked: record dropped */
+#define R_MISSING 12         /* no record, and none was created */
 
 #define F_SETTLED 1u
 #define F_FOREIGN 2u
@@ -846,6 +847,19 @@ static struct PyModuleDef module_def = {
     "A received message's id in one serialize() call, parsed in C.", -1, methods,
 };
 
+/* PyModule_AddObject, stealing *table* whether it succeeds or not (NULL: the error is set). */
+static int
+add_table(PyObject *module, const char *name, PyObject *table)
+{
+    if (table == NULL)
+        return -1;
+    if (PyModule_AddObject(module, name, table) < 0) {
+        Py_DECREF(table);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__msgid(void)
 {
@@ -862,6 +876,14 @@ PyInit__msgid(void)
     Py_INCREF(&EntryTable_Type);
     if (PyModule_AddObject(module, "EntryTable", (PyObject *)&EntryTable_Type) < 0) {
         Py_DECREF(&EntryTable_Type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    PyObject *verdicts = Py_BuildValue("{sisisisi}", "DELIVER", V_DELIVER, "ACKED", V_ACKED, "NACKED", V_NACKED,
+                                       "FRESH", V_FRESH);
+    PyObject *outcomes = Py_BuildValue("{sisisisisi}", "NONE", R_NONE, "SETTLED", R_SETTLED, "SETTLED_FOREIGN",
+                                       R_SETTLED_FOREIGN, "COMPLETE", R_COMPLETE, "MISSING", R_MISSING);
+    if (add_table(module, "VERDICTS", verdicts) < 0 || add_table(module, "OUTCOMES", outcomes) < 0) {
         Py_DECREF(module);
         return NULL;
     }

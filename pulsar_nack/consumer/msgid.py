@@ -11,7 +11,9 @@ stand-ins.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
+from enum import IntEnum
 from typing import Any
 
 from ..core.accel import load_optional
@@ -25,36 +27,64 @@ __all__ = [
     "MISSING",
     "MSGID",
     "NACKED",
-    "NONE",
-    "SETTLED",
+    "ROUTE",
+    "ROUTE_STORED",
     "SETTLED_FOREIGN",
     "EntryTable",
+    "Outcome",
     "PyEntryTable",
+    "Verdict",
     "message_key",
     "parse_id",
     "py_message_key",
     "py_parse_id",
 ]
 
-# EntryTable.admit() / verdict() verdicts
-DELIVER = 0
-"""An open record; the member is neither acked nor nacked: hand it to the application."""
-ACKED = 1
-"""The member (or its whole entry) was acked: a copy to filter."""
-NACKED = 2
-"""The member was nacked: the consumer's nack sets decide."""
-FRESH = 3
-"""No record: the consumer decides (and opens one for a batch entry)."""
-# EntryTable.ack() / nack() outcomes
-NONE = 0
-SETTLED = 1
-"""Every member acked: the record is now a settled one."""
-SETTLED_FOREIGN = 2
-"""Settled, and some member was acked through an id the client made (no batch acker)."""
-COMPLETE = 3
-"""Every member acked or nacked, some nacked: the record is dropped (the entry goes to the complete set)."""
-MISSING = 4
-"""No record, and none was created (``create=False``)."""
+
+class Verdict(IntEnum):
+    """What becomes of a received copy. The table's verdicts (``EntryTable.admit()`` / ``verdict()``,
+    C and Python) are the first four; the consumer's core adds the routes to the dead-letter topic.
+
+    The C table (``_msgid.c``) compiles in the same values; :mod:`msgid <pulsar_nack.consumer.msgid>`
+    refuses a build whose ``VERDICTS`` differ.
+    """
+
+    DELIVER = 0
+    """An open record; the member is neither acked nor nacked: hand it to the application."""
+    ACKED = 1
+    """The member (or its whole entry) was acked: a copy to filter (and acknowledge again)."""
+    NACKED = 2
+    """The member was nacked: the consumer's nack sets decide (a swallowed copy, left unacked)."""
+    FRESH = 3
+    """No record: the consumer decides (and opens one for a batch entry)."""
+    ROUTE = 4
+    """The consumer's core only: send the copy to the dead-letter topic."""
+    ROUTE_STORED = 5
+    """The consumer's core only: a copy of a stored dead letter; acknowledge it again."""
+
+
+class Outcome(IntEnum):
+    """What ``EntryTable.ack()`` / ``nack()`` / ``ack_data()`` did (C and Python).
+
+    Values apart from :class:`Verdict`'s, so that one is never taken for the other.
+    """
+
+    NONE = 8
+    """Recorded (or nothing to record); the entry is not settled."""
+    SETTLED = 9
+    """Every member acked: the record is now a settled one."""
+    SETTLED_FOREIGN = 10
+    """Settled, and some member was acked through an id the client made (no batch acker)."""
+    COMPLETE = 11
+    """Every member acked or nacked, some nacked: the record is dropped (the entry goes to the complete set)."""
+    MISSING = 12
+    """No record, and none was created (``create=False``)."""
+
+
+DELIVER, ACKED, NACKED, FRESH, ROUTE, ROUTE_STORED = (int(v) for v in Verdict)
+NONE, SETTLED, SETTLED_FOREIGN, COMPLETE, MISSING = (int(o) for o in Outcome)
+# The same values as plain ints, what the tables return: the receive and ack paths compare
+# with them (a module global, one lookup) rather than with an enum member.
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -144,7 +174,7 @@ class PyEntryTable:
 
     >>> t = PyEntryTable(8)
     >>> t.ack(7, 1, 0, 2), t.verdict(7, 1, 0), t.verdict(7, 1, 1), t.ack(7, 1, 1, 2), t.counts()
-    (0, 1, 0, 1, (0, 1))
+    (8, 1, 0, 9, (0, 1))
     """
 
     def __init__(self, settled_capacity: int) -> None:
@@ -313,6 +343,12 @@ class PyEntryTable:
 
 
 _c = load_optional("pulsar_nack.consumer._msgid")
+if _c is not None and (getattr(_c, "VERDICTS", None), getattr(_c, "OUTCOMES", None)) != (
+    {v.name: v.value for v in Verdict if v <= Verdict.FRESH},
+    {o.name: o.value for o in Outcome},
+):  # pragma: no cover - a build from other sources: its values are compiled in
+    warnings.warn("pulsar_nack.consumer._msgid was built from other sources: rebuild it; pure Python meanwhile", stacklevel=1)
+    _c = None
 MSGID = _c is not None
 """Whether the C reader is in use."""
 EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable

@@ -118,10 +118,6 @@ DeadLetterCallback = Callable[[Any, bool], None]
 Item = tuple[int, int, int]
 """``(ledger_id, entry_id, batch_index)``: a message, whatever its topic (ledger ids are unique)."""
 
-_ROUTE = 5
-"""admit() verdict: send the copy to the dead-letter topic."""
-_ROUTE_STORED = 6
-"""admit() verdict: a copy of a stored dead letter; acknowledge it again."""
 _BATCH_BITS = BATCH_BITS
 _BATCH_LIMIT = 1 << _BATCH_BITS
 _PACK_LIMIT = 1 << (64 - _BATCH_BITS)
@@ -640,7 +636,7 @@ class NackingCore:
             if verdict == _msgid.ACKED:
                 self._ack_again(raw)
             elif verdict != _msgid.NACKED:
-                self._send_dead_letter(raw, verdict == _ROUTE_STORED)
+                self._send_dead_letter(raw, verdict == _msgid.ROUTE_STORED)
             return False
         self._guard_left -= 1  # a guarded delivery; after guard_messages of them with no nack state, go quiet
         if self._guard_left <= 0:
@@ -661,7 +657,7 @@ class NackingCore:
         """admit() under the lock, for a member the table calls nacked or does not know (or any, counting).
 
         Returns DELIVER, ACKED (filter it), NACKED (swallow it), or a route to the
-        dead-letter topic (``_ROUTE``, ``_ROUTE_STORED``).
+        dead-letter topic (``Verdict.ROUTE``, ``Verdict.ROUTE_STORED``).
         """
         ledger, entry, _, index, size = _msgid.parse_id(data)
         item = (ledger, entry, index)
@@ -670,7 +666,7 @@ class NackingCore:
             return _msgid.NACKED
         if self.counting and item in self._stored:
             self._counts["swallowed"] += 1
-            return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+            return _msgid.ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
         returned = item in self._returned
         if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
             self._counts["swallowed"] += 1
@@ -698,7 +694,7 @@ class NackingCore:
             self._returned.discard(*item)
             self._held.pop(item, None)
             self._counts["swallowed"] += 1
-            return _ROUTE
+            return _msgid.ROUTE
         if handed:
             self._handed.discard(*item)
             self._returned.add(*item)
