@@ -14,6 +14,8 @@ import threading
 import weakref
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import FakeClock, PurePythonTracker
 from pulsar_nack import MAX_DELAY_MS, MultiplierRedeliveryBackoff, NegativeAcksTracker
@@ -501,3 +503,35 @@ def test_tail_log_hands_a_dense_bucket_back_as_a_hot_bitmap():
     b.seal_all()
     b._check()
     assert b.entries == 16 and len(b) == 17
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    min_delay=st.integers(0, 5_000),
+    span=st.integers(0, 100_000),
+    multiplier=st.sampled_from([1.0, 1.5, 2.0, 3.0, 10.0]),
+    fixed=st.integers(0, 10**6),
+    use_backoff=st.booleans(),
+    delay_ms=st.none() | st.integers(0, 10**7),
+    count=st.none() | st.integers(0, 200),
+)
+def test_the_c_delay_table_is_resolve_delays_rule(min_delay, span, multiplier, fixed, use_backoff, delay_ms, count):
+    """The C hot path keeps the delay rule as a table (``_backoff_table``): for every call form it
+    takes, its deadline is ``now + resolve_delay(...)``, the one statement of the rule."""
+    from pyroaring import BitMap
+
+    from pulsar_nack.core.backoff import resolve_delay
+    from pulsar_nack.core.tracker import _backoff_table
+
+    backoff = MultiplierRedeliveryBackoff(min_delay, min_delay + span, multiplier) if use_backoff else None
+    delays = _backoff_table(backoff)
+    if delays is False:
+        return  # a backoff the C path leaves to the Python one (which is resolve_delay)
+    lock, slot, bitmap = threading.Lock(), _accel.HotSlot(), BitMap()
+    slot.set(0, MAX_DELAY_MS + 10**7, "t", 1, 0, bitmap)
+    python_path = []
+    fast = _accel.FastAdd(slot, lock, lambda: 100, fixed, MAX_DELAY_MS, lambda *a, **k: python_path.append(a),
+                          python_path.append, delays)
+    deadline = fast.add(("t", 1, 0, -1), delay_ms, count)
+    assert python_path == []
+    assert deadline == 100 + resolve_delay(delay_ms, backoff, fixed, 0 if count is None else count)

@@ -84,7 +84,7 @@ from typing import Any
 import pulsar
 
 from .._validate import MAX_DELAY_MS, check_bool, check_ms
-from ..core.backoff import RedeliveryBackoff
+from ..core.backoff import RedeliveryBackoff, resolve_delay
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
 from ..timing import HANDOFF_DELAY_MS, MEMORY_HOLD_MS
@@ -663,11 +663,7 @@ class RetryLetter:
 
     def delay_for(self, message: Any, delay_ms: int | None) -> int:
         """The delay of a reconsume: the call's, else the backoff's by ``RECONSUMETIMES``, else the fixed one."""
-        if delay_ms is not None:
-            return check_ms("delay_ms", delay_ms)
-        if self.backoff is not None:
-            return check_ms("backoff delay_ms", self.backoff.next_delay_ms(reconsume_times(message)))
-        return self.delay_ms
+        return resolve_delay(delay_ms, self.backoff, self.delay_ms, functools.partial(reconsume_times, message))
 
     def submit(
         self,

@@ -11,11 +11,12 @@ above it from any other backoff.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from .._validate import check_int, check_ms, check_number
 
-__all__ = ["FixedDelay", "MultiplierRedeliveryBackoff", "RedeliveryBackoff"]
+__all__ = ["FixedDelay", "MultiplierRedeliveryBackoff", "RedeliveryBackoff", "resolve_delay"]
 
 
 @runtime_checkable
@@ -90,3 +91,27 @@ class MultiplierRedeliveryBackoff:
             f"MultiplierRedeliveryBackoff(min_delay_ms={self.min_delay_ms}, "
             f"max_delay_ms={self.max_delay_ms}, multiplier={self.multiplier})"
         )
+
+
+def resolve_delay(
+    delay_ms: int | None, backoff: RedeliveryBackoff | None, fixed_ms: int, count: int | Callable[[], int]
+) -> int:
+    """The delay of one retry: *delay_ms* if given, else the *backoff*'s for the count, else *fixed_ms*.
+
+    The one statement of the rule, for a nack (the trackers; the C hot path of
+    ``core/_speedups.c`` keeps a table of it, checked against this function by
+    ``tests/test_speedups.py``), a reconsume (``consumer/retry.py``) and a Spark task's
+    retry (``spark/config.py``). *count* is the redelivery count, or a callable that reads
+    it (called only when the backoff needs it). Raises TypeError or ValueError for a bad
+    *delay_ms* or a backoff delay outside ``0..MAX_DELAY_MS``. O(1).
+
+    >>> resolve_delay(None, None, 60_000, 3), resolve_delay(5, None, 60_000, 3)
+    (60000, 5)
+    >>> resolve_delay(None, MultiplierRedeliveryBackoff(100, 1_000, 2), 60_000, lambda: 3)
+    800
+    """
+    if delay_ms is not None:
+        return check_ms("delay_ms", delay_ms)
+    if backoff is None:
+        return fixed_ms
+    return check_ms("backoff delay_ms", backoff.next_delay_ms(count() if callable(count) else count))

@@ -21,6 +21,7 @@ Failure policy (nothing is dropped):
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -30,7 +31,7 @@ from typing import TypedDict
 
 from .._validate import check_bool, check_int, check_ms
 from ..errors import TrackerClosedError
-from .backoff import RedeliveryBackoff
+from .backoff import RedeliveryBackoff, resolve_delay
 from .keys import MessageKey, key_of, redelivery_count_of
 from .timer import monotonic_ms
 
@@ -168,17 +169,6 @@ class BaseTracker(ABC):
         """The redelivery backoff, if any (read-only)."""
         return self._backoff
 
-    def _delay_for(self, obj: object, delay_ms: int | None, redelivery_count: int | None) -> int:
-        """Resolve the delay: explicit, else backoff by redelivery count, else fixed."""
-        if delay_ms is not None:
-            return check_ms("delay_ms", delay_ms)
-        if redelivery_count is not None:
-            check_int("redelivery_count", redelivery_count, 0)
-        if self._backoff is None:
-            return self._delay_ms
-        count = redelivery_count if redelivery_count is not None else redelivery_count_of(obj)
-        return check_ms("backoff delay_ms", self._backoff.next_delay_ms(count))
-
     def add(self, key_or_message: object, delay_ms: int | None = None, redelivery_count: int | None = None) -> int:
         """Track a message for redelivery; return its (untrimmed) deadline in ms.
 
@@ -208,7 +198,10 @@ class BaseTracker(ABC):
         if delay_ms is None and redelivery_count is None and self._backoff is None:
             delay = self._delay_ms
         else:
-            delay = self._delay_for(key_or_message, delay_ms, redelivery_count)
+            if delay_ms is None and redelivery_count is not None:
+                check_int("redelivery_count", redelivery_count, 0)
+            count = functools.partial(redelivery_count_of, key_or_message) if redelivery_count is None else redelivery_count
+            delay = resolve_delay(delay_ms, self._backoff, self._delay_ms, count)
         clock = self._clock
         return self._track(key, (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._validate import MAX_DELAY_MS, check_int, check_ms, check_name, check_optional_int, check_topics
-from ..core.backoff import RedeliveryBackoff
+from ..core.backoff import RedeliveryBackoff, resolve_delay
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
 
 __all__ = ["NON_RETRYABLE_ACTIONS", "RETRIES", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
@@ -277,9 +277,7 @@ class ConsumerConfig:
         >>> ConsumerConfig("pulsar://h:6650", "t", "s", nack_delay_ms=500).retry_delay_ms(3)
         500
         """
-        if self.backoff is None:
-            return self.nack_delay_ms
-        return check_ms("backoff delay_ms", self.backoff.next_delay_ms(max(redelivery_count, 0)))
+        return resolve_delay(None, self.backoff, self.nack_delay_ms, max(redelivery_count, 0))
 
 
 @dataclasses.dataclass(frozen=True)
