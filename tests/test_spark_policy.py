@@ -72,3 +72,25 @@ def test_the_builtin_tracker_refuses_a_backoff_it_cannot_apply():
     with pytest.raises(ValueError, match="backoff"):
         config(tracker="builtin", backoff=MultiplierRedeliveryBackoff(500, 10_000))
     assert config(backoff=MultiplierRedeliveryBackoff(500, 10_000)).tracker == "ours"
+
+
+def test_a_durable_retry_waits_the_grace_of_whoever_holds_it():
+    """The Spark task's grace follows the consumers' own held-retry rule (``retry.is_held``): a
+    retry within ``retry_hold_ms`` is held by the consumers (short grace) unless its payload is too
+    large to batch, which goes the broker's way (the broker's grace), as does a retry of delay 0."""
+    from pulsar_nack.consumer.retry import HELD_MAX_BYTES
+    from pulsar_nack.spark.task import retry_grace_s
+    from pulsar_nack.timing import DURABLE_GRACE_S, HELD_GRACE_S
+
+    class Payload:
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def data(self) -> bytes:
+            return bytes(self.size)
+
+    held = config(retries="durable", retry_hold_ms=1_000)
+    assert retry_grace_s(held, 500, Payload(10)) == HELD_GRACE_S
+    assert retry_grace_s(held, 500, Payload(HELD_MAX_BYTES + 1)) == DURABLE_GRACE_S
+    assert retry_grace_s(held, 0, Payload(10)) == DURABLE_GRACE_S
+    assert retry_grace_s(held, 1_001, Payload(10)) == DURABLE_GRACE_S

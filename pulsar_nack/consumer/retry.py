@@ -121,6 +121,7 @@ __all__ = [
     "RetryTopics",
     "check_retry_args",
     "due_time_ms",
+    "is_held",
     "java_message_id",
     "legacy_topic_names",
     "origin_key",
@@ -165,6 +166,19 @@ _log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- pure rules
+
+
+def is_held(delay_ms: int, hold_ms: int, payload_bytes: int) -> bool:
+    """True if a reconsume of this delay and payload is held by the consumers, not by the broker.
+
+    The one statement of the rule (the consumers' :meth:`RetryLetter.submit`, and a Spark
+    task's grace, use it): a delay above 0 and within ``retry_hold_ms``, and a payload the
+    batching producer can send (at most :data:`HELD_MAX_BYTES`). O(1).
+
+    >>> is_held(500, 1_000, 10), is_held(0, 1_000, 10), is_held(500, 1_000, HELD_MAX_BYTES + 1)
+    (True, False, False)
+    """
+    return 0 < delay_ms <= hold_ms and payload_bytes <= HELD_MAX_BYTES
 
 
 def java_message_id(message_id: Any) -> str:
@@ -691,7 +705,7 @@ class RetryLetter:
                 raise TypeError("properties must map str to str")
         delay = self.delay_for(raw, delay_ms)
         data = raw.data()
-        held = 0 < delay <= self.hold_ms and len(data) <= HELD_MAX_BYTES
+        held = is_held(delay, self.hold_ms, len(data))
         props = retry_properties(raw, self.subscription, delay, properties, self._clock_ms() + delay if held else None)
         dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
         if dead:

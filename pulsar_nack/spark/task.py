@@ -114,6 +114,17 @@ def _task_context() -> tuple[int, int]:
     return context.partitionId(), context.attemptNumber()
 
 
+def retry_grace_s(config: ConsumerConfig, delay_ms: int, message: Any) -> float:
+    """How long after its due time a task waits for a durable retry it scheduled (see :data:`~pulsar_nack.timing.DURABLE_GRACE_S`).
+
+    The held grace for a retry the consumers hold (:func:`~pulsar_nack.consumer.retry.is_held`,
+    the consumers' own rule), the broker's otherwise. O(1) (a payload's length).
+    """
+    from ..consumer.retry import is_held  # loaded already: a durable retry has a NackingConsumer
+
+    return HELD_GRACE_S if is_held(delay_ms, config.retry_hold_ms, len(message.data())) else DURABLE_GRACE_S
+
+
 class _TaskRun:
     """One consumer task: its counters, its budget, and the receive-handle-settle loop.
 
@@ -281,8 +292,7 @@ class _TaskRun:
         called_ms = time.time() * 1000  # before the call: the copy's due time counts from its send
         future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
         self.reconsumes.append((future, message))
-        grace = HELD_GRACE_S if delay <= self.config.retry_hold_ms else DURABLE_GRACE_S
-        heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + grace)
+        heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + retry_grace_s(self.config, delay, message))
         self.counts["nacked"] += 1
         if self.record_timings:
             self.nacks.append((_message_key(message), called_ms, called_ms + delay))
