@@ -87,7 +87,7 @@ def consume(url: str, args: argparse.Namespace) -> dict[str, int]:
             url,
             args.topic,
             args.subscription,
-            backoff=MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=30_000),
+            redelivery_backoff=MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=30_000),
             retryable=(ConnectionError,),  # anything else goes to <topic>-<subscription>-DLQ
         )
         budget = TaskBudget(max_time_ms=60_000, idle_timeout_ms=1_000)

@@ -142,7 +142,7 @@ def _main(args: dict[str, Any]) -> int:
             args["url"],
             args["topic"],
             args["subscription"],
-            backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+            redelivery_backoff=MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS),
             retryable=(Transient,),
         )
         handler = RecordingHandler(args["record_dir"], delay_ms=args.get("delay_ms", 0.0))

@@ -123,12 +123,12 @@ def test_backoff_delay_above_the_bound_is_refused_and_nothing_is_stored(cls):
 def test_spark_config_delays_above_the_bound_are_refused():
     from pulsar_nack.spark import ConsumerConfig
 
-    with pytest.raises(ValueError, match="nack_delay_ms"):
-        ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", nack_delay_ms=HUGE)
-    config = ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", backoff=HugeBackoff())
+    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms"):
+        ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", negative_ack_redelivery_delay_ms=HUGE)
+    config = ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", redelivery_backoff=HugeBackoff())
     with pytest.raises(ValueError, match="backoff delay_ms"):
         config.retry_delay_ms(1)
-    assert ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", nack_delay_ms=BOUND).retry_delay_ms(1) == BOUND
+    assert ConsumerConfig("pulsar://127.0.0.1:1", "t", "s", negative_ack_redelivery_delay_ms=BOUND).retry_delay_ms(1) == BOUND
 
 
 @pytest.mark.parametrize(

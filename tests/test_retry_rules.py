@@ -253,12 +253,13 @@ def test_a_held_copy_is_kept_in_memory_until_due_within_the_hold_and_past_the_ca
     ``MEMORY_HOLD_MAX`` copies; the rest go to the hold tracker. A copy due later than the hold is nacked."""
     from pulsar_nack.consumer import retry as retry_module
     from pulsar_nack.consumer.retry import RetryLetter, RetryTopics
+    from pulsar_nack.consumer.settings import ConsumerSettings
 
     monkeypatch.setattr(retry_module, "MEMORY_HOLD_MAX", 2)
     now = [10_000]
     client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker
     names = RetryTopics("persistent://public/default/t-s-RETRY", "persistent://public/default/t-s-DLQ", 16)
-    retry = RetryLetter(client, "s", names, clock_ms=lambda: now[0], hold_ms=1_000)
+    retry = RetryLetter(client, "s", names, ConsumerSettings(retry_enable=True, retry_hold_ms=1_000), clock_ms=lambda: now[0])
     try:
         def copy(entry: int, deliver_at: int) -> StandIn:
             return StandIn(names.retry_letter_topic, _pulsar.MessageId(-1, 7, entry, 0),

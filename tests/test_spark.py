@@ -205,7 +205,7 @@ def test_config_is_validated_and_pickles():
         ["a", "b"],
         "s",
         subscription_type=pulsar.ConsumerType.KeyShared,
-        backoff=MultiplierRedeliveryBackoff(100, 1000),
+        redelivery_backoff=MultiplierRedeliveryBackoff(100, 1000),
         retryable=Transient,
         consumer_options={"receiver_queue_size": 100},
     )
@@ -244,7 +244,7 @@ def test_registry_reuses_the_consumer_and_rebuilds_after_fork_or_close(url, topi
         rebuilt = executor_consumer(config)
         assert rebuilt is not after_fork and not rebuilt.closed
         # A changed consumer setting rebuilds it too.
-        changed = executor_consumer(make_config(url, topic, "registry", nack_delay_ms=5_000))
+        changed = executor_consumer(make_config(url, topic, "registry", negative_ack_redelivery_delay_ms=5_000))
         assert changed is not rebuilt and rebuilt.closed
     finally:
         assert close_executor_consumers() == 1
@@ -257,7 +257,7 @@ def test_20k_messages_every_failure_retried_on_time_nothing_lost_consumers_reuse
     produce(client, topic, n)
     expected_failures = sum(fails_first_time(str(i).encode()) for i in range(n))
     backoff = MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=5_000)
-    config = make_config(url, topic, "spark-20k", backoff=backoff, retryable=(Transient,))
+    config = make_config(url, topic, "spark-20k", redelivery_backoff=backoff, retryable=(Transient,))
 
     stats = run_consumer_tasks(
         spark,
@@ -311,7 +311,7 @@ def test_a_durable_task_drains_its_retries_past_its_idle_timeout(url, client, ho
         if message.redelivery_count() == 0:
             raise RuntimeError("later")
 
-    config = make_config(url, topic, "durable-drain", retries="durable", nack_delay_ms=1_500, retry_hold_ms=hold_ms)
+    config = make_config(url, topic, "durable-drain", retries="durable", negative_ack_redelivery_delay_ms=1_500, retry_hold_ms=hold_ms)
     try:
         stats = consume_partition(config, fail_first, TaskBudget(max_time_ms=60_000, idle_timeout_ms=300))
     finally:
@@ -383,7 +383,7 @@ def test_non_retryable_errors_are_handled_as_configured(spark, url, client, acti
         url,
         topic,
         "nonretry",
-        backoff=MultiplierRedeliveryBackoff(300, 3_000),
+        redelivery_backoff=MultiplierRedeliveryBackoff(300, 3_000),
         retryable=(Transient,),
         on_non_retryable=action,
     )
@@ -420,7 +420,7 @@ def test_on_non_retryable_raise_fails_the_job_with_the_worker_traceback_and_lose
     topic = new_topic()
     n, poison = 300, 150
     produce(client, topic, n)
-    config = make_config(url, topic, "raise", nack_delay_ms=200, retryable=(Transient,), on_non_retryable="raise")
+    config = make_config(url, topic, "raise", negative_ack_redelivery_delay_ms=200, retryable=(Transient,), on_non_retryable="raise")
     with pytest.raises(PythonException) as failure:
         run_consumer_tasks(spark, config, PoisonId(poison), 1, TaskBudget(idle_timeout_ms=500))
     assert "Permanent: poison event 150" in str(failure.value)
@@ -453,7 +453,7 @@ def test_a_python_worker_killed_mid_batch_with_acks_in_flight_loses_nothing_and_
     finally:
         client.close()
     config = make_config(
-        url, topic, "killed", backoff=MultiplierRedeliveryBackoff(spark_jobs.MIN_BACKOFF_MS, spark_jobs.MAX_BACKOFF_MS),
+        url, topic, "killed", redelivery_backoff=MultiplierRedeliveryBackoff(spark_jobs.MIN_BACKOFF_MS, spark_jobs.MAX_BACKOFF_MS),
         retryable=(spark_jobs.Transient,),
     )
     handler = spark_jobs.RecordingHandler(str(tmp_path), kill_after=1_000)

@@ -53,10 +53,10 @@ def test_max_redeliveries_is_validated():
 
 def test_tracker_defaults_to_ours_and_accepts_builtin():
     assert config().tracker == "ours"
-    builtin = config(tracker="builtin", nack_delay_ms=500)
+    builtin = config(tracker="builtin", negative_ack_redelivery_delay_ms=500)
     assert builtin.tracker == "builtin" and builtin.retry_delay_ms(0) == 500
     # A worker's consumer is rebuilt when the tracker changes.
-    assert builtin.consumer_settings() != config(nack_delay_ms=500).consumer_settings()
+    assert builtin.consumer_settings() != config(negative_ack_redelivery_delay_ms=500).consumer_settings()
 
 
 @pytest.mark.parametrize(("tracker", "error"), [(None, TypeError), (1, TypeError), (b"ours", TypeError),
@@ -70,8 +70,8 @@ def test_the_builtin_tracker_refuses_a_backoff_it_cannot_apply():
     from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
 
     with pytest.raises(ValueError, match="backoff"):
-        config(tracker="builtin", backoff=MultiplierRedeliveryBackoff(500, 10_000))
-    assert config(backoff=MultiplierRedeliveryBackoff(500, 10_000)).tracker == "ours"
+        config(tracker="builtin", redelivery_backoff=MultiplierRedeliveryBackoff(500, 10_000))
+    assert config(redelivery_backoff=MultiplierRedeliveryBackoff(500, 10_000)).tracker == "ours"
 
 
 def test_a_durable_retry_waits_the_grace_of_whoever_holds_it():
@@ -94,3 +94,28 @@ def test_a_durable_retry_waits_the_grace_of_whoever_holds_it():
     assert retry_grace_s(held, 500, Payload(HELD_MAX_BYTES + 1)) == DURABLE_GRACE_S
     assert retry_grace_s(held, 0, Payload(10)) == DURABLE_GRACE_S
     assert retry_grace_s(held, 1_001, Payload(10)) == DURABLE_GRACE_S
+
+
+def test_the_names_of_earlier_releases_still_work_with_a_deprecation_warning():
+    """ConsumerConfig takes subscribe's names; nack_delay_ms, precision_bits and backoff (keywords and
+    attributes) still work, each with a DeprecationWarning, and the two names of one setting clash."""
+    from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
+
+    backoff = MultiplierRedeliveryBackoff(500, 10_000)
+    with pytest.warns(DeprecationWarning, match="nack_delay_ms"):
+        old = config(nack_delay_ms=500, precision_bits=4, backoff=backoff)
+    assert old == config(negative_ack_redelivery_delay_ms=500, negative_ack_precision_bit_cnt=4, redelivery_backoff=backoff)
+    with pytest.warns(DeprecationWarning, match="ConsumerConfig.precision_bits"):
+        assert (old.nack_delay_ms, old.precision_bits, old.backoff) == (500, 4, backoff)
+    with pytest.raises(TypeError, match="not both"):
+        config(nack_delay_ms=500, negative_ack_redelivery_delay_ms=500)
+
+
+def test_spark_settings_are_checked_by_the_consumers_settings_in_spark_terms():
+    """One validation per setting: ConsumerConfig's consumer settings raise the consumers' own errors."""
+    with pytest.raises(ValueError, match="negative_ack_precision_bit_cnt must be <= 30"):
+        config(negative_ack_precision_bit_cnt=31)
+    with pytest.raises(TypeError, match="redelivery_backoff must be a RedeliveryBackoff"):
+        config(redelivery_backoff=object())
+    with pytest.raises(ValueError, match="retry_hold_ms needs retries='durable'"):
+        config(retry_hold_ms=1_000)

@@ -333,11 +333,11 @@ def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _retry_hold_ms(args: argparse.Namespace) -> int:
-    """The workers' ``retry_hold_ms``: the option, else :data:`DURABLE_HOLD_MS` with durable retries."""
-    if getattr(args, "retries", "nack") != "durable":
-        return 0
+    """The workers' ``retry_hold_ms``: the option, else :data:`DURABLE_HOLD_MS` with durable retries (else 0)."""
     hold = getattr(args, "retry_hold_ms", None)
-    return DURABLE_HOLD_MS if hold is None else int(hold)
+    if hold is not None:
+        return int(hold)  # ConsumerConfig refuses it without durable retries
+    return DURABLE_HOLD_MS if getattr(args, "retries", "nack") == "durable" else 0
 
 
 def _broker_config(args: argparse.Namespace) -> dict[str, str]:
@@ -425,8 +425,10 @@ def _prepare(args: argparse.Namespace) -> Any:
     """Check up front what the demo needs, fetch Apache Pulsar on first use; the release to
     start, or None with ``--service-url``. Raises SetupError (one line) or BrokerError."""
     check_master(args.master)
-    if getattr(args, "retry_hold_ms", None) is not None and getattr(args, "retries", "nack") != "durable":
-        raise SetupError("--retry-hold-ms needs --retries durable")
+    try:  # the options' rules are the consumer's settings' (ConsumerConfig checks them), in the options' names
+        _consumer_config(args, "pulsar://127.0.0.1:6650", "persistent://public/default/demo")
+    except ValueError as error:
+        raise SetupError(_in_option_names(str(error))) from None
     if args.service_url:
         check_spark_java()
         check_service_url(args.service_url)
@@ -449,20 +451,32 @@ def _start_broker(args: argparse.Namespace) -> tuple[Any, str]:
     return broker, broker.url
 
 
-def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
-    """Run the consumer tasks until the subscription is drained; the RunStats."""
+_OPTION_NAMES = {"retry_hold_ms": "--retry-hold-ms", "retries='durable'": "--retries durable"}
+"""ConsumerConfig's names in its errors -> the demo's options."""
+
+
+def _in_option_names(message: str) -> str:
+    """*message* with ConsumerConfig's names replaced by the demo's options."""
+    for name, option in _OPTION_NAMES.items():
+        message = message.replace(name, option)
+    return message
+
+
+def _consumer_config(args: argparse.Namespace, url: str, topic: str) -> Any:
+    """The demo's ConsumerConfig (validated: TypeError, ValueError)."""
     from ..core.backoff import MultiplierRedeliveryBackoff
-    from ..spark import ConsumerConfig, TaskBudget, run_consumer_tasks
+    from ..spark import ConsumerConfig
+
     backoff = MultiplierRedeliveryBackoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
     builtin = args.tracker == "builtin"
-    config = ConsumerConfig(
+    return ConsumerConfig(
         url,
         topic,
         SUBSCRIPTION,
         # The built-in nack has no backoff: its fixed delay is the first one. The demo's
         # events fail once only, so every retry asks for that delay with either tracker.
-        nack_delay_ms=backoff.next_delay_ms(0) if builtin else 60_000,
-        backoff=None if builtin else backoff,
+        negative_ack_redelivery_delay_ms=backoff.next_delay_ms(0) if builtin else 60_000,
+        redelivery_backoff=None if builtin else backoff,
         retryable=(TransientError,),
         consumer_options={} if args.receiver_queue_size is None else {"receiver_queue_size": args.receiver_queue_size},
         tracker=args.tracker,
@@ -470,6 +484,13 @@ def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
         retry_hold_ms=_retry_hold_ms(args),
         subscription_type=args.subscription,
     )
+
+
+def _consume(args: argparse.Namespace, url: str, topic: str, spark: Any) -> Any:
+    """Run the consumer tasks until the subscription is drained; the RunStats."""
+    from ..spark import TaskBudget, run_consumer_tasks
+
+    config = _consumer_config(args, url, topic)
     budget = TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000)
     progress = None
     if args.master.startswith("local"):

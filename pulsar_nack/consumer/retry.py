@@ -83,8 +83,8 @@ from typing import Any
 
 import pulsar
 
-from .._validate import MAX_DELAY_MS, check_bool, check_ms
-from ..core.backoff import RedeliveryBackoff, resolve_delay
+from .._validate import MAX_DELAY_MS, check_bool
+from ..core.backoff import resolve_delay
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
 from ..timing import HANDOFF_DELAY_MS, MEMORY_HOLD_MS
@@ -490,19 +490,18 @@ class RetryLetter:
     client : pulsar.Client or pulsar.asyncio.Client
     subscription : str
     topics : RetryTopics
-    delay_ms : int
-        The fixed delay when the call gives none and there is no backoff.
-    backoff : RedeliveryBackoff, optional
-        Delay by ``RECONSUMETIMES`` (0 for a first reconsume).
+    settings : ConsumerSettings, optional
+        The consumer's settings (default ``ConsumerSettings(retry_enable=True)``): its
+        ``negative_ack_redelivery_delay_ms`` is the fixed delay when the call gives none and
+        there is no ``redelivery_backoff`` (by ``RECONSUMETIMES``, 0 for a first reconsume);
+        reconsumes of at most ``retry_hold_ms`` are held by the consumers, not the broker
+        (see the module notes, "Held by the consumer").
     dead_letter : DeadLetter, optional
         The sender of the consumer's dead letters, when it has a dead-letter policy; else
         one of this letter's own (the same class, to ``topics.dead_letter_topic``). It
         sends the reconsume path's dead letters, built here in the Java client's form.
     clock_ms : callable
         Wall-clock epoch milliseconds (publish times are wall-clock).
-    hold_ms : int
-        Reconsumes of at most this delay are held by the consumers, not the broker (see
-        the module notes, "Held by the consumer"); 0: none.
     """
 
     topics: RetryTopics
@@ -516,18 +515,17 @@ class RetryLetter:
         client: Any,
         subscription: str,
         topics: RetryTopics,
+        settings: ConsumerSettings | None = None,
         *,
-        delay_ms: int = 60_000,
-        backoff: RedeliveryBackoff | None = None,
         dead_letter: DeadLetter | None = None,
         clock_ms: Callable[[], int] | None = None,
-        hold_ms: int = 0,
     ) -> None:
+        settings = ConsumerSettings(retry_enable=True) if settings is None else settings
         self.topics = topics
         self.subscription = subscription
-        self.delay_ms = check_ms("delay_ms", delay_ms)
-        self.hold_ms = check_ms("hold_ms", hold_ms)
-        self.backoff = backoff
+        self.delay_ms = settings.negative_ack_redelivery_delay_ms  # validated by the settings, as every setting
+        self.hold_ms = settings.retry_hold_ms
+        self.backoff = settings.redelivery_backoff
         self._raw_client = raw_client(client)
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._hold = NackingCore(
@@ -554,11 +552,7 @@ class RetryLetter:
     @classmethod
     def for_settings(cls, client: Any, subscription: str, topics: RetryTopics, settings: ConsumerSettings) -> RetryLetter:
         """The retry letter of a consumer subscribed with *settings* (its fixed delay, backoff, ``retry_hold_ms``)."""
-        return cls(
-            client, subscription, topics,
-            delay_ms=settings.negative_ack_redelivery_delay_ms, backoff=settings.redelivery_backoff,
-            hold_ms=settings.retry_hold_ms,
-        )
+        return cls(client, subscription, topics, settings)
 
     # -------------------------------------------------------------- the retry topic's consumer
 

@@ -94,12 +94,13 @@ class ConsumerSettings:
     retry_hold_ms: int = 0
 
     def __post_init__(self) -> None:
+        # The one validation of each setting: both consumers, both subscribe functions, the
+        # retry letter, Spark's ConsumerConfig and the demo's options all come through here.
         check_ms("negative_ack_redelivery_delay_ms", self.negative_ack_redelivery_delay_ms)
         check_int("negative_ack_precision_bit_cnt", self.negative_ack_precision_bit_cnt, 0, MAX_PRECISION_BITS)
-        if self.redelivery_backoff is not None and not isinstance(self.redelivery_backoff, RedeliveryBackoff):
-            raise TypeError(
-                f"redelivery_backoff must be a RedeliveryBackoff or None, not {type(self.redelivery_backoff).__name__}"
-            )
+        backoff = self.redelivery_backoff
+        if backoff is not None and not callable(getattr(backoff, "next_delay_ms", None)):
+            raise TypeError(f"redelivery_backoff must be a RedeliveryBackoff or None, not {type(backoff).__name__}")
         check_bool("never_early", self.never_early)
         policy = self.dead_letter_policy
         if policy is not None and not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
@@ -107,6 +108,10 @@ class ConsumerSettings:
         check_ms("handoff_delay_ms", self.handoff_delay_ms)
         check_ms("coalesce_ms", self.coalesce_ms)
         check_bool("always_guard", self.always_guard)
+        self._check_retries()
+
+    def _check_retries(self) -> None:
+        """The retry letter topic's settings: each needs ``retry_enable``."""
         check_bool("retry_enable", self.retry_enable)
         topic = self.retry_letter_topic
         if topic is not None and not isinstance(topic, str):

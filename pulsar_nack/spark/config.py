@@ -8,12 +8,14 @@ happens once, on the driver, when they are built: ``TypeError`` for a wrong type
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._validate import MAX_DELAY_MS, check_int, check_ms, check_name, check_optional_int, check_topics
+from .._validate import MAX_DELAY_MS, check_bool, check_ms, check_name, check_optional_int, check_topics
 from ..core.backoff import RedeliveryBackoff, resolve_delay
-from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
+from ..core.buckets import DEFAULT_PRECISION_BITS
 
 __all__ = ["NON_RETRYABLE_ACTIONS", "RETRIES", "TRACKERS", "ConsumerConfig", "TaskBudget", "dead_letter_topic"]
 
@@ -28,6 +30,22 @@ TRACKERS: tuple[str, ...] = ("ours", "builtin")
 """``ConsumerConfig.tracker``: pulsar-nack's tracker, or pulsar-client's built-in nack."""
 RETRIES: tuple[str, ...] = ("nack", "durable")
 """``ConsumerConfig.retries``: nack (in the worker's memory), or reconsume (a retry letter topic)."""
+
+
+_RENAMED = {
+    "nack_delay_ms": "negative_ack_redelivery_delay_ms",
+    "precision_bits": "negative_ack_precision_bit_cnt",
+    "backoff": "redelivery_backoff",
+}
+"""ConsumerConfig's names of earlier releases -> the names of ``subscribe`` (deprecated, still accepted)."""
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """TypeError unless *value* is a str, ValueError unless it is one of *choices*."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def _enum_name(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -63,17 +81,21 @@ class ConsumerConfig:
         entries. ``"KeyShared"`` keeps keys on one worker. ``"Failover"`` and
         ``"Exclusive"`` allow one active consumer: the other workers wait, and a nack
         redelivers every unacked message of the consumer.
-    nack_delay_ms : int
-        Fixed retry delay when no ``backoff`` is given (pulsar's
-        ``negative_ack_redelivery_delay_ms``). Default 60 s.
-    precision_bits : int
+    negative_ack_redelivery_delay_ms : int
+        Fixed retry delay when no ``redelivery_backoff`` is given. Default 60 s.
+    negative_ack_precision_bit_cnt : int
         Retry deadlines are trimmed by this many bits (default 8: 256 ms buckets; a
         retry may come up to ``2**bits - 1`` ms early unless ``never_early``).
-    backoff : RedeliveryBackoff, optional
+    redelivery_backoff : RedeliveryBackoff, optional
         Delay by redelivery count, e.g.
         :class:`~pulsar_nack.core.backoff.MultiplierRedeliveryBackoff`.
     never_early : bool
         Round deadlines up instead of down.
+
+        These four are ``subscribe``'s keywords, validated by the consumers' one settings
+        object (:class:`~pulsar_nack.consumer.settings.ConsumerSettings`). The names of
+        earlier releases, ``nack_delay_ms``, ``precision_bits`` and ``backoff``, still work
+        (as keywords and attributes) with a ``DeprecationWarning``.
     receive_timeout_ms : int
         How long one ``receive`` waits; the task checks its budget at least this often.
         Default 100.
@@ -124,8 +146,8 @@ class ConsumerConfig:
     tracker : {"ours", "builtin"}
         ``"ours"`` (default): a :class:`~pulsar_nack.consumer.NackingConsumer`.
         ``"builtin"``: a plain ``client.subscribe(...)`` consumer whose nacks use
-        pulsar-client's own tracker with the fixed ``nack_delay_ms``, for comparison.
-        It has no backoff (``backoff`` must be None); ``precision_bits`` and
+        pulsar-client's own tracker with the fixed ``negative_ack_redelivery_delay_ms``, for
+        comparison. It has no backoff (``redelivery_backoff`` must be None); ``negative_ack_precision_bit_cnt`` and
         ``never_early`` do not apply; its pending nacks and memory are not visible
         (reported as None), and ``TaskBudget.drain_pending`` cannot wait for them.
     retries : {"nack", "durable"}
@@ -151,10 +173,10 @@ class ConsumerConfig:
     --------
     >>> from pulsar_nack.core.backoff import MultiplierRedeliveryBackoff
     >>> config = ConsumerConfig("pulsar://127.0.0.1:6650", "orders", "billing",
-    ...     backoff=MultiplierRedeliveryBackoff(1000, 60_000))
+    ...     redelivery_backoff=MultiplierRedeliveryBackoff(1000, 60_000))
     >>> config.topics, config.subscription_type, config.key
     (('orders',), 'Shared', ('pulsar://127.0.0.1:6650', ('orders',), 'billing'))
-    >>> import pickle; pickle.loads(pickle.dumps(config)).backoff.next_delay_ms(2)
+    >>> import pickle; pickle.loads(pickle.dumps(config)).redelivery_backoff.next_delay_ms(2)
     4000
     """
 
@@ -162,9 +184,9 @@ class ConsumerConfig:
     topics: str | Sequence[str]  # stored as a tuple (see __post_init__)
     subscription: str
     subscription_type: str = "Shared"
-    nack_delay_ms: int = 60_000
-    precision_bits: int = DEFAULT_PRECISION_BITS
-    backoff: RedeliveryBackoff | None = None
+    negative_ack_redelivery_delay_ms: int = 60_000
+    negative_ack_precision_bit_cnt: int = DEFAULT_PRECISION_BITS
+    redelivery_backoff: RedeliveryBackoff | None = None
     never_early: bool = False
     receive_timeout_ms: int = 100
     initial_position: str = "Earliest"
@@ -183,35 +205,72 @@ class ConsumerConfig:
     retry_hold_ms: int = 0
 
     def __post_init__(self) -> None:
+        self._check_target()
+        self._check_modes()
+        self._check_settings()
+        self._check_task()
+        self._check_client()
+
+    def _check_target(self) -> None:
+        """What the task reads: service URL, topics, subscription, its type and start."""
         set_ = object.__setattr__
         check_name("service_url", self.service_url)
         set_(self, "topics", tuple(check_topics("topics", self.topics)))
         check_name("subscription", self.subscription)
         set_(self, "subscription_type", _enum_name("subscription_type", self.subscription_type, _CONSUMER_TYPES))
         set_(self, "initial_position", _enum_name("initial_position", self.initial_position, _INITIAL_POSITIONS))
-        check_ms("nack_delay_ms", self.nack_delay_ms)
+
+    def _check_modes(self) -> None:
+        """``tracker`` and ``retries``, and what each needs of the other and of the subscription."""
+        _choice("tracker", self.tracker, TRACKERS)
+        if self.tracker == "builtin" and self.redelivery_backoff is not None:
+            raise ValueError(
+                "tracker='builtin' has no backoff: leave redelivery_backoff None and set negative_ack_redelivery_delay_ms"
+            )
+        _choice("retries", self.retries, RETRIES)
+        if self.retries == "durable" and self.tracker != "ours":
+            raise ValueError("retries='durable' needs tracker='ours'")
+        if self.retries == "durable" and self.subscription_type not in ("Shared", "KeyShared"):
+            raise ValueError(f"retries='durable' needs a Shared or KeyShared subscription, not {self.subscription_type}")
+
+    def _check_settings(self) -> None:
+        """The consumer's settings, by the consumers' own checks (in Spark's terms)."""
+        from ..consumer.settings import ConsumerSettings  # imports pulsar: not at module import
+
+        try:
+            ConsumerSettings(
+                negative_ack_redelivery_delay_ms=self.negative_ack_redelivery_delay_ms,
+                negative_ack_precision_bit_cnt=self.negative_ack_precision_bit_cnt,
+                redelivery_backoff=self.redelivery_backoff,
+                never_early=self.never_early,
+                retry_enable=self.retries == "durable",
+                retry_hold_ms=self.retry_hold_ms,
+            )
+        except (TypeError, ValueError) as error:  # Spark's name of retry_enable=True
+            raise type(error)(str(error).replace("retry_enable=True", "retries='durable'")) from None
+
+    def _check_task(self) -> None:
+        """What a task does: its receive timeout, ack flush, retry limits and dead letters."""
         check_ms("receive_timeout_ms", self.receive_timeout_ms, 1)
         check_ms("ack_flush_ms", self.ack_flush_ms)
         check_optional_int("max_redeliveries", self.max_redeliveries, 0)
-        check_int("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
-        if self.backoff is not None and not callable(getattr(self.backoff, "next_delay_ms", None)):
-            raise TypeError("backoff must have a next_delay_ms(redelivery_count) method")
-        if not isinstance(self.never_early, bool):
-            raise TypeError("never_early must be bool")
-        if not isinstance(self.batch_index_ack, bool):
-            raise TypeError("batch_index_ack must be bool")
-        if not isinstance(self.tracker, str):
-            raise TypeError(f"tracker must be a str, not {type(self.tracker).__name__}")
-        if self.tracker not in TRACKERS:
-            raise ValueError(f"tracker must be one of {TRACKERS}, got {self.tracker!r}")
-        if self.tracker == "builtin" and self.backoff is not None:
-            raise ValueError("tracker='builtin' has no backoff: leave backoff None and set nack_delay_ms")
-        self._check_retries()
+        check_bool("batch_index_ack", self.batch_index_ack)
+        retryable = (self.retryable,) if isinstance(self.retryable, type) else tuple(self.retryable)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in retryable):
+            raise TypeError("retryable must be a tuple of exception classes")
+        object.__setattr__(self, "retryable", retryable)
+        if self.on_non_retryable not in NON_RETRYABLE_ACTIONS:
+            raise ValueError(f"on_non_retryable must be one of {NON_RETRYABLE_ACTIONS}, got {self.on_non_retryable!r}")
+        if self.dead_letter_topic is not None and (not isinstance(self.dead_letter_topic, str) or not self.dead_letter_topic):
+            raise TypeError("dead_letter_topic must be a non-empty str or None")
+
+    def _check_client(self) -> None:
+        """The client's and the subscription's options, the client factory and the log level."""
         for name in ("client_options", "consumer_options"):
             value = getattr(self, name)
             if not isinstance(value, Mapping):
                 raise TypeError(f"{name} must be a mapping, not {type(value).__name__}")
-            set_(self, name, dict(value))
+            object.__setattr__(self, name, dict(value))
         if "negative_ack_redelivery_delay_ms" in self.consumer_options or "pattern" in self.consumer_options:
             raise ValueError("consumer_options must not set negative_ack_redelivery_delay_ms or pattern")
         if self.client_factory is not None and not callable(self.client_factory):
@@ -220,27 +279,26 @@ class ConsumerConfig:
 
         if not isinstance(self.log_level, str) or self.log_level.lower() not in LEVELS:
             raise ValueError(f"log_level must be one of {LEVELS}, got {self.log_level!r}")
-        retryable = (self.retryable,) if isinstance(self.retryable, type) else tuple(self.retryable)
-        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in retryable):
-            raise TypeError("retryable must be a tuple of exception classes")
-        set_(self, "retryable", retryable)
-        if self.on_non_retryable not in NON_RETRYABLE_ACTIONS:
-            raise ValueError(f"on_non_retryable must be one of {NON_RETRYABLE_ACTIONS}, got {self.on_non_retryable!r}")
-        if self.dead_letter_topic is not None and (not isinstance(self.dead_letter_topic, str) or not self.dead_letter_topic):
-            raise TypeError("dead_letter_topic must be a non-empty str or None")
 
-    def _check_retries(self) -> None:
-        if not isinstance(self.retries, str):
-            raise TypeError(f"retries must be a str, not {type(self.retries).__name__}")
-        if self.retries not in RETRIES:
-            raise ValueError(f"retries must be one of {RETRIES}, got {self.retries!r}")
-        if self.retries == "durable" and self.tracker != "ours":
-            raise ValueError("retries='durable' needs tracker='ours'")
-        if self.retries == "durable" and self.subscription_type not in ("Shared", "KeyShared"):
-            raise ValueError(f"retries='durable' needs a Shared or KeyShared subscription, not {self.subscription_type}")
-        check_ms("retry_hold_ms", self.retry_hold_ms)
-        if self.retry_hold_ms and self.retries != "durable":
-            raise ValueError("retry_hold_ms needs retries='durable'")
+    @property
+    def nack_delay_ms(self) -> int:
+        """Deprecated: :attr:`negative_ack_redelivery_delay_ms`."""
+        return self._renamed("nack_delay_ms")
+
+    @property
+    def precision_bits(self) -> int:
+        """Deprecated: :attr:`negative_ack_precision_bit_cnt`."""
+        return self._renamed("precision_bits")
+
+    @property
+    def backoff(self) -> RedeliveryBackoff | None:
+        """Deprecated: :attr:`redelivery_backoff`."""
+        return self._renamed("backoff")
+
+    def _renamed(self, old: str) -> Any:
+        new = _RENAMED[old]
+        warnings.warn(f"ConsumerConfig.{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+        return getattr(self, new)
 
     @property
     def key(self) -> tuple[str, tuple[str, ...], str]:
@@ -256,9 +314,9 @@ class ConsumerConfig:
         """What the worker's consumer was built with; a change rebuilds it."""
         return (
             self.subscription_type,
-            self.nack_delay_ms,
-            self.precision_bits,
-            repr(self.backoff),
+            self.negative_ack_redelivery_delay_ms,
+            self.negative_ack_precision_bit_cnt,
+            repr(self.redelivery_backoff),
             self.never_early,
             self.initial_position,
             sorted(self.client_options.items(), key=lambda kv: kv[0]),
@@ -274,10 +332,29 @@ class ConsumerConfig:
     def retry_delay_ms(self, redelivery_count: int) -> int:
         """The delay a nack of a message with this redelivery count asks for. O(1).
 
-        >>> ConsumerConfig("pulsar://h:6650", "t", "s", nack_delay_ms=500).retry_delay_ms(3)
+        >>> ConsumerConfig("pulsar://h:6650", "t", "s", negative_ack_redelivery_delay_ms=500).retry_delay_ms(3)
         500
         """
-        return resolve_delay(None, self.backoff, self.nack_delay_ms, max(redelivery_count, 0))
+        return resolve_delay(None, self.redelivery_backoff, self.negative_ack_redelivery_delay_ms, max(redelivery_count, 0))
+
+
+def _accepting_old_names(init: Callable[..., None]) -> Callable[..., None]:
+    """``ConsumerConfig.__init__`` that takes the names of earlier releases too, with a DeprecationWarning."""
+
+    @functools.wraps(init)
+    def __init__(self: ConsumerConfig, *args: Any, **kwargs: Any) -> None:
+        for old, new in _RENAMED.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"give {new} or its deprecated name {old}, not both")
+                warnings.warn(f"ConsumerConfig({old}=...) is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+ConsumerConfig.__init__ = _accepting_old_names(ConsumerConfig.__init__)  # type: ignore[method-assign]  # (old keyword names, deprecated)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,7 +108,7 @@ def _build(config: ConsumerConfig) -> Entry:
         **config.consumer_options,
         "consumer_type": getattr(pulsar.ConsumerType, config.subscription_type),
         "initial_position": getattr(pulsar.InitialPosition, config.initial_position),
-        "negative_ack_redelivery_delay_ms": config.nack_delay_ms,
+        "negative_ack_redelivery_delay_ms": config.negative_ack_redelivery_delay_ms,
     }
     topics = list(config.topic_names) if len(config.topic_names) > 1 else config.topic_names[0]
     if config.retries == "durable":
@@ -126,8 +126,8 @@ def _build(config: ConsumerConfig) -> Entry:
                 client,
                 topics,
                 config.subscription,
-                negative_ack_precision_bit_cnt=config.precision_bits,
-                redelivery_backoff=config.backoff,
+                negative_ack_precision_bit_cnt=config.negative_ack_precision_bit_cnt,
+                redelivery_backoff=config.redelivery_backoff,
                 never_early=config.never_early,
                 **options,
             )

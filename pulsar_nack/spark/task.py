@@ -404,8 +404,8 @@ def consume_partition(
     Uses this worker's consumer for *config* (see :func:`~pulsar_nack.spark.executor_consumer`). For each
     message: ``handler(message)``; on return, ack. On an exception that is an instance
     of ``config.retryable`` (and within ``config.max_redeliveries``), nack: the message
-    comes back after ``config.backoff``'s delay for its redelivery count (or
-    ``config.nack_delay_ms``), to this or another worker. Any other ``Exception`` is
+    comes back after ``config.redelivery_backoff``'s delay for its redelivery count (or
+    ``config.negative_ack_redelivery_delay_ms``), to this or another worker. Any other ``Exception`` is
     handled per ``config.on_non_retryable``. Other ``BaseException`` s (e.g.
     ``KeyboardInterrupt``) nack the message and propagate. Before returning (or
     raising) the task flushes its acks (see "Ack flush" in :mod:`pulsar_nack.spark`).
