@@ -59,7 +59,7 @@ def test_design_names_the_constants_of_the_code_and_links_only_inside():
     """docs/design.md: its prose gives the code's numbers (the table of constants is generated), and no link leaves the repo."""
     import inspect
 
-    from pulsar_nack.consumer import nacking
+    from pulsar_nack.consumer import message_sets
     from pulsar_nack.core import accel
     from pulsar_nack.core.buckets import TimeBuckets
 
@@ -70,7 +70,7 @@ def test_design_names_the_constants_of_the_code_and_links_only_inside():
     expected = {
         r"at most (\d+) per deadline": [accel.LOG_GROUP],
         r"open buckets \(at most (\d+)\)": [max_open],
-        r"`entry << (\d+) \| batch_index \+ 1`": [nacking._BATCH_BITS],
+        r"`entry << (\d+) \| batch_index \+ 1`": [message_sets._BATCH_BITS],
         r"about (\d+) bytes\)": [slot],
         r"a (\d+)-byte `bytes` header": [bytes_obj],
         r"\((\d+) \+ (\d+) \+ 2 \+ (\d+) bytes\)": [roaring, container, run],

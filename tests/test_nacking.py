@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from helpers import _varint, wait_for
 from pulsar_nack import timing
-from pulsar_nack.consumer import nacking
-from pulsar_nack.consumer.nacking import NackingCore, PendingNacks, TopicMatcher, full_topic_name, raw_id
+from pulsar_nack.consumer import admission, nacking
+from pulsar_nack.consumer._client import raw_id
+from pulsar_nack.consumer.message_sets import PendingNacks
+from pulsar_nack.consumer.nacking import NackingCore, TopicMatcher, full_topic_name
 from pulsar_nack.consumer.settings import ConsumerSettings
 
 T = "persistent://public/default/t"
@@ -135,7 +137,7 @@ def test_bad_input_changes_nothing() -> None:
             core.before_ack(bad)
     with pytest.raises(ValueError, match="does not belong"):
         core.nack(Stub("persistent://public/default/other", 1, 1))
-    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.pending) == 0
+    assert len(core.tracker) == 0 and core.counts()["nacked"] == 0 and len(core.ledger.pending) == 0
     core.close(redeliver_pending=False)
 
 
@@ -164,7 +166,6 @@ def test_raw_id_unwraps_every_form() -> None:
 
 def test_counters_are_exact_under_threads_and_read_without_a_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     """counts() reads the lock-free counters through the iterator protocol, not by parsing their repr."""
-    from pulsar_nack.consumer import nacking
 
     def no_repr(obj: object) -> str:
         raise AssertionError(f"a counter was read from its repr: {obj!r:.0}")
@@ -225,7 +226,7 @@ def test_a_handed_off_message_comes_back_once_and_its_later_copy_is_acked_with_i
     message = Member(5, 2, 1, 3)
     assert core.admit(message)
     core.nack(message, delay_ms=0)
-    assert wait_for(lambda: core._handed, 10)
+    assert wait_for(lambda: core.ledger._handed, 10)
     assert core.admit(message), "the copy after the handoff is the one the application sees"
     second = Member(5, 2, 1, 3)
     assert not core.admit(second), "a second copy (the entry handed off twice) must not be delivered"
@@ -250,7 +251,7 @@ def test_a_copy_before_its_bucket_deadline_is_swallowed_and_the_clients_redelive
     after the handoff, so a reconnect in between brought a copy up to 37 ms before its bucket.
     """
     clock = [10_000_000]
-    monkeypatch.setattr(nacking, "monotonic_ms", lambda: clock[0])
+    monkeypatch.setattr(admission, "monotonic_ms", lambda: clock[0])
     recorder = Recorder()
     core = NackingCore(recorder, [T], ConsumerSettings(never_early=never_early))
     message = Stub(T, 21, 4)
@@ -272,7 +273,7 @@ def test_acked_members_are_filtered_and_acked_again_until_the_entry_settles() ->
     _ack(core, members[0])
     core.nack(members[1], delay_ms=60_000)
     _ack(core, members[2])
-    assert len(core._complete) == 1 and len(core._entries) == 0, "every member acked or nacked: complete"
+    assert len(core.ledger._complete) == 1 and len(core.ledger.entries) == 0, "every member acked or nacked: complete"
     copies = [Member(6, 3, i, 3) for i in range(3)]
     assert [core.admit(c) for c in copies] == [False, False, False]
     assert acked == [copies[0], copies[2]], "the acked members' copies are acked again; the pending one is not"
@@ -289,11 +290,11 @@ def test_an_entry_settles_when_its_nacked_member_is_acked_after_its_return() -> 
     assert all(core.admit(m) for m in members)
     core.nack(members[0], delay_ms=0)
     _ack(core, members[1])
-    assert wait_for(lambda: core._handed, 10)
+    assert wait_for(lambda: core.ledger._handed, 10)
     returned = Member(7, 4, 0, 2)
     assert core.admit(returned)
     _ack(core, returned)
-    assert len(core._complete) == 0 and core._entries.counts() == (0, 1)
+    assert len(core.ledger._complete) == 0 and core.ledger.entries.counts() == (0, 1)
     assert not core.admit(Member(7, 4, 0, 2)) and not core.admit(Member(7, 4, 1, 2)), "a settled entry's copy"
     core._check()
     core.close(redeliver_pending=False)
@@ -304,31 +305,31 @@ def test_the_core_goes_quiet_after_guard_messages_and_guards_again_on_a_nack() -
     messages = [Stub(T, 8, e) for e in range(6)]
     for message in messages[:5]:
         assert core.admit(message)
-    assert core.quiet, "no nack state for guard_messages deliveries: quiet"
+    assert core.ledger.quiet, "no nack state for guard_messages deliveries: quiet"
     core.nack(messages[5], delay_ms=60_000)
-    assert not core.quiet
+    assert not core.ledger.quiet
     assert not core.admit(Stub(T, 8, 5))
     core.close(redeliver_pending=False)
 
 
 def test_a_handed_off_message_that_never_returns_is_forgotten_and_its_entry_with_it(monkeypatch) -> None:
-    from pulsar_nack.consumer import nacking
+    from pulsar_nack.consumer import admission
 
     now = [1_000_000]
-    monkeypatch.setattr(nacking, "monotonic_ms", lambda: now[0])
+    monkeypatch.setattr(admission, "monotonic_ms", lambda: now[0])
     core, _ = _core(guard_messages=1)
     members = [Member(9, 5, i, 2) for i in range(2)]
     assert all(core.admit(m) for m in members)
     core.nack(members[0], delay_ms=0)
     _ack(core, members[1])
-    assert wait_for(lambda: core._handed, 10)
-    assert len(core._complete) == 1
+    assert wait_for(lambda: core.ledger._handed, 10)
+    assert len(core.ledger._complete) == 1
     now[0] += timing.STALE_MS
     assert core.admit(Stub(T, 1, 1))  # a delivery while guarding ages the states once: not yet stale
-    assert core._handed and core._complete
+    assert core.ledger._handed and core.ledger._complete
     now[0] += timing.STALE_MS
     assert core.admit(Stub(T, 1, 2))  # twice: stale
-    assert not core._handed and not core._complete, "a stale handoff must leave no knowledge behind"
+    assert not core.ledger._handed and not core.ledger._complete, "a stale handoff must leave no knowledge behind"
     assert core.admit(Member(9, 5, 1, 2)), "an entry no longer known is delivered, never filtered"
     core._check()
     core.close(redeliver_pending=False)
@@ -359,8 +360,8 @@ def test_a_returned_member_of_a_complete_entry_is_never_taken_for_acked() -> Non
     assert all(core.admit(m) for m in members)
     for member in members:
         core.nack(member, delay_ms=0)
-    assert len(core._complete) == 1
-    assert wait_for(lambda: len(core._handed) == 2, 10)
+    assert len(core.ledger._complete) == 1
+    assert wait_for(lambda: len(core.ledger._handed) == 2, 10)
     assert core.admit(Member(11, 7, 0, 2)) and core.admit(Member(11, 7, 1, 2))  # returned
     assert core.admit(Member(11, 7, 0, 2)), "an ack timeout's copy of an unsettled message must be delivered"
     assert not acked, "nothing the application did not ack may be acked"
@@ -406,7 +407,7 @@ def test_a_failed_handoff_leaves_the_message_pending_until_it_is_retried() -> No
     assert core.admit(message)
     core.nack(message, delay_ms=0)
     assert wait_for(lambda: len(calls) >= 2, 10), "the failed handoff was not retried"
-    assert (12, 9, -1) in core._handed and (12, 9, -1) not in core.pending
+    assert (12, 9, -1) in core.ledger._handed and (12, 9, -1) not in core.ledger.pending
     core._check()
     core.close(redeliver_pending=False)
 

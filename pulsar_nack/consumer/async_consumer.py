@@ -106,7 +106,7 @@ class AsyncNackingConsumer(ConsumerBase):
         core = self._core
         while True:
             message = await self._plain.receive()
-            if core.unguarded:
+            if core.ledger.unguarded:
                 next(core.received)
                 return message
             if core.admit(message):

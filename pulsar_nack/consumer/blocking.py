@@ -196,7 +196,7 @@ class NackingConsumer(ConsumerBase):
             message = receive(timeout_millis)
         core = self._core
         while True:
-            if core.unguarded:  # the common path: nothing to compare with
+            if core.ledger.unguarded:  # the common path: nothing to compare with
                 next(core.received)
                 return message
             if core.admit(message):
@@ -273,7 +273,7 @@ class NackingConsumer(ConsumerBase):
         entry at once).
         """
         core = self._core
-        if core.unguarded and type(message) is _Message:
+        if core.ledger.unguarded and type(message) is _Message:
             self._acknowledge_message(message)  # the common path: nothing to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)

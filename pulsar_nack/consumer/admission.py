@@ -1,0 +1,657 @@
+"""The admission ledger: what a consumer knows of each message of an entry in flight, and which copies reach the application.
+
+The broker redelivers whole entries, and after any reconnect (topic unload, broker
+restart or failover, a consumer reconnect) or an ack timeout it redelivers every
+unacked message. The C++ client keeps one nack bucket per handoff, so an entry handed
+off in two bursts comes back twice. :class:`AdmissionLedger` keeps, per message, one
+:class:`MessageState` and decides each copy by it (:meth:`AdmissionLedger.screen`):
+
+======================  ===========================================================
+state of the message    a copy of it
+======================  ===========================================================
+``PENDING`` (nack)      swallowed, left unacked: its own handoff brings it back
+``HANDED_OFF``          delivered (it is due), and the message becomes *returned*;
+                        but before its bucket's time (its entry's last handoff plus
+                        the lead, :func:`~pulsar_nack.timing.handoff_lead_ms`), a copy
+                        cannot be the handoff's (a reconnect brought it): swallowed,
+                        left unacked, since the client still holds the entry
+``RETURNED``            swallowed and held; acked with the message when the
+                        application acks it (never twice per nack)
+``SETTLED`` (acked)     filtered and acked again, so that a broker without
+                        batch-index acks can settle the entry
+``UNKNOWN``             delivered, as the plain client does
+======================  ===========================================================
+
+The states are stored compactly, a few bytes per message: one bitmap set per nack state
+(:mod:`~pulsar_nack.consumer.message_sets`), and the settled members of batch entries in
+flight in an ``EntryTable`` (``_msgid.c``: acked and nacked members of entries being
+processed, and the last settled entries); an entry whose every member is acked or nacked
+moves to an :class:`~pulsar_nack.consumer.message_sets.EntrySet`, where a member in no
+nack set is acked. A message is in one state at a time.
+
+Every change is one atomic step under the ledger's lock: the screen of a copy
+(:meth:`~AdmissionLedger.screen`, which reads the table's verdict again under the lock),
+the note of an ack (:meth:`~AdmissionLedger.note_ack`, :meth:`~AdmissionLedger.note_ack_data`)
+or a nack (:meth:`~AdmissionLedger.note_nack`), a handoff (:meth:`~AdmissionLedger.hand_off`)
+and the expiry of old knowledge. So two copies of one message received by two threads are
+decided one after the other, and a copy decided after an ack sees the ack.
+
+With a dead-letter policy the ledger holds the consumer's
+:class:`~pulsar_nack.consumer.delivery_counts.DeliveryCounts` (None without one: the one
+place the policy is checked), and a copy may be routed to the dead-letter topic.
+
+Guarding
+    Knowing a copy needs its id, and reading an id costs about as much as a receive. So
+    the consumer *guards* (reads the id of every received message and records every ack)
+    only from the start, while any nack state exists, and for ``guard_messages``
+    deliveries after the last one; then the ledger is *quiet* and receive and
+    acknowledge keep no books until the next nack (``unguarded``: quiet, and no
+    delivery counts).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..core.base import DueKeys
+from ..core.keys import PARTITION_SUFFIX
+from ..core.timer import monotonic_ms
+from ..timing import STALE_MS
+from . import msgid as _msgid
+from ._client import RawMessageId
+from ._client import entry_id as raw_entry_id
+from .delivery_counts import DeliveryCounts
+from .message_sets import AgingSet, EntrySet, Item, PendingNacks
+
+__all__ = [
+    "SETTLED_CAPACITY",
+    "UNTITLED",
+    "AdmissionLedger",
+    "MessageState",
+    "handoff_id",
+]
+
+SETTLED_CAPACITY = 8192
+"""Settled entries (and acked non-batched messages) remembered while guarding: the client
+drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
+them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
+second; about 500 kB when full."""
+UNTITLED = ""
+"""The tracker topic of a key whose id object carries the real topic (a bare id on a multi-topic consumer)."""
+
+_DELIVER, _ACKED, _NACKED, _FRESH = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED, _msgid.FRESH
+_ROUTE, _ROUTE_STORED, _COMPLETE = _msgid.ROUTE, _msgid.ROUTE_STORED, _msgid.COMPLETE
+
+
+class MessageState(enum.Enum):
+    """What the ledger knows of one message (:meth:`AdmissionLedger.state_of`)."""
+
+    UNKNOWN = "unknown"
+    """In no nack set and not known acked: a copy is delivered."""
+    PENDING = "pending"
+    """Nacked, its delay not over: a copy is swallowed."""
+    HANDED_OFF = "handed off"
+    """Due and handed to the client: its next copy (after the lead) is delivered."""
+    RETURNED = "returned"
+    """Delivered again after its handoff, not settled: further copies are swallowed and held."""
+    SETTLED = "settled"
+    """Acked: a copy is filtered (and acked again)."""
+    SENDING = "sending"
+    """Its dead letter is on its way (dead-letter policy): a copy is swallowed."""
+    DEAD_LETTERED = "dead-lettered"
+    """Its dead letter is stored (dead-letter policy): a copy is acked again."""
+
+
+def handoff_id(topic: str, ledger_id: int, entry_id: int) -> RawMessageId:
+    """The entry-level id the client redelivers: partition from the topic name, topic set.
+
+    The multi-topic C++ consumer routes ids by topic name and silently drops ids without one.
+    """
+    match = PARTITION_SUFFIX.search(topic)
+    return raw_entry_id(int(match.group(1)) if match else -1, ledger_id, entry_id, topic)
+
+
+class RecentHandoffs:
+    """When each entry was last handed off, for as long as a copy of it could still be a reconnect's (the lead).
+
+    Not thread-safe: the ledger holds its lock.
+
+    >>> recent = RecentHandoffs(95)
+    >>> recent.note(1_000, [(7, 1)]); recent.is_recent((7, 1), 1_094), recent.is_recent((7, 1), 1_095)
+    (True, False)
+    """
+
+    __slots__ = ("_at", "_log", "lead_ms")
+
+    lead_ms: int
+    _at: dict[tuple[int, int], int]
+    _log: deque[tuple[int, list[tuple[int, int]]]]
+
+    def __init__(self, lead_ms: int) -> None:
+        self.lead_ms = lead_ms
+        self._at = {}  # (ledger, entry) -> ms of its last handoff
+        self._log = deque()  # (ms, entries handed off then), oldest first
+
+    def note(self, now: int, entries: list[tuple[int, int]]) -> None:
+        """*entries* are handed off at *now*; forget handoffs older than the lead."""
+        log, at = self._log, self._at
+        while log and log[0][0] + self.lead_ms <= now:
+            then, old = log.popleft()
+            for entry in old:
+                if at.get(entry) == then:
+                    del at[entry]
+        if entries:
+            log.append((now, entries))
+            for entry in entries:
+                at[entry] = now
+
+    def is_recent(self, entry: tuple[int, int], now: int) -> bool:
+        """True if *entry* was handed off less than the lead before *now*."""
+        then = self._at.get(entry)
+        return then is not None and now < then + self.lead_ms
+
+
+class AdmissionLedger:
+    """The state of each message of the entries in flight of one consumer; see the module notes.
+
+    Parameters
+    ----------
+    counts : DeliveryCounts, optional
+        The consumer's delivery counts when it has a dead-letter policy, else None.
+    lead_ms : int
+        How early buckets fire (:func:`~pulsar_nack.timing.handoff_lead_ms`): a copy of a
+        handed-off entry sooner than its handoff plus this is a reconnect's, swallowed.
+    always_guard : bool
+        Guard every copy all the time (an ack timeout redelivers unsettled messages at
+        any moment; such a copy of a returned message is a delivery).
+    guard_messages : int
+        Deliveries to keep guarding after the last nack state ended.
+    start_guard : int
+        Deliveries to guard at the start.
+    """
+
+    pending: PendingNacks
+    """The nacked messages whose delay is not over (read-only; changed under the lock)."""
+    counts: DeliveryCounts | None
+    """The delivery counts (dead-letter policy), or None."""
+    entries: Any
+    """The ``EntryTable`` of the entries in flight (``msgid.EntryTable``); its reads are atomic."""
+    atomic_table: bool
+    """True if a table read is one C call (atomic under the GIL): a verdict may be read without the lock."""
+    quiet: bool
+    unguarded: bool
+    """True while quiet without delivery counts: receive and ack keep no books (the common path)."""
+    guard_left: int
+    """Guarded deliveries left before the ledger may go quiet; the consumer counts it down."""
+    to_ack_again: list[Any]
+    """Copies and ids to acknowledge on the client after the last acks (held copies, whole entries)."""
+    stats: dict[str, int]
+    """Counters: swallowed, filtered, dead_lettered, handed_off_entries, handoff_bursts."""
+    _lock: threading.Lock
+    _handed: AgingSet
+    _returned: AgingSet
+    _complete: EntrySet
+    _held: dict[Item, Any]
+    _bare: dict[tuple[int, int], RawMessageId]
+    _recent: RecentHandoffs
+    _aged_at: int
+    _always_guard: bool
+    _guard_messages: int
+
+    def __init__(
+        self, counts: DeliveryCounts | None, *, lead_ms: int, always_guard: bool, guard_messages: int, start_guard: int
+    ) -> None:
+        self.counts = counts
+        self._always_guard, self._guard_messages = always_guard, guard_messages
+        self._lock = threading.Lock()
+        self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
+        self._complete = EntrySet()
+        self.entries = _msgid.EntryTable(SETTLED_CAPACITY)
+        self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
+        self._held, self._bare = {}, {}
+        self._recent = RecentHandoffs(lead_ms)
+        self._aged_at = monotonic_ms()
+        self.to_ack_again = []
+        self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
+        self._set_quiet(False)
+        self.guard_left = start_guard
+
+    # ------------------------------------------------------------------ reading
+
+    def state_of(self, item: Item) -> MessageState:
+        """The state of one message ``(ledger, entry, batch_index)``. O(1)."""
+        with self._lock:
+            counts = self.counts
+            if counts is not None and counts.is_sending(item):
+                return MessageState.SENDING
+            if counts is not None and item in counts.stored:
+                return MessageState.DEAD_LETTERED
+            for nack_set, state in ((self.pending, MessageState.PENDING), (self._handed, MessageState.HANDED_OFF),
+                                    (self._returned, MessageState.RETURNED)):
+                if item in nack_set:
+                    return state
+            verdict = self.entries.verdict(*item)
+            complete = verdict == _FRESH and item[2] >= 0 and item[:2] in self._complete
+            return MessageState.SETTLED if verdict == _ACKED or complete else MessageState.UNKNOWN
+
+    def has_nack_state(self) -> bool:
+        """True if some message is pending, handed off or returned (a hint, without the lock)."""
+        return bool(self.pending.count or self._handed.count or self._returned.count)
+
+    def keeps_counts(self) -> bool:
+        """True if some message's delivery counts are kept (a hint, read on every acknowledgement)."""
+        counts = self.counts
+        return counts is not None and counts.keeps_counts()
+
+    def idle_for(self, raw: Any) -> bool:
+        """While quiet: True if *raw* needs no screen (no delivery counts, or none needed for it)."""
+        counts = self.counts
+        return counts is None or counts.idle_for(raw)
+
+    def size_of(self, ledger_id: int, entry_id: int) -> int:
+        """The batch size of an entry in flight, else 0 (one table read)."""
+        return int(self.entries.size_of(ledger_id, entry_id))
+
+    # ------------------------------------------------------------------ copies
+
+    def screen(self, raw: Any, data: bytes | None) -> tuple[int, bytes]:
+        """Decide a received copy: one atomic step under the lock.
+
+        *data* is the serialized id if the caller read it (and the table's verdict) without
+        the lock, else None. The verdict is read (again) under the lock, so that an ack or
+        a nack noted meanwhile is seen. Returns ``(verdict, data)``: a
+        :class:`~pulsar_nack.consumer.msgid.Verdict` value (DELIVER, ACKED: filter it,
+        NACKED: swallow it, ROUTE or ROUTE_STORED: to the dead-letter topic).
+        """
+        with self._lock:
+            if data is None:
+                verdict, data = self.entries.admit(raw)
+                if verdict == _DELIVER and self.counts is None:
+                    return verdict, data
+            else:
+                fields = _msgid.parse_id(data)
+                verdict = self.entries.verdict(fields[0], fields[1], fields[3])
+            return self._screen(raw, verdict, data), data
+
+    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
+        """screen() under the lock."""
+        ledger, entry, _, index, size = _msgid.parse_id(data)
+        item = (ledger, entry, index)
+        counts = self.counts
+        if counts is not None:
+            routed = self._screen_dead_letters(item)
+            if routed is not None:
+                return routed
+        returned = item in self._returned
+        if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
+            if returned:
+                self._held[item] = raw  # acked with the application's ack (the latest copy)
+            return self._swallow(item)
+        handed = item in self._handed  # its handoff (or anything after it) brought it back
+        if handed and self._before_client_redelivery(ledger, entry):  # a reconnect's copy, early
+            return self._swallow(item)
+        if not handed and not returned and self._settled(verdict, item, size):
+            self.stats["filtered"] += 1
+            return _ACKED
+        if counts is not None and counts.counted_over(raw, item):
+            self._leave_state(item)
+            self.stats["swallowed"] += 1
+            return _ROUTE
+        if handed:
+            self._handed.discard(*item)
+            self._returned.add(*item)
+            self.guard_left = self._guard_messages
+        elif verdict == _FRESH and index >= 0 and size > 0:
+            self.entries.open(ledger, entry, size)
+        return _DELIVER
+
+    def _screen_dead_letters(self, item: Item) -> int | None:
+        """Under the lock, counting: NACKED if *item*'s dead letter is on its way, ROUTE_STORED if stored, else None."""
+        counts = self.counts
+        assert counts is not None
+        if counts.is_sending(item):
+            self.stats["swallowed"] += 1
+            return _NACKED
+        if item in counts.stored:
+            self.stats["swallowed"] += 1
+            return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
+        return None
+
+    def _swallow(self, item: Item) -> int:
+        """Under the lock: a copy the application must not see; it stays unacked."""
+        self.stats["swallowed"] += 1
+        if self.counts is not None:
+            self.counts.note_swallowed(item)
+        return _NACKED
+
+    def _settled(self, verdict: int, item: Item, size: int) -> bool:
+        """Under the lock: True if a message in no nack set was acked (or is a member of a complete entry)."""
+        if verdict == _ACKED:
+            return True
+        # A complete entry's member in no nack set was acked.
+        return verdict == _FRESH and item[2] >= 0 and size > 0 and bool(self._complete.count) and item[:2] in self._complete
+
+    def _before_client_redelivery(self, ledger_id: int, entry_id: int) -> bool:
+        """Under the lock: True if the entry's last handoff is too recent for the client to have redelivered it.
+
+        The C++ client redelivers a nacked entry no sooner than its delay after the
+        nack, and keeps it until then whatever else happens (a reconnect, an ack timeout,
+        ``redeliver_unacknowledged_messages``): a copy that comes sooner was brought by
+        something else and would be early, while the client's redelivery is still to come.
+        The window is the handoff's lead: it ends at the bucket's time.
+        """
+        return self._recent.is_recent((ledger_id, entry_id), monotonic_ms())
+
+    def _returned_copy_counts(self, raw: Any, item: Item) -> bool:
+        """Under the lock: True if a copy of a returned, unsettled message is a delivery after all.
+
+        It is, with an ack timeout (``always_guard``: redelivering unsettled messages is
+        what the application asked for), and, with a dead-letter policy, when the
+        plain client would dead-letter it (it goes there, not to the application).
+        Otherwise it is swallowed: a message comes back once per nack.
+        """
+        if self._always_guard:
+            return True
+        counts = self.counts
+        return counts is not None and counts.seen(raw, item) > counts.limit
+
+    # ------------------------------------------------------------------ nacks
+
+    def note_nack(self, item: Item, size: int, bare: RawMessageId | None) -> bool:
+        """A nack of *item* (of an entry of *size* members; *bare*: its id, for a key without topic).
+
+        It joins the pending set (and leaves the handed-off and returned ones), and the
+        ledger guards. One atomic step; False, and nothing changes, if its nack is pending already.
+        """
+        with self._lock:
+            if not self.pending.add(*item):
+                return False
+            if self.counts is not None:
+                self.counts.note_nack(item)
+            if self._handed.count or self._returned.count:
+                self._leave_state(item)
+            in_flight = item[2] >= 0 and size > 0 and not (self._complete.count and item[:2] in self._complete)
+            if in_flight and self.entries.nack(item[0], item[1], item[2], size) == _COMPLETE:
+                self._complete.add(item[0], item[1])
+            if bare is not None:
+                self._bare[item[:2]] = bare
+            self._guard()
+            return True
+
+    def undo_nack(self, item: Item) -> None:
+        """The tracker refused the nack :meth:`note_nack` noted: forget it."""
+        with self._lock:
+            self.pending.discard(*item)
+            self._bare.pop(item[:2], None)
+            if self.counts is not None:
+                self.counts.undo_nack(item)
+
+    def take_last(self, item: Item) -> Any:
+        """The copy of *item* at its last delivery, now on its way to the dead-letter topic; None if there is none."""
+        with self._lock:
+            counts = self.counts
+            last = None if counts is None else counts.take_last(item)
+            if last is not None:
+                self._leave_state(item)
+            return last
+
+    def _leave_state(self, item: Item) -> None:
+        """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
+        self._handed.discard(*item)
+        self._returned.discard(*item)
+        self._held.pop(item, None)
+
+    # ------------------------------------------------------------------ acks
+
+    def note_ack_data(self, data: bytes) -> None:
+        """An ack of a delivered message, by its serialized id: one atomic step. O(1)."""
+        with self._lock:
+            if (self.pending.count or self._handed.count or self._returned.count or self._complete.count
+                    or (self.counts is not None and self.counts.keeps_counts())):
+                fields = _msgid.parse_id(data)
+                self._note_ack(fields[0], fields[1], fields[3], fields[4], data=data)
+            elif self.entries.ack_data(data) == _COMPLETE:  # the common path: one C call
+                fields = _msgid.parse_id(data)
+                self._complete.add(fields[0], fields[1])
+
+    def note_ack(self, ledger: int, entry: int, index: int, size: int, *, made_up: bool, topic: str) -> bool:
+        """An ack of a message by its id fields: one atomic step.
+
+        *made_up*: the id was built without a batch size (``pulsar.MessageId(p, l, e, i)``),
+        which the client acks as its whole entry. For a member of an entry in flight the
+        ack is then only recorded, the entry acked whole once every member is: False
+        (send nothing now). True: send the ack.
+        """
+        with self._lock:
+            if index >= 0 and not size:
+                size = int(self.entries.size_of(ledger, entry))
+            if made_up and (size or (ledger, entry) in self._complete):
+                self._note_ack(ledger, entry, index, size, foreign=True, topic=topic)
+                return False
+            self._note_ack(ledger, entry, index, size, topic=topic)
+            return True
+
+    def _note_ack(
+        self, ledger: int, entry: int, index: int, size: int, *, data: bytes | None = None,
+        foreign: bool = False, topic: str = UNTITLED,
+    ) -> None:
+        """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
+        item = (ledger, entry, index)
+        if self.pending.count or self._handed.count or self._returned.count:
+            self.pending.discard(*item)
+            held = self._held.get(item)
+            if held is not None:
+                self.to_ack_again.append(held)
+            self._leave_state(item)
+        if self.counts is not None and self.counts.keeps_counts():
+            self.counts.forget(item)
+        if data is not None:
+            outcome = self.entries.ack_data(data, create=not self._complete.count)
+            if outcome == _msgid.MISSING:
+                if index >= 0 and (ledger, entry) in self._complete:
+                    self._ack_complete_member(ledger, entry, foreign, topic)
+                    return
+                outcome = self.entries.ack_data(data)
+        elif index >= 0 and self._complete.count and (ledger, entry) in self._complete:
+            self._ack_complete_member(ledger, entry, foreign, topic)
+            return
+        elif (self.quiet and not foreign) or (index >= 0 and size <= 0):
+            return  # nothing recorded: quiet, or a member of an entry of unknown size
+        else:
+            outcome = self.entries.ack(ledger, entry, index, size, foreign=foreign)
+        if outcome == _COMPLETE:
+            self._complete.add(ledger, entry)
+        elif outcome == _msgid.SETTLED_FOREIGN and topic is not UNTITLED:
+            self.to_ack_again.append(handoff_id(topic, ledger, entry))  # the client's acker missed a member
+
+    def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
+        """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
+        if not (self.pending.has_entry(ledger, entry) or self._handed.has_entry(ledger, entry)
+                or self._returned.has_entry(ledger, entry)):
+            self._complete.discard(ledger, entry)
+            self.entries.settle(ledger, entry)
+            if foreign and topic is not UNTITLED:
+                self.to_ack_again.append(handoff_id(topic, ledger, entry))
+
+    def forget_counts(self, item: Item) -> None:
+        """Drop the delivery counts of a settled message (acked or dead-lettered)."""
+        with self._lock:
+            if self.counts is not None:
+                self.counts.forget(item)
+
+    # ------------------------------------------------------------------ dead letters
+
+    def dead_letter_stored(self, item: Item, size: int) -> None:
+        """The dead letter of *item* is stored: counted, remembered, and acked (its entry may settle)."""
+        with self._lock:
+            if self.counts is not None:
+                self.counts.dead_letter_stored(item)
+            self.stats["dead_lettered"] += 1
+            self._note_ack(item[0], item[1], item[2], size)
+
+    def dead_letter_failed(self, item: Item) -> None:
+        """The dead letter of *item* could not be stored: it comes back and is routed again."""
+        with self._lock:
+            if self.counts is not None:
+                self.counts.dead_letter_failed(item)
+            self._guard()
+
+    # ------------------------------------------------------------------ handoffs and expiry
+
+    def hand_off(self, due: DueKeys) -> tuple[list[RawMessageId], Callable[[], None]]:
+        """Due keys become one entry-level id per entry, in one atomic step; returns the ids and their undo.
+
+        Their messages leave the pending set *before* the client has the ids: the copy the
+        handoff brings can come back at once (the timer thread may wait for the GIL
+        longer than the client's delay), and it must find them handed off, not pending.
+        Call the undo if the client refused the ids: they are pending again.
+        """
+        ids: list[RawMessageId] = []
+        moved: list[Item] = []
+        bare_ids: dict[tuple[int, int], RawMessageId] = {}
+        entries: list[tuple[int, int]] = []
+        with self._lock:
+            now = monotonic_ms()  # before the client has any of the ids
+            for topic, keys in due.items():
+                seen: set[tuple[int, int]] = set()
+                for _, ledger_id, entry_id, batch_index in keys:
+                    item = (ledger_id, entry_id, batch_index)
+                    if item in self.pending:
+                        self.pending.discard(*item)
+                        self._handed.add(*item)
+                        moved.append(item)
+                    if (ledger_id, entry_id) in seen:
+                        continue
+                    seen.add((ledger_id, entry_id))
+                    entries.append((ledger_id, entry_id))
+                    if topic is UNTITLED or topic == UNTITLED:
+                        bare = self._bare.pop((ledger_id, entry_id), None)
+                        if bare is not None:
+                            ids.append(bare)
+                            bare_ids[(ledger_id, entry_id)] = bare
+                    else:
+                        ids.append(handoff_id(topic, ledger_id, entry_id))
+            self.stats["handed_off_entries"] += len(ids)
+            self.stats["handoff_bursts"] += bool(ids)
+            self._recent.note(now, entries)
+            self._expire(now)
+
+        def undo() -> None:
+            with self._lock:  # retried by the tracker: pending again, bare ids kept
+                for item in moved:
+                    if item in self._handed:
+                        self._handed.discard(*item)
+                        self.pending.add(*item)
+                self._bare.update(bare_ids)
+
+        return ids, undo
+
+    def _expire(self, now: int) -> None:
+        """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.
+
+        Their entries leave the complete set: copies of their siblings are then delivered
+        (the knowledge is incomplete), never filtered.
+        """
+        if now - self._aged_at < STALE_MS:
+            return
+        self._aged_at = now
+        for item in self._handed.age() + self._returned.age():
+            self._held.pop(item, None)
+            self._complete.discard(item[0], item[1])
+
+    # ------------------------------------------------------------------ guarding
+
+    def maybe_quiet(self) -> None:
+        """Go quiet if no nack state is left (forgetting stale ones first); else guard on.
+
+        Going quiet forgets the settled entries, and the open records of entries never
+        settled when there are many.
+        """
+        with self._lock:
+            self._expire(monotonic_ms())
+            self.guard_left = self._guard_messages
+            if self._always_guard or self.has_nack_state() or self._held:
+                return
+            self.entries.forget_settled()
+            if len(self.entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
+                self.entries.sweep()
+            self._set_quiet(True)
+
+    def _set_quiet(self, quiet: bool) -> None:
+        """Set ``quiet``, and ``unguarded`` with it."""
+        self.quiet = quiet
+        self.unguarded = quiet and self.counts is None
+
+    def _guard(self) -> None:
+        """Start guarding (under the lock): a nack state begins."""
+        self._set_quiet(False)
+        self.guard_left = self._guard_messages
+
+    # ------------------------------------------------------------------ resets
+
+    def reset(self, forget_counts: bool, drain: Callable[[], DueKeys]) -> DueKeys:
+        """Forget every nack state, and *drain* the tracker, in one atomic step; return what it drained.
+
+        ``forget_counts=False`` (before ``redeliver_unacknowledged_messages``: delivery
+        counts hold, and acked members of entries still being processed stay known) or
+        True (before ``seek``: the subscription starts afresh, dead letters included).
+        """
+        with self._lock:
+            dropped = drain()
+            self._clear_nack_state()
+            self.to_ack_again.clear()
+            if forget_counts:
+                self.entries.clear()
+                if self.counts is not None:
+                    self.counts.clear()
+            else:
+                self.entries.clear_nacks()
+            self._guard()
+        return dropped
+
+    def close(self) -> None:
+        """Forget everything (the consumer is closed)."""
+        with self._lock:
+            self._clear_nack_state()
+            self.entries.clear()
+            if self.counts is not None:
+                self.counts.clear()
+
+    def _clear_nack_state(self) -> None:
+        """Under the lock: every message leaves the nack sets; entry knowledge beyond the table goes."""
+        for nack_set in (self.pending, self._handed, self._returned):
+            nack_set.clear()
+        self._held.clear()
+        self._complete.clear()
+        self._bare.clear()
+
+    # ------------------------------------------------------------------ counters
+
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        """``(stats, pending messages)``, read together."""
+        with self._lock:
+            return dict(self.stats), len(self.pending)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the admission structures (nack sets, complete entries, entry table): an estimate."""
+        with self._lock:
+            return (self.pending.memory_bytes() + self._handed.memory_bytes() + self._returned.memory_bytes()
+                    + self._complete.memory_bytes() + int(self.entries.memory_bytes()))
+
+    def _check(self, tracked: int) -> None:
+        """Assert the invariants (*tracked*: the keys in the tracker). For tests."""
+        with self._lock:
+            for part in (self.pending, self._handed, self._returned, self._complete, self.entries):
+                part._check()
+            if self.counts is not None:
+                self.counts._check()
+            # A message is in one nack set at most; a held copy is of a returned message.
+            pending, handed, returned = (set(s.items()) for s in (self.pending, self._handed, self._returned))
+            assert not (pending & handed or pending & returned or handed & returned)
+            assert set(self._held) <= returned
+            # Every bare id waiting for its handoff is a pending key.
+            assert len(self._bare) <= tracked or not self._bare

@@ -1,0 +1,153 @@
+"""How often the application saw each unsettled message: the tallies that decide a dead letter.
+
+A :class:`DeliveryCounts` exists only when the consumer has a dead-letter policy: the
+admission ledger (:class:`~pulsar_nack.consumer.admission.AdmissionLedger`) holds one
+then, or None, and that is the one place the policy is checked. It owns:
+
+* per message, the copies of it the consumer swallowed, its own tally of deliveries, the
+  application's nacks of it, and its copy at its last delivery (so that a redelivery
+  request dead-letters it at once, as the C++ client does);
+* the messages whose dead letter is on its way, and those whose dead letter is stored.
+
+Not thread-safe: the ledger holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .message_sets import Item, PendingNacks
+
+__all__ = ["DeliveryCounts"]
+
+
+class DeliveryCounts:
+    """The delivery counts of a consumer with a dead-letter policy of ``max_redeliver_count`` *limit*.
+
+    A message seen ``limit + 1`` times (counts 0 … limit) goes to the dead-letter topic
+    instead of being delivered again; at its last delivery (count *limit*) a nack or a
+    redelivery request sends it. What "seen" means is :meth:`seen`.
+
+    >>> counts = DeliveryCounts(1)
+    >>> counts.note_nack((7, 1, -1)); counts.note_nack((7, 1, -1)); counts.keeps_counts()
+    True
+    >>> counts.forget((7, 1, -1)); counts.keeps_counts()
+    False
+    """
+
+    __slots__ = ("_copies", "_last", "_nacks", "_sending", "_shown", "limit", "stored")
+
+    limit: int
+    """The policy's ``max_redeliver_count``."""
+    stored: PendingNacks
+    """Messages whose dead letter is stored: a copy of one is acknowledged again."""
+    _copies: dict[Item, int]
+    _shown: dict[Item, int]
+    _nacks: dict[Item, int]
+    _last: dict[Item, Any]
+    _sending: set[Item]
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.stored = PendingNacks()
+        self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
+        self._sending = set()
+
+    # ------------------------------------------------------------------ reading
+
+    def idle_for(self, raw: Any) -> bool:
+        """True if *raw* needs no count: below the limit, and no message counted (the quiet path)."""
+        return bool(
+            raw.redelivery_count() < self.limit and not (self._nacks or self._shown or self._sending or self.stored.count)
+        )
+
+    def keeps_counts(self) -> bool:
+        """True if some message's counts are kept (read on every acknowledgement, as a hint)."""
+        return bool(self._copies or self._shown or self._nacks or self._last)
+
+    def is_sending(self, item: Item) -> bool:
+        """True if the dead letter of *item* is on its way."""
+        return bool(self._sending) and item in self._sending
+
+    def has_last(self) -> bool:
+        """True if some message is at its last delivery."""
+        return bool(self._last)
+
+    def seen(self, raw: Any, item: Item) -> int:
+        """How often the application saw *item* before this copy *raw*.
+
+        The broker's count (``redelivery_count()``, per entry) minus the copies of it this
+        consumer swallowed, but never more than this consumer's own tally of its
+        deliveries (the broker's figure at the first delivery here, plus one per delivery
+        since), nor less than the application's nacks of it. The tally bounds a broker
+        count that moved by more than the copies that reached this consumer.
+        """
+        by_broker = raw.redelivery_count() - self._copies.get(item, 0)
+        shown = self._shown.get(item)
+        if shown is not None and shown < by_broker:
+            by_broker = shown
+        return max(self._nacks.get(item, 0), by_broker)
+
+    # ------------------------------------------------------------------ counting
+
+    def counted_over(self, raw: Any, item: Item) -> bool:
+        """True if *raw* was seen too often: it goes to the dead-letter topic (and is on its way).
+
+        False means *raw* is delivered: it joins the tally of deliveries.
+        """
+        seen = self.seen(raw, item)
+        if seen > self.limit:
+            self._sending.add(item)
+            self._last.pop(item, None)
+            return True
+        if seen == self.limit:  # its last delivery: a nack or a redelivery sends it
+            self._last[item] = raw
+        self._shown[item] = seen + 1
+        return False
+
+    def note_swallowed(self, item: Item) -> None:
+        """A copy of *item* was swallowed (the broker counted it; the application did not see it)."""
+        self._copies[item] = self._copies.get(item, 0) + 1
+
+    def note_nack(self, item: Item) -> None:
+        """The application nacked *item*."""
+        self._nacks[item] = self._nacks.get(item, 0) + 1
+
+    def undo_nack(self, item: Item) -> None:
+        """The nack of *item* failed after :meth:`note_nack`."""
+        self._nacks[item] -= 1
+
+    def take_last(self, item: Item) -> Any:
+        """The copy of *item* at its last delivery, now on its way to the dead-letter topic; None if it is not there."""
+        last = self._last.pop(item, None)
+        if last is not None:
+            self._sending.add(item)
+        return last
+
+    def dead_letter_stored(self, item: Item) -> None:
+        """The dead letter of *item* is stored: remember it, forget its counts."""
+        self._sending.discard(item)
+        self.stored.add(*item)
+        self.forget(item)
+
+    def dead_letter_failed(self, item: Item) -> None:
+        """The dead letter of *item* could not be stored: its next arrival is routed, whatever the broker counts."""
+        self._sending.discard(item)
+        self._nacks[item] = max(self._nacks.get(item, 0), self.limit + 1)
+
+    def forget(self, item: Item) -> None:
+        """Drop the counts of a settled message (acked or dead-lettered)."""
+        for counts in (self._copies, self._shown, self._nacks, self._last):
+            counts.pop(item, None)
+
+    def clear(self) -> None:
+        """Forget every count and every stored dead letter (a seek, a close)."""
+        for counts in (self._copies, self._shown, self._nacks, self._last):
+            counts.clear()
+        self.stored.clear()
+
+    def _check(self) -> None:
+        """Assert the invariants. For tests."""
+        self.stored._check()
+        # A message is at most one of: at its last delivery, on its way to the DLQ.
+        assert not (set(self._last) & self._sending)
