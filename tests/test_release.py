@@ -11,7 +11,6 @@ fresh venv; ``docs/releasing.md`` says how.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import pulsar_nack
+from tools.build_release import copy_source, source_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,15 +34,6 @@ GENERATED = {"PKG-INFO", "setup.cfg"}
 GENERATED_DIRS = ("pulsar_nack.egg-info/",)
 APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 EXTENSIONS = ("pulsar_nack/core/_speedups", "pulsar_nack/consumer/_msgid")
-
-
-def _git_files() -> set[str]:
-    """Tracked files plus untracked ones git does not ignore: what a checkout holds as source."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()
-    return {name for name in listed if (REPO / name).is_file()}  # (a deleted, not yet staged file is listed)
 
 
 # One file a checkout may hold for each pattern of .gitignore: planted in the copy built from,
@@ -71,9 +62,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pytest.skip("not a git checkout (an unpacked sdist): nothing to compare the sdist with")
     pytest.importorskip("build", reason="the test extra installs `build`")
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
-    for name in _git_files():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, source / name)
+    copy_source(source, REPO)
     for name in JUNK.values():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text("junk\n")
@@ -97,7 +86,7 @@ def test_the_sdist_holds_every_source_file_and_nothing_stray(built: dict[str, Pa
     assert all(name.startswith(root) for name in names), names
     shipped = {name[len(root):] for name in names}
     generated = {name for name in shipped if name in GENERATED or name.startswith(GENERATED_DIRS)}
-    expected = _git_files() - set(EXCLUDED)
+    expected = set(source_files(REPO)) - set(EXCLUDED)
     assert not expected - shipped, f"missing from the sdist (MANIFEST.in): {sorted(expected - shipped)}"
     assert not shipped - generated - expected, f"stray in the sdist: {sorted(shipped - generated - expected)}"
     for needed in ("tests/conftest.py", "tests/helpers.py", "tests/spark_jobs.py", "LICENSE", "NOTICE", "CHANGELOG.md"):
@@ -125,6 +114,7 @@ def test_the_wheel_rebuilt_from_the_sdist_holds_both_extensions_license_and_noti
     assert licenses["LICENSE"] == (REPO / "LICENSE").read_bytes()
     assert licenses["NOTICE"] == (REPO / "NOTICE").read_bytes()
     assert not [name for name in names if not name.startswith(("pulsar_nack/", info))], names
+    assert not [name for name in names if name.endswith(".c")], "the C sources belong in the sdist only"
 
 
 def test_license_is_the_unmodified_apache_2_0_text_and_notice_names_the_project() -> None:
