@@ -11,6 +11,7 @@ fresh venv; ``docs/releasing.md`` says how.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -124,3 +125,15 @@ def test_license_is_the_unmodified_apache_2_0_text_and_notice_names_the_project(
     assert hashlib.sha256(text).hexdigest() == APACHE_2_0_SHA256
     notice = (REPO / "NOTICE").read_text().splitlines()
     assert notice[:2] == ["pulsar-nack", "Copyright 2026 the pulsar-nack authors"]
+
+
+def test_the_changelog_is_written_for_users_in_keep_a_changelog_form() -> None:
+    """Versions with dates, newest first, under an Unreleased heading; no issue numbers or result paths."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## (.*)$", text, re.M)
+    assert headings[0] == "[Unreleased]", headings
+    released = [re.fullmatch(r"\[(\d+)\.(\d+)\.(\d+)\] - \d{4}-\d{2}-\d{2}", heading) for heading in headings[1:]]
+    assert released and all(released), headings
+    versions = [tuple(int(part) for part in match.groups()) for match in released if match]
+    assert versions == sorted(versions, reverse=True), versions
+    assert not re.findall(r"issue \d+|#\d+|bench/results", text, re.I)
