@@ -21,6 +21,7 @@ from .core.backoff import FixedDelay, MultiplierRedeliveryBackoff, RedeliveryBac
 from .core.tracker import NegativeAcksTracker, TrackerStats
 from .errors import ClosedError, ConsumerClosedError, PulsarNackError, TrackerClosedError
 
+# The one place the version is written: pyproject.toml reads this literal (a dynamic version).
 __version__ = "0.1.0"
 
 # Public names of the consumer layer, which imports pulsar: loaded on first use.

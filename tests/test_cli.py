@@ -319,3 +319,18 @@ def test_quiet_client_logs_keep_a_redirected_stderr_file_whole(tmp_path):
     assert lines[0] == "before" and "after" in lines, lines[:5]
     client_lines = [line for line in lines if line not in ("before", "after")]
     assert client_lines and all(line.startswith("20") for line in client_lines), client_lines[:5]
+
+
+def test_version_prints_the_installed_distributions_version_which_the_package_defines():
+    """``pulsar-nack --version`` as installed: the distribution's version, read by the build from
+    ``pulsar_nack.__version__`` (its one definition)."""
+    import importlib.metadata
+
+    import pulsar_nack
+
+    script = Path(sys.executable).with_name("pulsar-nack")
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    installed = importlib.metadata.version("pulsar-nack")
+    assert installed == pulsar_nack.__version__, "the installed metadata is stale: reinstall the package"
+    assert done.stdout == f"pulsar-nack {pulsar_nack.__version__}\n"

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from .. import __version__
+
 __all__ = ["main"]
 
 # subcommand -> (module, one-line help)
@@ -71,6 +73,7 @@ def _unavailable(name: str, error: ImportError) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pulsar-nack`` script; returns the exit code."""
     parser = _PlainHelpParser(prog="pulsar-nack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_PlainHelpParser)
     modules = {}
     for name, (module_name, help_text) in _COMMANDS.items():
