@@ -156,3 +156,75 @@ def test_the_spark_docs_durable_goal_figures_are_the_committed_runs():
     assert broker and [broker[1], broker[2]] == [ratio("durable-broker", r) for r in repeats]
     assert all(by[("durable", r)]["lost"] == 0 and by[("durable", r)]["duplicates"] == 0 for r in repeats)
     assert all(by[("durable", r)]["redelivery_lateness_ms"]["min"] >= 0 for r in repeats)
+
+
+# The API reference (mkdocs.yml): each page under docs/reference/ lists objects with
+# mkdocstrings' `::: path` directives, and `mkdocs build --strict` (in .ci/run) fails on a
+# directive whose object does not exist.
+REFERENCED_MODULES = ("pulsar_nack", "pulsar_nack.asyncio", "pulsar_nack.spark", "pulsar_nack.metrics", "pulsar_nack.testing")
+
+
+def test_the_api_reference_has_an_entry_for_every_public_name():
+    """Every name in the `__all__` of the five public modules has its directive, and nothing else has one."""
+    import importlib
+
+    public = {f"{module}.{name}" for module in REFERENCED_MODULES for name in importlib.import_module(module).__all__}
+    entries: list[str] = []
+    for page in sorted((REPO / "docs" / "reference").glob("*.md")):
+        entries += re.findall(r"^::: ([\w.]+)\s*$", page.read_text(), re.M)
+    assert len(entries) == len(set(entries)), f"an entry appears twice: {sorted(entries)}"
+    assert not public - set(entries), f"public names without a reference entry in docs/reference/: {sorted(public - set(entries))}"
+    assert not set(entries) - public, f"reference entries for names no __all__ lists: {sorted(set(entries) - public)}"
+    nav = (REPO / "mkdocs.yml").read_text()
+    for page in (REPO / "docs" / "reference").glob("*.md"):
+        assert f"reference/{page.name}" in nav, f"{page.name} is not in mkdocs.yml's nav"
+
+
+_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARNING", "error": "ERROR", "exception": "ERROR", "critical": "CRITICAL"}
+
+
+def _records_in_code() -> set[tuple[str, str, str, str]]:
+    """(logger, level, message, traceback yes/no) of every logging call in pulsar_nack, read from the source."""
+    import ast
+
+    records = set()
+    for path in sorted((REPO / "pulsar_nack").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        loggers = {}  # variable -> logger name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "logging.getLogger":
+                (arg,) = node.value.args
+                name = module if ast.unparse(arg) == "__name__" else ast.literal_eval(arg)
+                loggers.update({target.id: name for target in node.targets if isinstance(target, ast.Name)})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _LEVELS:
+                owner = ast.unparse(node.func.value)
+                assert owner != "logging", f"{path.name}: logs on the root logger, not on a pulsar_nack one"
+                if owner in loggers:
+                    message = node.args[0]
+                    assert isinstance(message, ast.Constant), f"{path.name}:{node.lineno}: the message is not a literal"
+                    traceback = node.func.attr == "exception" or any(
+                        k.arg == "exc_info" and ast.unparse(k.value) == "True" for k in node.keywords
+                    )
+                    records.add((loggers[owner], _LEVELS[node.func.attr], message.value, "yes" if traceback else "no"))
+    return records
+
+
+def test_the_logging_docs_name_every_logger_and_record_of_the_code():
+    """docs/logging.md's table is exactly the code's logging calls: loggers, levels, messages, tracebacks."""
+    rows, logger = [], None
+    for line in (REPO / "docs" / "logging.md").read_text().splitlines():
+        heading = re.match(r"^### `(pulsar_nack[\w.]*)`$", line)
+        logger = heading[1] if heading else logger
+        row = re.match(r"^\| ([A-Z]+) \| `([^`]+)` \| (yes|no) \|", line)
+        if row:
+            assert logger is not None, f"a record before any logger's heading: {line}"
+            rows.append((logger, *row.groups()))
+    documented = set(rows)
+    assert len(rows) == len(documented), "a record is listed twice"
+    code = _records_in_code()
+    assert {r[0] for r in documented} == {r[0] for r in code}, "the loggers differ: " + str(
+        ({r[0] for r in code} - {r[0] for r in documented}, {r[0] for r in documented} - {r[0] for r in code})
+    )
+    assert documented == code, f"in the code, not in docs/logging.md: {sorted(code - documented)}; the reverse: {sorted(documented - code)}"

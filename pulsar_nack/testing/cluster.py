@@ -335,16 +335,18 @@ class PulsarCluster:
         How long each start phase (ZooKeeper; bookie and brokers) and each broker restart
         may take (default 180 s).
 
-    Cleanup works as for :class:`~pulsar_nack.testing.PulsarStandalone`: :meth:`stop` and
-    the context manager stop every JVM by PID (brokers first, then the bookie, then
-    ZooKeeper; SIGTERM, then SIGKILL), finalizers stop them at interpreter exit, and on
-    Linux each JVM gets ``PR_SET_PDEATHSIG``.
-
     Raises
     ------
     BrokerError
         From :meth:`start`: no JDK, a failed download, or a JVM that exits or is not
         ready in time (with the tail of its log).
+
+    Notes
+    -----
+    Cleanup works as for :class:`~pulsar_nack.testing.PulsarStandalone`: :meth:`stop` and
+    the context manager stop every JVM by PID (brokers first, then the bookie, then
+    ZooKeeper; SIGTERM, then SIGKILL), finalizers stop them at interpreter exit, and on
+    Linux each JVM gets ``PR_SET_PDEATHSIG``.
     """
 
     cluster_name = CLUSTER_NAME

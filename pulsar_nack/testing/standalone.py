@@ -113,11 +113,6 @@ class PulsarStandalone:
         ``acknowledgmentAtBatchIndexLevelEnabled``. None (default): the version's own
         default (off in 3.0.7 and in 4.0.8). A ``config`` entry for the same key wins.
 
-    Cleanup, so that no broker outlives its test: :meth:`stop` and the context manager
-    stop it by PID (SIGTERM, then SIGKILL after a timeout); a :func:`weakref.finalize`
-    stops it at interpreter exit; on Linux the JVM also gets ``PR_SET_PDEATHSIG``, so it
-    dies with the interpreter even when that is killed with SIGKILL.
-
     Raises
     ------
     TypeError, ValueError
@@ -125,6 +120,13 @@ class PulsarStandalone:
     BrokerError
         From :meth:`start`: no JDK that runs the version, no ``mvn``, a failed download,
         or a broker that exits or is not ready in time (with the tail of its log).
+
+    Notes
+    -----
+    Cleanup, so that no broker outlives its test: :meth:`stop` and the context manager
+    stop it by PID (SIGTERM, then SIGKILL after a timeout); a :func:`weakref.finalize`
+    stops it at interpreter exit; on Linux the JVM also gets ``PR_SET_PDEATHSIG``, so it
+    dies with the interpreter even when that is killed with SIGKILL.
     """
 
     def __init__(
