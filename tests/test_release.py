@@ -51,6 +51,7 @@ JUNK = {
     "*.so": "pulsar_nack/core/_speedups.cpython-311-x86_64-linux-gnu.so",
     ".ci/pulsar-cache/": ".ci/pulsar-cache/apache-pulsar-4.0.8/bin/pulsar",
     ".ci/client-matrix/": ".ci/client-matrix/venv/bin/python",
+    "/site/": "site/index.html",
 }
 
 
