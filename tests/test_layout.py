@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import pulsar_nack
 
 PACKAGE = Path(pulsar_nack.__file__).parent
@@ -164,3 +166,49 @@ def test_the_timing_model_keeps_its_derivations():
     assert timing.DURABLE_GRACE_S * 1000 >= timing.BROKER_DELAY_TICK_MS + timing.MEMORY_HOLD_MS
     assert timing.client_handoff_latency_ms(timing.HANDOFF_DELAY_MS) <= timing.HELD_GRACE_S * 1000
     assert timing.HARVEST_TIMEOUT_S * 1000 > timing.CLIENT_SEND_TIMEOUT_MS
+
+
+MAX_INSTANCE_ATTRIBUTES = 20
+
+
+def _record_class(node: ast.ClassDef) -> bool:
+    """A dataclass record, a TypedDict, a NamedTuple, an enum or a protocol: a declaration, not behaviour."""
+    decorators = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+    bases = {ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases}
+    return "dataclass" in decorators or bool(bases & {"TypedDict", "NamedTuple", "Enum", "IntEnum", "Protocol"})
+
+
+def _instance_attributes(node: ast.ClassDef) -> set[str]:
+    """The names a class's own methods assign on ``self`` (``self.x = ...``, ``self.x, self.y = ...``, ``self.x += ...``)."""
+    found = set()
+    for method in node.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for sub in ast.walk(method):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                    and isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+                found.add(sub.attr)
+    return found
+
+
+def test_no_class_with_behaviour_owns_more_than_twenty_instance_attributes():
+    """Classes own little state: split one that grows past 20 attributes by the state its parts own."""
+    big = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not _record_class(node):
+                count = len(_instance_attributes(node))
+                if count > MAX_INSTANCE_ATTRIBUTES:
+                    big[f"{path.relative_to(PACKAGE)}:{node.name}"] = count
+    assert not big, f"classes with more than {MAX_INSTANCE_ATTRIBUTES} instance attributes: {big}"
+
+
+def test_the_consumer_layer_and_spark_have_no_complexity_exemption():
+    """ruff's mccabe check (C90, max-complexity 10) runs on consumer/ and spark/ with no per-file exemption."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    lint = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "C90" in lint["select"] and lint["mccabe"]["max-complexity"] <= 10
+    exempt = [path for path, rules in lint.get("per-file-ignores", {}).items()
+              if path.startswith(("pulsar_nack/consumer", "pulsar_nack/spark")) and any(r.startswith("C90") for r in rules)]
+    assert not exempt, exempt
