@@ -212,3 +212,73 @@ def test_the_consumer_layer_and_spark_have_no_complexity_exemption():
     exempt = [path for path, rules in lint.get("per-file-ignores", {}).items()
               if path.startswith(("pulsar_nack/consumer", "pulsar_nack/spark")) and any(r.startswith("C90") for r in rules)]
     assert not exempt, exempt
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_of(path: Path, modules: set[str], used: dict[str, set[str]]) -> None:
+    """Add to *used* the names *path* takes from the modules of pulsar_nack (``from m import x``, ``m.x``)."""
+    me = _module_name(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    tree, aliases = ast.parse(path.read_text()), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+                elif target in modules and target != me:
+                    used[target].add(alias.name)
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names if a.name in modules})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            owner = aliases.get(ast.unparse(node.value))
+            if owner is not None and owner != me:
+                used[owner].add(node.attr)
+
+
+def _imported_names() -> dict[str, set[str]]:
+    """Per module of pulsar_nack: the names other files (the package, tests, bench, examples, tools) take from it."""
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    used: dict[str, set[str]] = {m: set() for m in modules}
+    for path in PACKAGE.parent.rglob("*.py"):
+        if path.relative_to(PACKAGE.parent).parts[0] in ("pulsar_nack", "tests", "bench", "examples", "tools"):
+            _imports_of(path, modules, used)
+    return used
+
+
+def _all_and_definitions(path: Path) -> tuple[set[str] | None, set[str]]:
+    listed, defined = None, set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id == "__all__":
+                listed = set(ast.literal_eval(node.value))
+            elif isinstance(target, ast.Name):
+                defined.add(target.id)
+    return listed, defined
+
+
+def test_each_consumer_module_lists_in_all_what_other_modules_import_from_it():
+    """Tight surfaces: a module of consumer/ (its package door aside) lists in ``__all__`` exactly the
+    names of its own that other modules import, so an internal name is not mistaken for an API."""
+    used = _imported_names()
+    wrong = {}
+    for path in sorted((PACKAGE / "consumer").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        listed, defined = _all_and_definitions(path)
+        name = _module_name(path)
+        imported = {n for n in used[name] if not n.startswith("_")}
+        unused = sorted((listed or set()) - used[name])
+        unlisted = sorted((imported & defined) - (listed or set()))
+        if unused or unlisted:
+            wrong[path.name] = {"listed, imported nowhere": unused, "imported, not listed": unlisted}
+    assert not wrong, wrong

@@ -68,11 +68,9 @@ from .delivery_counts import DeliveryCounts
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
 __all__ = [
-    "SETTLED_CAPACITY",
     "UNTITLED",
     "AdmissionLedger",
     "MessageState",
-    "handoff_id",
 ]
 
 SETTLED_CAPACITY = 8192

@@ -60,14 +60,12 @@ from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
-from .common import ConsumerBase, ConsumerStats
+from .common import ConsumerBase
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
-    "ConsumerClosedError",
-    "ConsumerStats",
     "NackingConsumer",
     "subscribe",
 ]
