@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import pulsar_nack
 
 PACKAGE = Path(pulsar_nack.__file__).parent
@@ -164,3 +166,119 @@ def test_the_timing_model_keeps_its_derivations():
     assert timing.DURABLE_GRACE_S * 1000 >= timing.BROKER_DELAY_TICK_MS + timing.MEMORY_HOLD_MS
     assert timing.client_handoff_latency_ms(timing.HANDOFF_DELAY_MS) <= timing.HELD_GRACE_S * 1000
     assert timing.HARVEST_TIMEOUT_S * 1000 > timing.CLIENT_SEND_TIMEOUT_MS
+
+
+MAX_INSTANCE_ATTRIBUTES = 20
+
+
+def _record_class(node: ast.ClassDef) -> bool:
+    """A dataclass record, a TypedDict, a NamedTuple, an enum or a protocol: a declaration, not behaviour."""
+    decorators = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+    bases = {ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases}
+    return "dataclass" in decorators or bool(bases & {"TypedDict", "NamedTuple", "Enum", "IntEnum", "Protocol"})
+
+
+def _instance_attributes(node: ast.ClassDef) -> set[str]:
+    """The names a class's own methods assign on ``self`` (``self.x = ...``, ``self.x, self.y = ...``, ``self.x += ...``)."""
+    found = set()
+    for method in node.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for sub in ast.walk(method):
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                    and isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+                found.add(sub.attr)
+    return found
+
+
+def test_no_class_with_behaviour_owns_more_than_twenty_instance_attributes():
+    """Classes own little state: split one that grows past 20 attributes by the state its parts own."""
+    big = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not _record_class(node):
+                count = len(_instance_attributes(node))
+                if count > MAX_INSTANCE_ATTRIBUTES:
+                    big[f"{path.relative_to(PACKAGE)}:{node.name}"] = count
+    assert not big, f"classes with more than {MAX_INSTANCE_ATTRIBUTES} instance attributes: {big}"
+
+
+def test_the_consumer_layer_and_spark_have_no_complexity_exemption():
+    """ruff's mccabe check (C90, max-complexity 10) runs on consumer/ and spark/ with no per-file exemption."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    lint = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "C90" in lint["select"] and lint["mccabe"]["max-complexity"] <= 10
+    exempt = [path for path, rules in lint.get("per-file-ignores", {}).items()
+              if path.startswith(("pulsar_nack/consumer", "pulsar_nack/spark")) and any(r.startswith("C90") for r in rules)]
+    assert not exempt, exempt
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_of(path: Path, modules: set[str], used: dict[str, set[str]]) -> None:
+    """Add to *used* the names *path* takes from the modules of pulsar_nack (``from m import x``, ``m.x``)."""
+    me = _module_name(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    tree, aliases = ast.parse(path.read_text()), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+                elif target in modules and target != me:
+                    used[target].add(alias.name)
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names if a.name in modules})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            owner = aliases.get(ast.unparse(node.value))
+            if owner is not None and owner != me:
+                used[owner].add(node.attr)
+
+
+def _imported_names() -> dict[str, set[str]]:
+    """Per module of pulsar_nack: the names other files (the package, tests, bench, examples, tools) take from it."""
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    used: dict[str, set[str]] = {m: set() for m in modules}
+    for path in PACKAGE.parent.rglob("*.py"):
+        if path.relative_to(PACKAGE.parent).parts[0] in ("pulsar_nack", "tests", "bench", "examples", "tools"):
+            _imports_of(path, modules, used)
+    return used
+
+
+def _all_and_definitions(path: Path) -> tuple[set[str] | None, set[str]]:
+    listed, defined = None, set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id == "__all__":
+                listed = set(ast.literal_eval(node.value))
+            elif isinstance(target, ast.Name):
+                defined.add(target.id)
+    return listed, defined
+
+
+def test_each_consumer_module_lists_in_all_what_other_modules_import_from_it():
+    """Tight surfaces: a module of consumer/ (its package door aside) lists in ``__all__`` exactly the
+    names of its own that other modules import, so an internal name is not mistaken for an API."""
+    used = _imported_names()
+    wrong = {}
+    for path in sorted((PACKAGE / "consumer").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        listed, defined = _all_and_definitions(path)
+        name = _module_name(path)
+        imported = {n for n in used[name] if not n.startswith("_")}
+        unused = sorted((listed or set()) - used[name])
+        unlisted = sorted((imported & defined) - (listed or set()))
+        if unused or unlisted:
+            wrong[path.name] = {"listed, imported nowhere": unused, "imported, not listed": unlisted}
+    assert not wrong, wrong

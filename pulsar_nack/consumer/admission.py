@@ -68,11 +68,9 @@ from .delivery_counts import DeliveryCounts
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
 __all__ = [
-    "SETTLED_CAPACITY",
     "UNTITLED",
     "AdmissionLedger",
     "MessageState",
-    "handoff_id",
 ]
 
 SETTLED_CAPACITY = 8192
@@ -442,11 +440,7 @@ class AdmissionLedger:
         """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
         item = (ledger, entry, index)
         if self.pending.count or self._handed.count or self._returned.count:
-            self.pending.discard(*item)
-            held = self._held.get(item)
-            if held is not None:
-                self.to_ack_again.append(held)
-            self._leave_state(item)
+            self._leave_nack_state(item)
         if self.counts is not None and self.counts.keeps_counts():
             self.counts.forget(item)
         if data is not None:
@@ -467,6 +461,14 @@ class AdmissionLedger:
             self._complete.add(ledger, entry)
         elif outcome == _msgid.SETTLED_FOREIGN and topic is not UNTITLED:
             self.to_ack_again.append(handoff_id(topic, ledger, entry))  # the client's acker missed a member
+
+    def _leave_nack_state(self, item: Item) -> None:
+        """Under the lock: an acked *item* leaves every nack set; its held copy is acked with it."""
+        self.pending.discard(*item)
+        held = self._held.get(item)
+        if held is not None:
+            self.to_ack_again.append(held)
+        self._leave_state(item)
 
     def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
         """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""

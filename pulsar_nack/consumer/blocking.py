@@ -60,14 +60,12 @@ from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
-from .common import ConsumerBase, ConsumerStats
+from .common import ConsumerBase
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = [
-    "ConsumerClosedError",
-    "ConsumerStats",
     "NackingConsumer",
     "subscribe",
 ]
@@ -528,6 +526,26 @@ def _copy_listener(holder: list[NackingConsumer], message_listener: Callable[...
     return deliver
 
 
+def _admitting_listener(
+    holder: list[NackingConsumer], ready: threading.Event, message_listener: Callable[..., None]
+) -> Callable[[pulsar.Consumer, pulsar.Message], None]:
+    """The client's listener for a ``message_listener``: admitted messages go to it, once the wrapper exists."""
+
+    def listener(_consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        ready.wait()
+        if not holder:  # the wrapper could not be built; the consumer is being closed
+            return
+        wrapper = holder[0]
+        if wrapper.closed or not wrapper._admit(message):
+            return
+        try:
+            message_listener(wrapper, message)
+        except Exception:
+            _log.exception("message listener failed")
+
+    return listener
+
+
 def _topic_list(names: str | list[str] | re.Pattern[str]) -> Any:
     """The topic names of a subscribe call as a list (a pattern stays a pattern)."""
     return [names] if isinstance(names, str) else names
@@ -592,26 +610,11 @@ def subscribe(
         settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     holder: list[NackingConsumer] = []
     ready = threading.Event()
-    listener = None
-    if message_listener is not None:
-
-        def listener(_consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-            ready.wait()
-            if not holder:  # the wrapper could not be built; the consumer is being closed
-                return
-            wrapper = holder[0]
-            if wrapper.closed or not wrapper._admit(message):
-                return
-            try:
-                message_listener(wrapper, message)
-            except Exception:
-                _log.exception("message listener failed")
-
     consumer = client.subscribe(
         names,
         subscription_name,
         negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
-        message_listener=listener,
+        message_listener=None if message_listener is None else _admitting_listener(holder, ready, message_listener),
         **subscribe_kwargs,
     )
     retry = None

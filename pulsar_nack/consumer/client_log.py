@@ -19,7 +19,10 @@ import os
 import stat
 from typing import Any
 
-__all__ = ["LEVELS", "STDERR_PATH", "stderr_logger"]
+__all__ = [
+    "LEVELS",
+    "stderr_logger",
+]
 
 STDERR_PATH = "/dev/stderr"
 """The file the loggers write to: this process's standard error."""

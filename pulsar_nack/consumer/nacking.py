@@ -296,10 +296,7 @@ class NackingCore:
             if verdict != _DELIVER or self._screen_all:
                 verdict, data = ledger.screen(raw, data)  # read again, and decided, under the lock
         if verdict != _DELIVER:
-            if verdict == _ACKED:
-                self._ack_again(raw)
-            elif verdict != _NACKED:
-                self._send_dead_letter(raw, verdict == _ROUTE_STORED)
+            self._refuse(raw, verdict)
             return False
         ledger.guard_left -= 1  # a guarded delivery; after guard_messages of them with no nack state, go quiet
         if ledger.guard_left <= 0:
@@ -307,6 +304,13 @@ class NackingCore:
         if wrapper is not None:
             _stash(wrapper, data)
         return True
+
+    def _refuse(self, raw: Any, verdict: int) -> None:
+        """A copy the application does not see: ack it again (filtered), leave it (swallowed), or route it."""
+        if verdict == _ACKED:
+            self._ack_again(raw)
+        elif verdict != _NACKED:
+            self._send_dead_letter(raw, verdict == _ROUTE_STORED)
 
     def _ack_again(self, message: Any) -> None:
         """Acknowledge a copy (or an id) the application will not see."""

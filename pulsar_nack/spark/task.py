@@ -125,31 +125,21 @@ def retry_grace_s(config: ConsumerConfig, delay_ms: int, message: Any) -> float:
     return HELD_GRACE_S if is_held(delay_ms, config.retry_hold_ms, len(message.data())) else DURABLE_GRACE_S
 
 
-class _TaskRun:
-    """One consumer task: its counters, its budget, and the receive-handle-settle loop.
+class _TaskTallies:
+    """What one consumer task records for its stats: counters, peaks, timings, progress reports.
 
-    Every step is O(1) apart from the handler and the client calls; ``run`` is
-    O(messages received).
+    Every call is O(1) (a progress report calls the callback).
     """
 
-    def __init__(self, config: ConsumerConfig, handler: Callable[[Any], object], budget: TaskBudget, options: dict[str, Any]) -> None:
-        self.config, self.handler, self.budget = config, handler, budget
+    def __init__(self, options: dict[str, Any], start: float, tracker: Any) -> None:
         self.record_timings: bool = options.get("record_timings", False)
         self.collect: Callable[[Any], Any] | None = options.get("collect")
         self.progress: Callable[[dict[str, int]], None] | None = options.get("progress")
         self.progress_every = options.get("progress_interval_ms", 500) / 1000
+        self.next_progress = start + self.progress_every
         self.partition, self.attempt = _task_context()
         self.started_at_ms = time.time() * 1000
         self.first_received_at_ms: float | None = None
-        self.start = time.monotonic()
-        self.entry, self.created = acquire(config)
-        self.entry.tasks += 1
-        self.worker_tasks = next_worker_task()
-        self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
-        self.tracker = self.consumer.tracker  # None with tracker="builtin"
-        self.durable = config.retries == "durable"
-        self.reconsumes: list[tuple[concurrent.futures.Future[str], Any]] = []  # not yet stored
-        self.swallowed_before = self.consumer.stats()["swallowed"]
         self.counts = dict.fromkeys(("received", "acked", "nacked", "redelivered", "non_retryable", "dead_lettered"), 0)
         self.reported = dict.fromkeys(_COUNTERS, 0)
         self.handler_errors: dict[str, int] = {}
@@ -157,12 +147,82 @@ class _TaskRun:
         self.arrivals: list[tuple[Key, float, int]] = []
         self.retry_stages: list[tuple[int | None, int | None, float]] = []  # durable: (due, at the consumer, handed over)
         self.collected: list[Any] = []
-        self.peak_pending: int | None = None if self.tracker is None else len(self.tracker)
-        self.peak_memory: int | None = None if self.tracker is None else 0
+        self.peak_pending: int | None = None if tracker is None else len(tracker)
+        self.peak_memory: int | None = None if tracker is None else 0
+
+    def received(self, message: Any, count: int, durable: bool) -> None:
+        """A message reached the task (its redelivery count *count*)."""
+        if not self.counts["received"]:
+            self.first_received_at_ms = time.time() * 1000
+        self.counts["received"] += 1
+        if not count:
+            return
+        self.counts["redelivered"] += 1
+        if self.record_timings:
+            arrived = time.time() * 1000
+            self.arrivals.append((_message_key(message), arrived, count))
+            if durable and callable(getattr(message, "due_at_ms", None)):
+                self.retry_stages.append((message.due_at_ms(), message.arrived_at_ms, arrived))
+
+    def handler_failed(self, error: BaseException) -> None:
+        """The handler raised *error* (an ``Exception`` is counted by its class name)."""
+        if isinstance(error, Exception):
+            name = type(error).__name__
+            self.handler_errors[name] = self.handler_errors.get(name, 0) + 1
+
+    def retried(self, message: Any, called_ms: float, delay_ms: Callable[[], int]) -> None:
+        """A retry of *message* asked at *called_ms* (epoch ms); *delay_ms* reads its delay (only when timings are recorded)."""
+        self.counts["nacked"] += 1
+        if self.record_timings:
+            self.nacks.append((_message_key(message), called_ms, called_ms + delay_ms()))
+
+    def handled(self, message: Any) -> None:
+        """The handler returned: collect what the caller asked for."""
+        if self.collect is not None:
+            self.collected.append(self.collect(message))
+
+    def sample(self, pending: int | None, memory: int | None) -> None:
+        """Keep the peaks of the tracker's size and memory."""
+        self.peak_memory = _peak(self.peak_memory, memory)
+        self.peak_pending = _peak(self.peak_pending, pending)
+
+    def report(self, now: float | None = None) -> None:
+        """Hand the counts since the last report to the progress callback, if any (with *now*: when due)."""
+        if now is not None:
+            if now < self.next_progress:
+                return
+            self.next_progress = now + self.progress_every
+        delta = {k: self.counts[k] - self.reported[k] for k in _COUNTERS}
+        self.reported.update({k: self.counts[k] for k in _COUNTERS})
+        if self.progress is not None and any(delta.values()):
+            try:
+                self.progress({**delta, "pid": os.getpid()})
+            except Exception:
+                _log.warning("progress callback failed", exc_info=True)
+
+
+class _TaskRun:
+    """One consumer task: its consumer, its budget, and the receive-handle-settle loop (its tallies: :class:`_TaskTallies`).
+
+    Every step is O(1) apart from the handler and the client calls; ``run`` is
+    O(messages received).
+    """
+
+    def __init__(self, config: ConsumerConfig, handler: Callable[[Any], object], budget: TaskBudget, options: dict[str, Any]) -> None:
+        self.config, self.handler, self.budget = config, handler, budget
+        self.start = time.monotonic()
+        self.entry, self.created = acquire(config)
+        self.entry.tasks += 1
+        self.worker_tasks = next_worker_task()
+        self.consumer: NackingConsumer | BuiltinNackConsumer = self.entry.consumer
+        self.tracker = self.consumer.tracker  # None with tracker="builtin"
+        self.tallies = _TaskTallies(options, self.start, self.tracker)
+        self.durable = config.retries == "durable"
+        self.reconsumes: list[tuple[concurrent.futures.Future[str], Any]] = []  # not yet stored
+        self.swallowed_before = self.consumer.stats()["swallowed"]
         self.last_ack: float | None = None
         self.end = math.inf if budget.max_time_ms is None else self.start + budget.max_time_ms / 1000
         self.next_housekeeping = self.start
-        self.next_progress = self.start + self.progress_every
         self.stop_reason = "error"
         self.flush_ms = 0.0
 
@@ -185,7 +245,7 @@ class _TaskRun:
             else:
                 self._harvest(wait=True)
                 self.flush_ms = _flush_acks(self.consumer, self.last_ack, self.config.ack_flush_ms)
-            self._report()
+            self.tallies.report()
         return self._stats()
 
     def _loop(self) -> None:
@@ -196,7 +256,7 @@ class _TaskRun:
         while True:
             now = time.monotonic()
             self._housekeeping(now)
-            if budget.max_messages is not None and self.counts["received"] >= budget.max_messages:
+            if budget.max_messages is not None and self.tallies.counts["received"] >= budget.max_messages:
                 self.stop_reason = "max_messages"
                 return
             if now >= self.end:
@@ -230,58 +290,43 @@ class _TaskRun:
 
     def _handle(self, message: Any) -> None:
         """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
-        if not self.counts["received"]:
-            self.first_received_at_ms = time.time() * 1000
-        self.counts["received"] += 1
         count = message.redelivery_count()
-        if count:
-            self.counts["redelivered"] += 1
-            if self.record_timings:
-                arrived = time.time() * 1000
-                self.arrivals.append((_message_key(message), arrived, count))
-                if self.durable and callable(getattr(message, "due_at_ms", None)):
-                    self.retry_stages.append((message.due_at_ms(), message.arrived_at_ms, arrived))
+        self.tallies.received(message, count, self.durable)
         try:
             self.handler(message)
         except BaseException as error:
             self._failed(message, count, error)
             return
         self._ack(message)
-        if self.collect is not None:
-            self.collected.append(self.collect(message))
+        self.tallies.handled(message)
 
     def _failed(self, message: Any, count: int, error: BaseException) -> None:
         """Settle a message whose handler raised, per :func:`retry_action`."""
-        if isinstance(error, Exception):
-            name = type(error).__name__
-            self.handler_errors[name] = self.handler_errors.get(name, 0) + 1
+        self.tallies.handler_failed(error)
         action = retry_action(self.config, error, count)
         if action == "retry":
             self._retry(message, count)
             return
         if isinstance(error, Exception):
-            self.counts["non_retryable"] += 1
+            self.tallies.counts["non_retryable"] += 1
         if action == "raise":
             self._nack(message, count)
             raise error
         if action == "dead_letter":
             _dead_letter(self.entry, self.config, message, error)
-            self.counts["dead_lettered"] += 1
+            self.tallies.counts["dead_lettered"] += 1
         self._ack(message)
 
     def _ack(self, message: Any) -> None:
         self.consumer.acknowledge(message)
-        self.counts["acked"] += 1
+        self.tallies.counts["acked"] += 1
         self.last_ack = time.monotonic()
 
     def _nack(self, message: Any, count: int) -> None:
         self.consumer.negative_acknowledge(message)
-        self.counts["nacked"] += 1
-        if self.record_timings:
-            now_ms = time.time() * 1000
-            self.nacks.append((_message_key(message), now_ms, now_ms + self.config.retry_delay_ms(count)))
+        self.tallies.retried(message, time.time() * 1000, lambda: self.config.retry_delay_ms(count))
         if self.tracker is not None:
-            self.peak_pending = _peak(self.peak_pending, len(self.tracker))
+            self.tallies.sample(len(self.tracker), None)
 
     def _retry(self, message: Any, count: int) -> None:
         """Retry later: a nack, or with ``retries="durable"`` a reconsume (its ack follows the stored copy)."""
@@ -293,9 +338,7 @@ class _TaskRun:
         future = self.consumer.reconsume_later_async(message, delay)  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
         self.reconsumes.append((future, message))
         heapq.heappush(self.entry.retry_dues, time.monotonic() + delay / 1000 + retry_grace_s(self.config, delay, message))
-        self.counts["nacked"] += 1
-        if self.record_timings:
-            self.nacks.append((_message_key(message), called_ms, called_ms + delay))
+        self.tallies.retried(message, called_ms, lambda: delay)
 
     def _harvest(self, wait: bool) -> None:
         """Settle finished reconsumes (all of them with *wait*): a failed one is nacked instead."""
@@ -335,31 +378,19 @@ class _TaskRun:
         pending, memory = _tracker_sample(self.tracker)
         if self.durable:
             pending = self._pending_retries(now)
-        self.peak_memory = _peak(self.peak_memory, memory)
-        self.peak_pending = _peak(self.peak_pending, pending)
+        self.tallies.sample(pending, memory)
         self.next_housekeeping = now + HOUSEKEEPING_S
-        if now >= self.next_progress:
-            self._report()
-            self.next_progress = now + self.progress_every
-
-    def _report(self) -> None:
-        """Hand the counts since the last report to the progress callback, if any."""
-        delta = {k: self.counts[k] - self.reported[k] for k in _COUNTERS}
-        self.reported.update({k: self.counts[k] for k in _COUNTERS})
-        if self.progress is not None and any(delta.values()):
-            try:
-                self.progress({**delta, "pid": os.getpid()})
-            except Exception:
-                _log.warning("progress callback failed", exc_info=True)
+        self.tallies.report(now)
 
     def _stats(self) -> TaskStats:
         pending, memory = _tracker_sample(self.tracker)
         if self.durable:
             pending = self._pending_retries(time.monotonic())
-        counts = self.counts
+        tallies = self.tallies
+        counts = tallies.counts
         return TaskStats(
-            partition=self.partition,
-            attempt=self.attempt,
+            partition=tallies.partition,
+            attempt=tallies.attempt,
             worker_pid=os.getpid(),
             consumer_uid=self.entry.uid,
             consumer_created=self.created,
@@ -370,22 +401,22 @@ class _TaskRun:
             nacked=counts["nacked"],
             redelivered=counts["redelivered"],
             swallowed=self.consumer.stats()["swallowed"] - self.swallowed_before,
-            handler_errors=self.handler_errors,
+            handler_errors=tallies.handler_errors,
             non_retryable=counts["non_retryable"],
             dead_lettered=counts["dead_lettered"],
             stop_reason=self.stop_reason,
             pending_nacks=pending,
-            peak_pending_nacks=_peak(self.peak_pending, pending),
+            peak_pending_nacks=_peak(tallies.peak_pending, pending),
             tracker_memory_bytes=memory,
-            peak_tracker_memory_bytes=_peak(self.peak_memory, memory),
+            peak_tracker_memory_bytes=_peak(tallies.peak_memory, memory),
             flush_ms=round(self.flush_ms, 3),
             wall_ms=round((time.monotonic() - self.start) * 1000, 3),
-            started_at_ms=self.started_at_ms,
-            first_received_at_ms=self.first_received_at_ms,
-            nacks=self.nacks,
-            arrivals=self.arrivals,
-            retry_stages=self.retry_stages,
-            collected=self.collected,
+            started_at_ms=tallies.started_at_ms,
+            first_received_at_ms=tallies.first_received_at_ms,
+            nacks=tallies.nacks,
+            arrivals=tallies.arrivals,
+            retry_stages=tallies.retry_stages,
+            collected=tallies.collected,
         )
 
 
