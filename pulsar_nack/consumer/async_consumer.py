@@ -122,6 +122,7 @@ class AsyncNackingConsumer(ConsumerBase):
         assert ready is not None  # set when the retry consumer was subscribed
         admit = self._core.admit
         while True:
+            self._check_open()  # close() dropped the kept receive: start no other
             ready.clear()
             copy = retry.pop_due()
             if copy is not None:
@@ -317,6 +318,34 @@ class AsyncNackingConsumer(ConsumerBase):
                     self._consumer_closed = True
             finally:
                 await loop.run_in_executor(None, self._close_dead_letters)
+
+    def __aiter__(self) -> AsyncNackingConsumer:
+        """``async for message in consumer``: :meth:`receive` until the consumer is closed (see :meth:`__anext__`)."""
+        return self
+
+    async def __anext__(self) -> pulsar.Message:
+        """The next message, as :meth:`receive` gives it; ``StopAsyncIteration`` once the consumer is closed.
+
+        The iteration ends when :meth:`close` (or :meth:`unsubscribe`) has been called,
+        by another task or (through the loop) another thread: a receive that waits is cut
+        short by it, and a message received while the close runs is not handed out (it
+        stays unacked, and the broker redelivers it). Any other error of :meth:`receive`
+        is raised, and cancelling the task cancels the iteration as it cancels a receive.
+
+        >>> async for message in consumer:  # doctest: +SKIP
+        ...     await consumer.acknowledge(message)
+        """
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            message = await self.receive()
+        except Exception:
+            if self._closed:  # cut short by close()
+                raise StopAsyncIteration from None
+            raise
+        if self._closed:  # received while close() ran: left unacked, redelivered by the broker
+            raise StopAsyncIteration
+        return message
 
     async def __aenter__(self) -> AsyncNackingConsumer:
         return self

@@ -475,6 +475,34 @@ class NackingConsumer(ConsumerBase):
             finally:
                 self._close_dead_letters()
 
+    def __iter__(self) -> NackingConsumer:
+        """``for message in consumer``: :meth:`receive` until the consumer is closed (see :meth:`__next__`)."""
+        return self
+
+    def __next__(self) -> pulsar.Message:
+        """The next message, as :meth:`receive` gives it; ``StopIteration`` once the consumer is closed.
+
+        The iteration ends when :meth:`close` (or :meth:`unsubscribe`) has been called,
+        from this thread or another: a receive that waits is cut short by it, and a
+        message received while the close runs is not handed out (it stays unacked, and
+        the broker redelivers it). Any other error of :meth:`receive` is raised; closing
+        the client instead of the consumer raises the client's error.
+
+        >>> for message in consumer:  # doctest: +SKIP
+        ...     consumer.acknowledge(message)
+        """
+        if self._closed:
+            raise StopIteration
+        try:
+            message = self.receive()
+        except Exception:
+            if self._closed:  # cut short by close()
+                raise StopIteration from None
+            raise
+        if self._closed:  # received while close() ran: left unacked, redelivered by the broker
+            raise StopIteration
+        return message
+
     def __enter__(self) -> NackingConsumer:
         return self
 
