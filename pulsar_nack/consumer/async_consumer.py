@@ -26,9 +26,10 @@ import asyncio
 import inspect
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -39,11 +40,18 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS
 from ._client import async_get_last_message_id, async_redeliver_unacknowledged, consumer_schema, raw_id
 from .common import ConsumerBase
+from .keywords import AsyncSubscribeKeywords
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 _log = logging.getLogger(__name__)
 
@@ -387,7 +395,7 @@ async def subscribe(
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
     retry_hold_ms: int = 0,
-    **subscribe_kwargs: Any,
+    **subscribe_kwargs: Unpack[AsyncSubscribeKeywords],
 ) -> AsyncNackingConsumer:
     """Subscribe like ``await client.subscribe(...)`` and return an :class:`AsyncNackingConsumer`.
 
@@ -409,15 +417,16 @@ async def subscribe(
         consumer = await pulsar_nack.asyncio.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
+    keywords = cast("dict[str, Any]", subscribe_kwargs)  # exactly what the caller gave
     if not isinstance(client, pulsar_asyncio.Client):
         raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
     check_name("subscription_name", subscription_name)
-    unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
+    unknown = sorted(set(keywords) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
-    topics = _topics_of(topic, subscribe_kwargs.get("is_pattern_topic", False))
+    topics = _topics_of(topic, keywords.get("is_pattern_topic", False))
     settings = subscribe_settings(
-        subscribe_kwargs,
+        keywords,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
@@ -429,12 +438,12 @@ async def subscribe(
     names = topics.pattern if topics.pattern is not None else [topic] if isinstance(topic, str) else list(topic)
     loop = asyncio.get_running_loop()
     retry_topics = await loop.run_in_executor(  # validates, then at most two lookups
-        None, retry_topics_for, client, names, subscription_name, settings, subscribe_kwargs
+        None, retry_topics_for, client, names, subscription_name, settings, keywords
     )
     if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
         settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     consumer = await client.subscribe(
-        topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
+        topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **keywords
     )
     retry = None
     try:
@@ -448,7 +457,7 @@ async def subscribe(
         raise
     if retry is not None:  # the retry topic's own consumer (a blocking subscribe: in the executor)
         try:
-            await loop.run_in_executor(None, retry.subscribe, subscribe_kwargs, None, wrapper._copy_waker(loop))
+            await loop.run_in_executor(None, retry.subscribe, keywords, None, wrapper._copy_waker(loop))
         except BaseException:
             await wrapper.close(redeliver_pending=False)
             raise

@@ -44,12 +44,13 @@ import functools
 import inspect
 import logging
 import re
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
 from time import monotonic_ns as _monotonic_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pulsar
 
@@ -61,6 +62,7 @@ from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
 from .common import ConsumerBase, ConsumerStats
+from .keywords import SubscribeKeywords
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
@@ -71,6 +73,12 @@ __all__ = [
     "NackingConsumer",
     "subscribe",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 _log = logging.getLogger(__name__)
 
@@ -574,7 +582,7 @@ def subscribe(
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
     retry_hold_ms: int = 0,
-    **subscribe_kwargs: Any,
+    **subscribe_kwargs: Unpack[SubscribeKeywords],
 ) -> NackingConsumer:
     """Subscribe like ``client.subscribe(...)`` and return a :class:`NackingConsumer`.
 
@@ -604,9 +612,10 @@ def subscribe(
         consumer = pulsar_nack.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
-    names, topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
+    keywords = cast("dict[str, Any]", subscribe_kwargs)  # exactly what the caller gave
+    names, topics = _check_subscribe_args(client, topic, subscription_name, message_listener, keywords)
     settings = subscribe_settings(
-        subscribe_kwargs,
+        keywords,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
@@ -615,7 +624,7 @@ def subscribe(
         retry_letter_topic=retry_letter_topic,
         retry_hold_ms=retry_hold_ms,
     )
-    retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, subscribe_kwargs)
+    retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, keywords)
     if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
         settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     holder: list[NackingConsumer] = []
@@ -640,7 +649,7 @@ def subscribe(
         subscription_name,
         negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
         message_listener=listener,
-        **subscribe_kwargs,
+        **keywords,
     )
     retry = None
     try:
@@ -655,7 +664,7 @@ def subscribe(
         ready.set()
     if retry is not None:  # the retry topic's own consumer, once the wrapper exists for its copies
         try:
-            retry.subscribe(subscribe_kwargs, None if message_listener is None else _copy_listener(holder, message_listener))
+            retry.subscribe(keywords, None if message_listener is None else _copy_listener(holder, message_listener))
         except BaseException:
             holder[0].close(redeliver_pending=False)
             raise
