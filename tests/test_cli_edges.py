@@ -220,3 +220,33 @@ def test_broker_refuses_a_port_out_of_range(capsys) -> None:
         cli.main(["broker", "--port", "70000"])
     assert done.value.code == 2
     assert "expected a port number from 1 to 65535" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ bench --quick runs the quick subset
+
+
+def test_bench_quick_runs_the_representative_subset_with_reduced_sizes(monkeypatch, tmp_path) -> None:
+    """Which parts ``bench --quick`` runs, with which arguments (each part's main stands in: no benchmark runs)."""
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import cli as bench_cli
+
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_import(name: str) -> SimpleNamespace:
+        return SimpleNamespace(main=lambda argv: calls.append((name, list(argv))) or 0)
+
+    monkeypatch.setattr(bench_cli, "importlib", SimpleNamespace(import_module=fake_import))
+    monkeypatch.delenv("PULSAR_NACK_BENCH_OUT", raising=False)
+    parser = __import__("argparse").ArgumentParser()
+    bench_cli.add_arguments(parser)
+    assert bench_cli.run(parser.parse_args(["--quick", "--out", str(tmp_path)])) == 0
+    assert [name for name, _ in calls] == ["bench.memory", "bench.core_perf", "bench.client", "bench.e2e"]
+    assert all("--quick" in argv for _, argv in calls)
+    calls.clear()
+    assert bench_cli.run(parser.parse_args(["--quick", "--only", "consumer", "--out", str(tmp_path)])) == 0
+    assert calls == [("bench.consumer", ["--quick"])]
+    calls.clear()
+    assert bench_cli.run(parser.parse_args(["--out", str(tmp_path)])) == 0
+    assert [name for name, _ in calls] == [module for module, _ in bench_cli.PARTS.values()]

@@ -346,12 +346,11 @@ class AsyncNackingConsumer(ConsumerBase):
         if self._closed:
             raise StopAsyncIteration
         try:
-            message = await self.receive()
-        except Exception:
-            if self._closed:  # cut short by close()
-                raise StopAsyncIteration from None
-            raise
-        if self._closed:  # received while close() ran: left unacked, redelivered by the broker
+            outcome: Any = await self.receive()
+        except Exception as error:
+            outcome = error
+        message = self._iterated(outcome)
+        if message is None:
             raise StopAsyncIteration
         return message
 

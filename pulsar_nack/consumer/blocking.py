@@ -502,12 +502,11 @@ class NackingConsumer(ConsumerBase):
         if self._closed:
             raise StopIteration
         try:
-            message = self.receive()
-        except Exception:
-            if self._closed:  # cut short by close()
-                raise StopIteration from None
-            raise
-        if self._closed:  # received while close() ran: left unacked, redelivered by the broker
+            outcome: Any = self.receive()
+        except Exception as error:
+            outcome = error
+        message = self._iterated(outcome)
+        if message is None:
             raise StopIteration
         return message
 
