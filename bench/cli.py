@@ -14,11 +14,14 @@ in ``~/.cache/pulsar-nack/bench``, outside the checkout; ``--out DIR`` puts eith
                 in one run (bench/core_ab.py)
 
 ``--quick`` runs :data:`QUICK_PARTS` at reduced sizes, in under three minutes: one part
-per kind of figure the README states (memory against the baseline, the core's costs and
-the timer, the built-in client's memory and call cost, lateness on Apache Pulsar).
+per kind of figure the README states (memory against the baseline, the core's add and
+pop costs and the timer's lateness, the built-in client's memory and call cost, lateness
+on Apache Pulsar).
 ``scaling`` (its quick sizes repeat ``memory``'s), ``consumer`` (two brokers, minutes
 even at reduced sizes) and ``core-ab`` (a comparison with an earlier commit, for
-development) run in the full run, or with ``--quick --only PART``. Quick verdicts are
+development) run in the full run, or with ``--quick --only PART``. A quick run starts one
+Apache Pulsar standalone for all its parts that need a broker (a full run starts one per
+part, as each part's own command does). Quick verdicts are
 informational, since the goals are defined for the full sizes, and a quick run exits 0
 unless a part fails. The full run takes much longer (10M-message memory cases) and exits
 1 when a part misses a goal. ``--plot`` redraws docs/img/ from the committed JSON.
@@ -27,11 +30,13 @@ unless a part fails. The full run takes much longer (10M-message memory cases) a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import time
+from collections.abc import Iterator
 
-from ._common import OUT_ENV, results_dir
+from ._common import BROKER_ENV, OUT_ENV, results_dir
 
 PARTS: dict[str, tuple[str, list[str]]] = {
     "memory": ("bench.memory", []),
@@ -47,13 +52,31 @@ QUICK_PARTS = ("memory", "core", "client", "e2e")
 # Quick mode: reduced sizes, so that QUICK_PARTS together take under three minutes.
 QUICK_ARGS = {
     "memory": ["--quick", "--messages", "200000", "--cases", "consec-x8-y10,rand10-x8-y10,y0-x1"],
-    "core": ["--quick", "--reps", "3"],
+    "core": ["--quick", "--reps", "3", "--only", "add,pop,lateness"],  # find-due and idle in the full run
     "client": ["--quick", "--ids", "50000"],
     "e2e": ["--quick", "--modes", "stream"],
     "scaling": ["--quick"],
     "consumer": ["--quick"],
     "core-ab": ["--reps", "2", "--out", "core_ab-quick"],
 }
+
+
+BROKER_PARTS = ("client", "e2e", "consumer")
+"""The parts that start Apache Pulsar (with batch-index acks) through :func:`bench._common.standalone`."""
+
+
+@contextlib.contextmanager
+def _shared_broker() -> Iterator[None]:
+    """Apache Pulsar standalone for the parts of a quick run (:data:`BROKER_ENV`), stopped at the end."""
+    from pulsar_nack.testing import PulsarStandalone
+
+    print("starting Apache Pulsar standalone for the parts that need a broker ...", flush=True)
+    with PulsarStandalone(batch_index_ack=True) as broker:
+        os.environ[BROKER_ENV] = f"{broker.url} {broker.admin_url}"
+        try:
+            yield
+        finally:
+            del os.environ[BROKER_ENV]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,13 +104,16 @@ def run(args: argparse.Namespace) -> int:
         os.environ[OUT_ENV] = os.path.abspath(args.out)
     start = time.monotonic()
     status = 0
-    for part in parts:
-        module_name, extra = PARTS[part]
-        module = importlib.import_module(module_name)
-        print(f"\n=== {part} ===", flush=True)
-        result = module.main((QUICK_ARGS[part] if args.quick else []) + extra)
-        if isinstance(result, int) and result:
-            status = result
+    with contextlib.ExitStack() as stack:
+        if args.quick and BROKER_ENV not in os.environ and any(p in BROKER_PARTS for p in parts):
+            stack.enter_context(_shared_broker())  # one broker start for every part, not one each
+        for part in parts:
+            module_name, extra = PARTS[part]
+            module = importlib.import_module(module_name)
+            print(f"\n=== {part} ===", flush=True)
+            result = module.main((QUICK_ARGS[part] if args.quick else []) + extra)
+            if isinstance(result, int) and result:
+                status = result
     where = results_dir("x-quick" if args.quick else "x")
     print(f"\nbench finished in {time.monotonic() - start:.0f} s; results in {where}")
     if args.quick:

@@ -4,6 +4,7 @@ checkout, and ``broker --help`` with its options and exit codes."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import re
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -239,14 +241,28 @@ def test_bench_quick_runs_the_representative_subset_with_reduced_sizes(monkeypat
 
     monkeypatch.setattr(bench_cli, "importlib", SimpleNamespace(import_module=fake_import))
     monkeypatch.delenv("PULSAR_NACK_BENCH_OUT", raising=False)
+    monkeypatch.delenv(bench_cli.BROKER_ENV, raising=False)
+    shared: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_broker() -> Iterator[None]:
+        shared.append("started")
+        yield
+
+    monkeypatch.setattr(bench_cli, "_shared_broker", fake_broker)
     parser = __import__("argparse").ArgumentParser()
     bench_cli.add_arguments(parser)
     assert bench_cli.run(parser.parse_args(["--quick", "--out", str(tmp_path)])) == 0
     assert [name for name, _ in calls] == ["bench.memory", "bench.core_perf", "bench.client", "bench.e2e"]
     assert all("--quick" in argv for _, argv in calls)
+    assert shared == ["started"]  # one broker for client and e2e
+    calls.clear()
+    assert bench_cli.run(parser.parse_args(["--quick", "--only", "memory,core", "--out", str(tmp_path)])) == 0
+    assert [name for name, _ in calls] == ["bench.memory", "bench.core_perf"] and shared == ["started"]  # no broker
     calls.clear()
     assert bench_cli.run(parser.parse_args(["--quick", "--only", "consumer", "--out", str(tmp_path)])) == 0
     assert calls == [("bench.consumer", ["--quick"])]
     calls.clear()
     assert bench_cli.run(parser.parse_args(["--out", str(tmp_path)])) == 0
     assert [name for name, _ in calls] == [module for module, _ in bench_cli.PARTS.values()]
+    assert len(shared) == 2  # the full run: each part starts its own

@@ -88,10 +88,9 @@ def run(args: argparse.Namespace) -> int:
                 version=args.pulsar_version, batch_index_ack=args.batch_index_acks, port=args.port,
                 http_port=args.http_port,
             )
-            release = check_standalone(args.pulsar_version)
             for option, port in (("--port", args.port), ("--http-port", args.http_port)):
                 _check_free(option, port)
-            fetch_standalone(release, PROG)
+            fetch_standalone(check_standalone(args.pulsar_version), PROG)
             print(f"{PROG}: starting Apache Pulsar standalone ...", file=sys.stderr, flush=True)
             broker.start()
         except (SetupError, BrokerError, ValueError) as error:  # ValueError: a version we know nothing of
