@@ -19,7 +19,7 @@ import pulsar.asyncio
 import pytest
 
 import pulsar_nack.asyncio
-from helpers import produce
+from helpers import produce, wait_for
 from pulsar_nack import subscribe
 from pulsar_nack.consumer import msgid as _msgid
 from pulsar_nack.testing import quiet_client
@@ -77,6 +77,11 @@ def reader(request, monkeypatch) -> Any:
     return request.param
 
 
+def _timer_settled(consumer: Any) -> bool:
+    """The timer thread woke for the pending nack (it now sleeps until it is due, about 60 s)."""
+    return consumer.stats()["tracker"]["timer_wakeups"] >= 1
+
+
 def _calls(consumer: Any) -> dict[str, Any]:
     return {
         "negative_acknowledge": consumer.negative_acknowledge,
@@ -95,6 +100,7 @@ def test_blocking_consumer_refuses_ids_of_no_message_and_changes_nothing(apache_
         produce(client, topic, [b"a", b"b"])
         first = consumer.receive(10_000)
         consumer.negative_acknowledge(first, delay_ms=60_000)  # pending throughout: state for "nothing changes"
+        assert wait_for(lambda: _timer_settled(consumer))
         before = consumer.stats()
         for param in BAD_IDS:
             message_id, what = param.values
@@ -128,6 +134,7 @@ def test_asyncio_consumer_refuses_ids_of_no_message_and_changes_nothing(apache_b
             produce(plain, topic, [b"a", b"b"])
             first = await asyncio.wait_for(consumer.receive(), 10)
             await consumer.negative_acknowledge(first, delay_ms=60_000)
+            assert wait_for(lambda: _timer_settled(consumer))
             before = consumer.stats()
             for param in BAD_IDS:
                 message_id, what = param.values
