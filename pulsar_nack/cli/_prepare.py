@@ -65,7 +65,7 @@ def _one_line(text: object) -> str:
 
 EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("pyspark", "tqdm")}
 """The modules of each extra a command needs: the ``[project.optional-dependencies]`` of
-pyproject.toml, by import name (tests/test_cli.py checks that they agree)."""
+pyproject.toml, by import name (tests/test_cli_edges.py checks that they agree)."""
 
 
 def check_extra(extra: str, prog: str) -> None:
