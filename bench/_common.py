@@ -9,6 +9,7 @@ tied to the exact code), a UTC time stamp and the exact command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import datetime as _dt
@@ -21,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import metadata as _md
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,40 @@ def run_worker(
         check=True, timeout=timeout_s,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+BROKER_ENV = "PULSAR_NACK_BENCH_BROKER"
+"""``"SERVICE_URL ADMIN_URL"`` of a running broker (batch-index acks on) that :func:`standalone`
+gives instead of starting one: ``pulsar-nack bench --quick`` starts one for all its parts."""
+
+
+class _SharedBroker:
+    """A broker that :func:`standalone` did not start (:data:`BROKER_ENV`): its URLs and admin API."""
+
+    def __init__(self, url: str, admin_url: str) -> None:
+        from pulsar_nack.testing.admin import PulsarAdmin
+
+        self.url, self.admin_url = url, admin_url
+        self.admin = PulsarAdmin(admin_url)
+
+    @property
+    def version(self) -> str:
+        return self.admin.broker_version()
+
+
+@contextlib.contextmanager
+def standalone() -> Iterator[Any]:
+    """Apache Pulsar standalone with batch-index acks, started and stopped here, or the running
+    one :data:`BROKER_ENV` names (left running)."""
+    shared = os.environ.get(BROKER_ENV)
+    if shared:
+        url, admin_url = shared.split()
+        yield _SharedBroker(url, admin_url)
+        return
+    from pulsar_nack.testing import PulsarStandalone
+
+    with PulsarStandalone(batch_index_ack=True) as broker:
+        yield broker
 
 
 def broker_label(broker: Any) -> str:

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from ._common import broker_label, finish, parser, run_worker, settled_rss, summarize
+from ._common import broker_label, finish, parser, run_worker, settled_rss, standalone, summarize
 
 ENTRIES_PER_LEDGER = 50_000
 HOUR_MS = 3_600_000
@@ -165,10 +165,8 @@ def _worker(url: str, system: str, n: int, call_reps: int) -> dict[str, Any]:
 
 
 def run(n: int, call_reps: int) -> dict[str, Any]:
-    from pulsar_nack.testing import PulsarStandalone
-
     results = []
-    with PulsarStandalone(batch_index_ack=True) as broker:
+    with standalone() as broker:
         for system in ("built-in", "pulsar-nack"):
             results.append(run_worker("bench.client", broker.url, system, str(n), str(call_reps)))
     built_in, ours = results

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._common import print_table, rss_bytes, run_worker, start_context, summarize, trim_heap, write_result
+from ._common import print_table, rss_bytes, run_worker, standalone, start_context, summarize, trim_heap, write_result
 
 HOUR_MS = 3_600_000
 TEN_MINUTES_MS = 600_000
@@ -437,7 +437,7 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     """Both broker settings in one run: A and D on each, the memory measurements on the first."""
     from pulsar_nack.testing import PulsarStandalone
 
-    with PulsarStandalone(batch_index_ack=True) as broker:
+    with standalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         plain_way = run_memory_plain(broker.url, memory_n, 3)

@@ -30,9 +30,9 @@ from typing import Any
 import pulsar
 
 import pulsar_nack
-from pulsar_nack.testing import PulsarStandalone, quiet_client
+from pulsar_nack.testing import quiet_client
 
-from ._common import broker_label, dist, finish, parser
+from ._common import broker_label, dist, finish, parser, standalone
 
 SYSTEMS = ("pulsar-nack", "built-in")
 
@@ -121,7 +121,7 @@ def run_case(client: pulsar.Client, system: str, delay_ms: int, mode: str, n: in
 
 def run(messages: int, delays: list[int], modes: list[str], subscriptions: tuple[str, ...] = ("Shared",)) -> dict[str, Any]:
     results = []
-    with PulsarStandalone(batch_index_ack=True) as broker:
+    with standalone() as broker:
         client = quiet_client(broker.url)
         try:
             for delay_ms in delays:

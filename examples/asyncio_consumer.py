@@ -58,38 +58,33 @@ async def process(consumer: pulsar_nack.asyncio.AsyncNackingConsumer, message: p
 async def run(url: str, messages: int) -> None:
     client = pulsar.asyncio.Client(url, logger=logging.getLogger("pulsar"))  # its warnings on stderr
     topic = f"persistent://public/default/orders-{uuid.uuid4().hex[:8]}"
-    consumer = await pulsar_nack.asyncio.subscribe(
+    async with await pulsar_nack.asyncio.subscribe(  # closed on leaving the block
         client,
         topic,
         "billing",
         consumer_type=pulsar.ConsumerType.Shared,
         negative_ack_precision_bit_cnt=6,  # 64 ms buckets
         redelivery_backoff=MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=10_000),
-    )
-    producer = await client.create_producer(topic)
-    for i in range(messages):
-        await producer.send(str(i).encode())
+    ) as consumer:
+        producer = await client.create_producer(topic)
+        for i in range(messages):
+            await producer.send(str(i).encode())
 
-    start, succeeded, finished = time.monotonic(), set(), asyncio.Event()
+        start, succeeded, finished = time.monotonic(), set(), asyncio.Event()
 
-    async def worker() -> None:
-        while True:
-            message = await consumer.receive()
-            if await process(consumer, message, start):
-                succeeded.add(message.data())
-                if len(succeeded) == messages:
-                    finished.set()
+        async def worker() -> None:
+            async for message in consumer:  # until the consumer is closed
+                if await process(consumer, message, start):
+                    succeeded.add(message.data())
+                    if len(succeeded) == messages:
+                        finished.set()
 
-    workers = [asyncio.create_task(worker()) for _ in range(4)]  # four handlers at once
-    await asyncio.wait_for(finished.wait(), 60)
-    for task in workers:
-        task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
-    print("stats:", consumer.stats())
-    await consumer.close()
+        workers = [asyncio.create_task(worker()) for _ in range(4)]  # four handlers at once
+        await asyncio.wait_for(finished.wait(), 60)
+        print("stats:", consumer.stats())
+    await asyncio.wait_for(asyncio.gather(*workers), 30)  # closing the consumer ended their loops
     await producer.close()
     await client.close()
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -55,34 +55,33 @@ def main() -> None:
         stack.callback(client.close)
         topic = f"persistent://public/default/orders-{uuid.uuid4().hex[:8]}"
 
-        consumer = pulsar_nack.subscribe(
+        with pulsar_nack.subscribe(  # closed on leaving the block: pending retries are handed back
             client,
             topic,
             "billing",
             consumer_type=pulsar.ConsumerType.Shared,
             negative_ack_precision_bit_cnt=6,  # 64 ms buckets
             redelivery_backoff=MultiplierRedeliveryBackoff(min_delay_ms=500, max_delay_ms=10_000),
-        )
-        producer = client.create_producer(topic)
-        for i in range(args.messages):
-            producer.send(str(i).encode())
+        ) as consumer:
+            producer = client.create_producer(topic)
+            for i in range(args.messages):
+                producer.send(str(i).encode())
 
-        start, done = time.monotonic(), set()
-        while len(done) < args.messages:
-            message = consumer.receive(timeout_millis=10_000)
-            try:
-                handle(message)
-            except RuntimeError as error:
-                print(f"{time.monotonic() - start:5.2f}s  message {message.data().decode():>3} failed ({error}); retry later")
-                consumer.negative_acknowledge(message)
-            else:
+            start, done = time.monotonic(), set()
+            for message in consumer:  # receive() until the consumer is closed (or the loop breaks)
+                try:
+                    handle(message)
+                except RuntimeError as error:
+                    print(f"{time.monotonic() - start:5.2f}s  message {message.data().decode():>3} failed ({error}); retry later")
+                    consumer.negative_acknowledge(message)
+                    continue
                 consumer.acknowledge(message)
                 done.add(message.data())
                 if message.redelivery_count():
                     print(f"{time.monotonic() - start:5.2f}s  message {message.data().decode():>3} succeeded on retry")
-        print("stats:", consumer.stats())
-        consumer.close()
-
+                if len(done) == args.messages:
+                    break
+            print("stats:", consumer.stats())
 
 if __name__ == "__main__":
     main()

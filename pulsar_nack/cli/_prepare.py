@@ -4,6 +4,7 @@ Up front, before any JVM starts, each problem a user can fix is one line on stde
 (:class:`SetupError`), naming what to install or start and the ``--service-url``
 alternative:
 
+- :func:`check_extra`: the Python packages of an extra (the demo's: ``spark``) are installed;
 - :func:`check_standalone`: a JDK that runs Apache Pulsar, and ``mvn`` when the
   distribution is not cached yet;
 - :func:`check_service_url`: a Pulsar broker answers at ``--service-url``;
@@ -17,6 +18,7 @@ downloads, and where it is cached and how to remove it afterwards.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -33,9 +35,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..testing.distribution import PulsarRelease
 
 __all__ = [
+    "EXTRAS",
     "SERVICE_URL_HINT",
     "SetupError",
     "artifact_size",
+    "check_extra",
     "check_master",
     "check_service_url",
     "check_spark_java",
@@ -59,12 +63,41 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("pyspark", "tqdm")}
+"""The modules of each extra a command needs: the ``[project.optional-dependencies]`` of
+pyproject.toml, by import name (tests/test_cli_edges.py checks that they agree)."""
+
+
+def check_extra(extra: str, prog: str) -> None:
+    """Check that every module of *extra* can be imported, importing none of them.
+
+    Raises
+    ------
+    SetupError
+        Naming the missing modules and the ``pip install "pulsar-nack[EXTRA]"`` that brings them.
+    """
+    missing = [name for name in EXTRAS[extra] if not _importable(name)]
+    if missing:
+        raise SetupError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, and {prog} needs "
+            f'the {extra!r} extra: pip install "pulsar-nack[{extra}]"'
+        )
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that fails, or a module without a spec in sys.modules
+        return False
+
+
 # ---------------------------------------------------------------- Apache Pulsar standalone
 
 
-def check_standalone() -> PulsarRelease:
-    """The release :class:`~pulsar_nack.testing.PulsarStandalone` will run here, after checking
-    that it can: a JDK that runs it, and ``mvn`` unless it is cached. Starts nothing.
+def check_standalone(version: str | None = None) -> PulsarRelease:
+    """The release :class:`~pulsar_nack.testing.PulsarStandalone` will run here (of *version*,
+    else the newest), after checking that it can: a JDK that runs it, and ``mvn`` unless it is
+    cached. Starts nothing.
 
     Raises
     ------
@@ -75,7 +108,7 @@ def check_standalone() -> PulsarRelease:
     from ..testing.distribution import cached, choose_release
 
     try:
-        release, _java = choose_release()
+        release, _java = choose_release(version=version)
     except BrokerError as error:
         raise SetupError(f"{_one_line(error).rstrip('.')}; {SERVICE_URL_HINT}") from None
     if cached(release) is None and shutil.which("mvn") is None:

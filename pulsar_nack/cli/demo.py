@@ -19,7 +19,8 @@ What it does:
 5. prints a summary; ``--json`` prints it as one JSON object on the last stdout line.
 
 Before anything starts, what the demo needs is checked, and a problem is one line on
-stderr with exit code 2: a JDK and (until Apache Pulsar is cached) Maven, a broker
+stderr with exit code 2: the ``spark`` extra (pyspark and tqdm: ``pip install
+"pulsar-nack[spark]"``), a JDK and (until Apache Pulsar is cached) Maven, a broker
 answering at ``--service-url``, a ``spark://`` master accepting connections. The first
 run fetches Apache Pulsar (about 250 MB) and says so on stderr.
 
@@ -46,7 +47,15 @@ import uuid
 import zlib
 from typing import Any
 
-from ._prepare import SetupError, check_master, check_service_url, check_spark_java, check_standalone, fetch_standalone
+from ._prepare import (
+    SetupError,
+    check_extra,
+    check_master,
+    check_service_url,
+    check_spark_java,
+    check_standalone,
+    fetch_standalone,
+)
 
 __all__ = ["SIZES", "SUBSCRIPTION_TYPES", "DemoHandler", "TransientError", "add_arguments", "result", "run"]
 
@@ -424,6 +433,7 @@ def _left_in_subscription(client: Any, topic: str, subscription_type: str) -> in
 def _prepare(args: argparse.Namespace) -> Any:
     """Check up front what the demo needs, fetch Apache Pulsar on first use; the release to
     start, or None with ``--service-url``. Raises SetupError (one line) or BrokerError."""
+    check_extra("spark", PROG)  # first: without pyspark nothing else is worth starting
     check_master(args.master)
     try:  # the options' rules are the consumer's settings' (ConsumerConfig checks them), in the options' names
         _consumer_config(args, "pulsar://127.0.0.1:6650", "persistent://public/default/demo")

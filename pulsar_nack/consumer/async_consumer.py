@@ -26,9 +26,10 @@ import asyncio
 import inspect
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -39,11 +40,18 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS
 from ._client import async_get_last_message_id, async_redeliver_unacknowledged, consumer_schema, raw_id
 from .common import ConsumerBase
+from .keywords import AsyncSubscribeKeywords
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
 
 __all__ = ["AsyncNackingConsumer", "subscribe"]
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 _log = logging.getLogger(__name__)
 
@@ -122,6 +130,7 @@ class AsyncNackingConsumer(ConsumerBase):
         assert ready is not None  # set when the retry consumer was subscribed
         admit = self._core.admit
         while True:
+            self._check_open()  # close() dropped the kept receive: start no other
             ready.clear()
             copy = retry.pop_due()
             if copy is not None:
@@ -318,6 +327,33 @@ class AsyncNackingConsumer(ConsumerBase):
             finally:
                 await loop.run_in_executor(None, self._close_dead_letters)
 
+    def __aiter__(self) -> AsyncNackingConsumer:
+        """``async for message in consumer``: :meth:`receive` until the consumer is closed (see :meth:`__anext__`)."""
+        return self
+
+    async def __anext__(self) -> pulsar.Message:
+        """The next message, as :meth:`receive` gives it; ``StopAsyncIteration`` once the consumer is closed.
+
+        The iteration ends when :meth:`close` (or :meth:`unsubscribe`) has been called,
+        by another task or (through the loop) another thread: a receive that waits is cut
+        short by it, and a message received while the close runs is not handed out (it
+        stays unacked, and the broker redelivers it). Any other error of :meth:`receive`
+        is raised, and cancelling the task cancels the iteration as it cancels a receive.
+
+        >>> async for message in consumer:  # doctest: +SKIP
+        ...     await consumer.acknowledge(message)
+        """
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            outcome: Any = await self.receive()
+        except Exception as error:
+            outcome = error
+        message = self._iterated(outcome)
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
     async def __aenter__(self) -> AsyncNackingConsumer:
         return self
 
@@ -358,7 +394,7 @@ async def subscribe(
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
     retry_hold_ms: int = 0,
-    **subscribe_kwargs: Any,
+    **subscribe_kwargs: Unpack[AsyncSubscribeKeywords],
 ) -> AsyncNackingConsumer:
     """Subscribe like ``await client.subscribe(...)`` and return an :class:`AsyncNackingConsumer`.
 
@@ -380,15 +416,16 @@ async def subscribe(
         consumer = await pulsar_nack.asyncio.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
+    keywords = cast("dict[str, Any]", subscribe_kwargs)  # exactly what the caller gave
     if not isinstance(client, pulsar_asyncio.Client):
         raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
     check_name("subscription_name", subscription_name)
-    unknown = sorted(set(subscribe_kwargs) - _SUBSCRIBE_KEYWORDS)
+    unknown = sorted(set(keywords) - _SUBSCRIBE_KEYWORDS)
     if unknown:
         raise TypeError(f"subscribe() got unexpected keyword argument(s): {', '.join(unknown)}")
-    topics = _topics_of(topic, subscribe_kwargs.get("is_pattern_topic", False))
+    topics = _topics_of(topic, keywords.get("is_pattern_topic", False))
     settings = subscribe_settings(
-        subscribe_kwargs,
+        keywords,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
@@ -400,12 +437,12 @@ async def subscribe(
     names = topics.pattern if topics.pattern is not None else [topic] if isinstance(topic, str) else list(topic)
     loop = asyncio.get_running_loop()
     retry_topics = await loop.run_in_executor(  # validates, then at most two lookups
-        None, retry_topics_for, client, names, subscription_name, settings, subscribe_kwargs
+        None, retry_topics_for, client, names, subscription_name, settings, keywords
     )
     if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
         settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     consumer = await client.subscribe(
-        topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **subscribe_kwargs
+        topic, subscription_name, negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS, **keywords
     )
     retry = None
     try:
@@ -419,7 +456,7 @@ async def subscribe(
         raise
     if retry is not None:  # the retry topic's own consumer (a blocking subscribe: in the executor)
         try:
-            await loop.run_in_executor(None, retry.subscribe, subscribe_kwargs, None, wrapper._copy_waker(loop))
+            await loop.run_in_executor(None, retry.subscribe, keywords, None, wrapper._copy_waker(loop))
         except BaseException:
             await wrapper.close(redeliver_pending=False)
             raise

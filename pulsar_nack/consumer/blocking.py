@@ -44,12 +44,13 @@ import functools
 import inspect
 import logging
 import re
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
 from time import monotonic_ns as _monotonic_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pulsar
 
@@ -61,6 +62,7 @@ from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
 from .common import ConsumerBase
+from .keywords import SubscribeKeywords
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
@@ -69,6 +71,12 @@ __all__ = [
     "NackingConsumer",
     "subscribe",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
 _log = logging.getLogger(__name__)
 
@@ -473,6 +481,33 @@ class NackingConsumer(ConsumerBase):
             finally:
                 self._close_dead_letters()
 
+    def __iter__(self) -> NackingConsumer:
+        """``for message in consumer``: :meth:`receive` until the consumer is closed (see :meth:`__next__`)."""
+        return self
+
+    def __next__(self) -> pulsar.Message:
+        """The next message, as :meth:`receive` gives it; ``StopIteration`` once the consumer is closed.
+
+        The iteration ends when :meth:`close` (or :meth:`unsubscribe`) has been called,
+        from this thread or another: a receive that waits is cut short by it, and a
+        message received while the close runs is not handed out (it stays unacked, and
+        the broker redelivers it). Any other error of :meth:`receive` is raised; closing
+        the client instead of the consumer raises the client's error.
+
+        >>> for message in consumer:  # doctest: +SKIP
+        ...     consumer.acknowledge(message)
+        """
+        if self._closed:
+            raise StopIteration
+        try:
+            outcome: Any = self.receive()
+        except Exception as error:
+            outcome = error
+        message = self._iterated(outcome)
+        if message is None:
+            raise StopIteration
+        return message
+
     def __enter__(self) -> NackingConsumer:
         return self
 
@@ -564,7 +599,7 @@ def subscribe(
     retry_enable: bool = False,
     retry_letter_topic: str | None = None,
     retry_hold_ms: int = 0,
-    **subscribe_kwargs: Any,
+    **subscribe_kwargs: Unpack[SubscribeKeywords],
 ) -> NackingConsumer:
     """Subscribe like ``client.subscribe(...)`` and return a :class:`NackingConsumer`.
 
@@ -594,9 +629,10 @@ def subscribe(
         consumer = pulsar_nack.subscribe(client, "orders", "billing",
             consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=5000)
     """
-    names, topics = _check_subscribe_args(client, topic, subscription_name, message_listener, subscribe_kwargs)
+    keywords = cast("dict[str, Any]", subscribe_kwargs)  # exactly what the caller gave
+    names, topics = _check_subscribe_args(client, topic, subscription_name, message_listener, keywords)
     settings = subscribe_settings(
-        subscribe_kwargs,
+        keywords,
         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         negative_ack_precision_bit_cnt=negative_ack_precision_bit_cnt,
         redelivery_backoff=redelivery_backoff,
@@ -605,7 +641,7 @@ def subscribe(
         retry_letter_topic=retry_letter_topic,
         retry_hold_ms=retry_hold_ms,
     )
-    retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, subscribe_kwargs)
+    retry_topics = retry_topics_for(client, _topic_list(names), subscription_name, settings, keywords)
     if retry_topics is not None and settings.dead_letter_policy is not None:  # the nack path's DLQ: the same topic
         settings = settings.replace(dead_letter_policy=retry_topics.dead_letter_policy())
     holder: list[NackingConsumer] = []
@@ -615,7 +651,7 @@ def subscribe(
         subscription_name,
         negative_ack_redelivery_delay_ms=HANDOFF_DELAY_MS,
         message_listener=None if message_listener is None else _admitting_listener(holder, ready, message_listener),
-        **subscribe_kwargs,
+        **keywords,
     )
     retry = None
     try:
@@ -630,7 +666,7 @@ def subscribe(
         ready.set()
     if retry is not None:  # the retry topic's own consumer, once the wrapper exists for its copies
         try:
-            retry.subscribe(subscribe_kwargs, None if message_listener is None else _copy_listener(holder, message_listener))
+            retry.subscribe(keywords, None if message_listener is None else _copy_listener(holder, message_listener))
         except BaseException:
             holder[0].close(redeliver_pending=False)
             raise

@@ -198,6 +198,17 @@ class ConsumerBase:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} topics={self._core.topics!r} pending={len(self.tracker)} closed={self._closed}>"
 
+    def _iterated(self, outcome: Any) -> Any:
+        """What iteration hands out after a receive gave *outcome* (a message, or the exception
+        it raised): the message; None once the consumer is closed, the end of the iteration (a
+        receive cut short by ``close()``, or a message received while it ran, left unacked for
+        the broker to redeliver); else the exception is raised."""
+        if self._closed:
+            return None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConsumerClosedError(f"this {type(self).__name__} is closed")

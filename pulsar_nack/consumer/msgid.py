@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "parse_id",
     "py_message_key",
     "py_parse_id",
+    "read_id",
 ]
 
 
@@ -143,6 +145,22 @@ def py_parse_id(data: bytes) -> tuple[int, int, int, int, int]:
     if seen != 3:
         raise ValueError("not a serialized Pulsar message id")
     return fields[0], fields[1], fields[2], fields[3], fields[4]
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _not_a_message(ledger: int, entry: int, partition: int, index: int) -> str | None:
+    """What makes these fields no message's id (``MessageId.earliest``, ``latest``, a negative field), or None."""
+    if ledger == entry == -1:
+        return "MessageId.earliest"
+    if ledger == entry == _INT64_MAX:  # no broker reaches this entry of this ledger: the "latest" sentinel
+        return "MessageId.latest"
+    for name, value, least in (("ledger_id", ledger, 0), ("entry_id", entry, 0), ("partition", partition, -1),
+                               ("batch_index", index, -1)):
+        if value < least:
+            return f"an id with {name} {value}"
+    return None
 
 
 class _Record:
@@ -359,3 +377,30 @@ message_key: Any = py_message_key if _c is None else _c.message_key
 getters; about 0.3 µs more per call: ``bench/client.py``)."""
 parse_id: Any = py_parse_id if _c is None else _c.parse_id
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
+
+
+def read_id(message_id: Any, parse: Callable[[bytes], tuple[int, int, int, int, int]] | None = None) -> tuple[int, int, int, int, int]:
+    """``(ledger, entry, partition, batch_index, batch_size)`` of a ``_pulsar.MessageId`` that can be a message's.
+
+    One ``serialize()`` of the id, parsed by *parse* (default :data:`parse_id`: the C
+    parser, else :func:`py_parse_id`). Raises ValueError, naming the argument
+    ``message``, for ``MessageId.earliest``, ``MessageId.latest`` and an id with a
+    negative ledger or entry id, or a partition or batch index below -1: positions,
+    never a message, which the tracker could not key. O(1).
+
+    >>> import _pulsar
+    >>> read_id(_pulsar.MessageId(2, 10, 5, -1))
+    (10, 5, 2, -1, 0)
+    >>> read_id(_pulsar.MessageId.earliest)
+    Traceback (most recent call last):
+    ...
+    ValueError: message must be the id of a message, not MessageId.earliest
+    """
+    data = message_id.serialize()
+    if not isinstance(data, bytes):
+        raise TypeError("MessageId.serialize() did not return bytes")
+    fields = (parse_id if parse is None else parse)(data)
+    what = _not_a_message(*fields[:4])
+    if what is not None:
+        raise ValueError(f"message must be the id of a message, not {what}")
+    return fields

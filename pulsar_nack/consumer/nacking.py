@@ -366,7 +366,7 @@ class NackingCore:
                 raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
             return key, inner.message_id()
         raw = raw_id(message)
-        batch_index = raw.batch_index()
+        ledger, entry, partition, batch_index, size = _msgid.read_id(raw)  # ValueError for earliest, latest, ...
         if _is_message(message):
             topic = message.topic_name()
             if topic not in self.topics:
@@ -375,16 +375,15 @@ class NackingCore:
             if batch_index > MAX_BATCH_INDEX:
                 raise ValueError(f"batch_index must be below 2**31, got {batch_index}")
             if batch_index >= 0:
-                size = batch_size_of(raw) or self.ledger.size_of(raw.ledger_id(), raw.entry_id())
+                size = size or self.ledger.size_of(ledger, entry)
                 if size and batch_index >= size:
                     raise ValueError(f"batch index {batch_index} is outside its batch of {size} messages")
             single = self.topics.single
             if single is None:
                 topic = UNTITLED  # the id object knows its topic; we keep the object
             else:
-                partition = raw.partition()
                 topic = f"{single}-partition-{partition}" if partition >= 0 else single
-        return (topic, raw.ledger_id(), raw.entry_id(), batch_index), raw
+        return (topic, ledger, entry, batch_index), raw
 
     def nack(self, message: Any, delay_ms: int | None = None) -> None:
         """Track a negative acknowledgement: the message comes back after its delay.

@@ -612,12 +612,10 @@ class RetryLetter:
         if isinstance(message, RetryMessage):
             return True
         inner = received(message)
-        topic = getattr(inner, "topic_name", None)
-        if callable(topic):
-            return self.is_retry_copy(inner)
-        if is_raw_message_id(inner):
+        if is_raw_message_id(inner):  # first: a _pulsar.MessageId has a topic_name(str) setter, no getter
             return False  # a bare id: the main consumer's (acknowledge a retry copy by the message)
-        return False
+        topic = getattr(inner, "topic_name", None)
+        return callable(topic) and self.is_retry_copy(inner)
 
     def check(self, message: Any) -> None:
         """Validate a retry copy as ``key_of`` does (TypeError, ValueError); changes nothing."""

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from .._validate import check_seconds
+from .._validate import check_int, check_seconds
 from ..errors import BrokerError
 from ._process import (
     LOOPBACK,
@@ -112,6 +112,9 @@ class PulsarStandalone:
     batch_index_ack : bool, optional
         ``acknowledgmentAtBatchIndexLevelEnabled``. None (default): the version's own
         default (off in 3.0.7 and in 4.0.8). A ``config`` entry for the same key wins.
+    port, http_port : int, optional
+        The loopback ports of the binary protocol and the admin REST API. None (default):
+        a free port each, picked at :meth:`start`.
 
     Raises
     ------
@@ -139,6 +142,8 @@ class PulsarStandalone:
         jvm_options: Sequence[str] | None = None,
         version: str | None = None,
         batch_index_ack: bool | None = None,
+        port: int | None = None,
+        http_port: int | None = None,
     ) -> None:
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise TypeError(f"data_dir must be a str, os.PathLike or None, got {type(data_dir).__name__}")
@@ -159,6 +164,10 @@ class PulsarStandalone:
         if batch_index_ack is not None and not isinstance(batch_index_ack, bool):
             raise TypeError(f"batch_index_ack must be a bool or None, got {type(batch_index_ack).__name__}")
         matching_releases(version)  # TypeError / ValueError now, not at start()
+        self._fixed_ports = tuple(None if v is None else check_int(n, v, 1, 65535)
+                                  for n, v in (("port", port), ("http_port", http_port)))
+        if port is not None and port == http_port:
+            raise ValueError(f"port and http_port must differ, got {port} for both")
         self._data_dir_arg = None if data_dir is None else Path(os.fspath(data_dir)).absolute()
         self._heap = heap
         self._startup_timeout_s = check_seconds("startup_timeout_s", startup_timeout_s, allow_zero=False)
@@ -250,7 +259,7 @@ class PulsarStandalone:
         home = ensure_distribution(self.release)
         self._ensure_data_dir()
         if self._ports is None:
-            self._ports = (free_loopback_port(), free_loopback_port())
+            self._ports = (self._fixed_ports[0] or free_loopback_port(), self._fixed_ports[1] or free_loopback_port())
         self._launch(home)
         return self
 
