@@ -69,6 +69,9 @@ class Run:
     results: list[str]
     ok: bool
 
+    def __str__(self) -> str:
+        return "\n".join([f"{'ok  ' if self.ok else 'FAIL'} {self.what}", *(f"     {line}" for line in self.results)])
+
 
 def source_files(root: Path = ROOT) -> list[str]:
     """The checkout's source files: tracked, and untracked ones git does not ignore."""
@@ -201,9 +204,10 @@ def install_and_test(python: Path, target: Path, sdist: Path, work: Path, path: 
     where = work / f"venv-{target.name}"
     py, env = fresh_venv(python, where / "venv", path)
     binary = ["--only-binary", ":all:"] if is_wheel else []  # nothing compiled; the sdist's build is the point
-    _run([str(py), "-m", "pip", "install", "--quiet", *binary, f"{target}[test]"], env=env, cwd=where)
+    install = ["pip", "install", "--quiet", *binary, f"{target.name}[test]"]
+    _run([str(py), "-m", *install[:-1], f"{target}[test]"], env=env, cwd=where)
     in_use = _run([str(py), "-c", EXTENSIONS_IN_USE], env=env, cwd=where).stdout.strip() == "True"
-    results = [f"C extensions in use: {in_use} (expected {is_wheel})"]
+    results = [f"python -m {' '.join(install)}: done", f"C extensions in use: {in_use} (expected {is_wheel})"]
     ok = in_use == is_wheel
     tree = test_tree(sdist, py, env, where / "tree")
     runs = [UNIT_TESTS] + ([[BROKER_TEST]] if broker else [])
@@ -212,7 +216,9 @@ def install_and_test(python: Path, target: Path, sdist: Path, work: Path, path: 
         results.append(summary)
         ok = ok and passed
     label = f"{target.name} on {python.parents[1].name}" + ("" if is_wheel else " (no compiler: pure Python)")
-    return Run(label, results, ok)
+    run = Run(label, results, ok)
+    print(run, flush=True)
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         path = compiler_free_path(work)
         runs = [install_and_test(py, wheel, sdist, work, path, not args.no_broker) for py, wheel in zip(pythons, wheels)]
         runs.append(install_and_test(pythons[0], sdist, sdist, work, path, not args.no_broker))
-    for run in runs:
-        print(f"{'ok  ' if run.ok else 'FAIL'} {run.what}", *(f"     {line}" for line in run.results), sep="\n")
+    print("\nSummary:", *runs, sep="\n")
     return 0 if all(run.ok for run in runs) else 1
 
 
