@@ -233,7 +233,7 @@ def test_demo_with_nothing_at_the_spark_master_is_one_line_within_15_s():
 
 
 def test_progress_counts_each_event_once_and_never_pass_the_total():
-    from tqdm import tqdm
+    tqdm = pytest.importorskip("tqdm", reason="the demo's progress bar: the spark extra installs tqdm").tqdm
 
     from pulsar_nack.cli.demo import ProgressCounts
 

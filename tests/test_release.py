@@ -55,13 +55,17 @@ JUNK = {
 }
 
 
+def _need_a_checkout() -> None:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout (an unpacked sdist): no git list, no .gitignore")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The sdist of a copy of this checkout's source files with junk planted beside them (a
     copy: setuptools would also take files from a stale ``*.egg-info/SOURCES.txt`` of the
     checkout), and the wheel built from that sdist."""
-    if not (REPO / ".git").exists():
-        pytest.skip("not a git checkout (an unpacked sdist): nothing to compare the sdist with")
+    _need_a_checkout()
     pytest.importorskip("build", reason="the test extra installs `build`")
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
     copy_source(source, REPO)
@@ -78,6 +82,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_junk_is_planted_for_every_pattern_git_ignores() -> None:
+    _need_a_checkout()
     ignored = [line for line in (REPO / ".gitignore").read_text().splitlines() if line and not line.startswith("#")]
     assert sorted(ignored) == sorted(JUNK)
 

@@ -52,8 +52,10 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 EXTENSIONS = ("pulsar_nack/core/_speedups", "pulsar_nack/consumer/_msgid")
 LICENSE_FILES = ("LICENSE", "NOTICE")
 UNIT_TESTS = ["-m", "not broker and not spark", "tests", "pulsar_nack"]
-BROKER_TEST = "tests/test_consumer.py::test_batch_siblings_retry_independently"
-"""A short consumer test on Apache Pulsar: batched messages, nacks and acks through the C id reader."""
+BROKER_TEST = ["tests/test_consumer.py::test_message_listener_gets_the_wrapper_and_retries", "--pulsar-versions", "none"]
+"""A short consumer test on Apache Pulsar (its ``apache`` broker only): nacked messages come back,
+once each, within a deadline. Its checks are counts, not latencies, which a loaded build machine
+would stretch."""
 COMPILER = re.compile(r"^(?:[\w.]+-)*(?:cc|c\+\+|c89|c99|gcc|g\+\+|clang|clang\+\+|tcc|icc|icx|ccache)(?:-[\d.]+)?$")
 """Names of C compilers, plain or with a target prefix or a version suffix (``x86_64-linux-gnu-gcc-12``)."""
 EXTENSIONS_IN_USE = (
@@ -68,6 +70,9 @@ class Run:
     what: str
     results: list[str]
     ok: bool
+
+    def __str__(self) -> str:
+        return "\n".join([f"{'ok  ' if self.ok else 'FAIL'} {self.what}", *(f"     {line}" for line in self.results)])
 
 
 def source_files(root: Path = ROOT) -> list[str]:
@@ -201,25 +206,28 @@ def install_and_test(python: Path, target: Path, sdist: Path, work: Path, path: 
     where = work / f"venv-{target.name}"
     py, env = fresh_venv(python, where / "venv", path)
     binary = ["--only-binary", ":all:"] if is_wheel else []  # nothing compiled; the sdist's build is the point
-    _run([str(py), "-m", "pip", "install", "--quiet", *binary, f"{target}[test]"], env=env, cwd=where)
+    install = ["pip", "install", "--quiet", *binary, f"{target.name}[test]"]
+    _run([str(py), "-m", *install[:-1], f"{target}[test]"], env=env, cwd=where)
     in_use = _run([str(py), "-c", EXTENSIONS_IN_USE], env=env, cwd=where).stdout.strip() == "True"
-    results = [f"C extensions in use: {in_use} (expected {is_wheel})"]
+    results = [f"python -m {' '.join(install)}: done", f"C extensions in use: {in_use} (expected {is_wheel})"]
     ok = in_use == is_wheel
     tree = test_tree(sdist, py, env, where / "tree")
-    runs = [UNIT_TESTS] + ([[BROKER_TEST]] if broker else [])
+    runs = [UNIT_TESTS] + ([BROKER_TEST] if broker else [])
     for args in runs:
         summary, passed = pytest_summary(py, env, tree, args)
         results.append(summary)
         ok = ok and passed
     label = f"{target.name} on {python.parents[1].name}" + ("" if is_wheel else " (no compiler: pure Python)")
-    return Run(label, results, ok)
+    run = Run(label, results, ok)
+    print(run, flush=True)
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", help=f"X.Y or a path; repeatable (default {', '.join(PYTHONS)})")
     parser.add_argument("--no-test", action="store_true", help="build and check only")
-    parser.add_argument("--no-broker", action="store_true", help=f"skip the broker test ({BROKER_TEST})")
+    parser.add_argument("--no-broker", action="store_true", help=f"skip the broker test ({BROKER_TEST[0]})")
     args = parser.parse_args(argv)
     pythons = [find_python(spec) for spec in args.python or PYTHONS]
     shutil.rmtree(DIST, ignore_errors=True)
@@ -236,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         path = compiler_free_path(work)
         runs = [install_and_test(py, wheel, sdist, work, path, not args.no_broker) for py, wheel in zip(pythons, wheels)]
         runs.append(install_and_test(pythons[0], sdist, sdist, work, path, not args.no_broker))
-    for run in runs:
-        print(f"{'ok  ' if run.ok else 'FAIL'} {run.what}", *(f"     {line}" for line in run.results), sep="\n")
+    print("\nSummary:", *runs, sep="\n")
     return 0 if all(run.ok for run in runs) else 1
 
 
