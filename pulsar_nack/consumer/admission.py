@@ -194,6 +194,8 @@ class AdmissionLedger:
     _returned: AgingSet
     _complete: EntrySet
     _held: dict[Item, Any]
+    _orphans: set[tuple[int, int]]
+    """Entries that left the complete set by expiry while members' nacks were still pending."""
     _bare: dict[tuple[int, int], RawMessageId]
     _recent: RecentHandoffs
     _aged_at: int
@@ -210,7 +212,7 @@ class AdmissionLedger:
         self._complete = EntrySet()
         self.entries = _msgid.EntryTable(SETTLED_CAPACITY)
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
-        self._held, self._bare = {}, {}
+        self._held, self._bare, self._orphans = {}, {}, set()
         self._recent = RecentHandoffs(lead_ms)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
@@ -270,41 +272,53 @@ class AdmissionLedger:
                 verdict, data = self.entries.admit(raw)
                 if verdict == _DELIVER and self.counts is None:
                     return verdict, data
+                ledger, entry, _, index, size = _msgid.parse_id(data)
             else:
-                fields = _msgid.parse_id(data)
-                verdict = self.entries.verdict(fields[0], fields[1], fields[3])
-            return self._screen(raw, verdict, data), data
+                ledger, entry, _, index, size = _msgid.parse_id(data)
+                verdict = self.entries.verdict(ledger, entry, index)  # again: an ack or nack may have come meanwhile
+            item = (ledger, entry, index)
+            counts = self.counts
+            if counts is not None or item in self.pending or item in self._returned or item in self._handed:
+                decided = self._screen(raw, verdict, item)  # a message with a nack state, or counted
+                if decided is not None:
+                    return decided, data
+            if verdict == _ACKED or (  # acked, or a complete entry's member in no nack set (so acked)
+                    verdict == _FRESH and index >= 0 and size > 0 and self._complete.count and (ledger, entry) in self._complete):
+                self.stats["filtered"] += 1
+                return _ACKED, data
+            if counts is not None and counts.counted_over(raw, item):
+                self.stats["swallowed"] += 1
+                return _ROUTE, data
+            if verdict == _FRESH and index >= 0 and size > 0:
+                self.entries.open(ledger, entry, size)
+                if self._orphans:
+                    self._renack(ledger, entry, size)
+            return _DELIVER, data
 
-    def _screen(self, raw: Any, verdict: int, data: bytes) -> int:
-        """screen() under the lock."""
-        ledger, entry, _, index, size = _msgid.parse_id(data)
-        item = (ledger, entry, index)
+    def _screen(self, raw: Any, verdict: int, item: Item) -> int | None:
+        """screen() under the lock, for a message in a nack set or with delivery counts; None for one in no
+        nack set (screen() then decides it as any other: acked, counted over, or delivered)."""
         counts = self.counts
-        if counts is not None:
-            routed = self._screen_dead_letters(item)
-            if routed is not None:
-                return routed
+        if counts is not None and (routed := self._screen_dead_letters(item)) is not None:
+            return routed
         returned = item in self._returned
         if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
             if returned:
                 self._held[item] = raw  # acked with the application's ack (the latest copy)
             return self._swallow(item)
         handed = item in self._handed  # its handoff (or anything after it) brought it back
-        if handed and self._before_client_redelivery(ledger, entry):  # a reconnect's copy, early
+        if handed and self._before_client_redelivery(item[0], item[1]):  # a reconnect's copy, early
             return self._swallow(item)
-        if not handed and not returned and self._settled(verdict, item, size):
-            self.stats["filtered"] += 1
-            return _ACKED
+        if not handed and not returned:
+            return None
         if counts is not None and counts.counted_over(raw, item):
             self._leave_state(item)
             self.stats["swallowed"] += 1
             return _ROUTE
-        if handed:
+        if handed:  # the delivery its handoff brought: now returned
             self._handed.discard(*item)
             self._returned.add(*item)
             self.guard_left = self._guard_messages
-        elif verdict == _FRESH and index >= 0 and size > 0:
-            self.entries.open(ledger, entry, size)
         return _DELIVER
 
     def _screen_dead_letters(self, item: Item) -> int | None:
@@ -325,13 +339,6 @@ class AdmissionLedger:
         if self.counts is not None:
             self.counts.note_swallowed(item)
         return _NACKED
-
-    def _settled(self, verdict: int, item: Item, size: int) -> bool:
-        """Under the lock: True if a message in no nack set was acked (or is a member of a complete entry)."""
-        if verdict == _ACKED:
-            return True
-        # A complete entry's member in no nack set was acked.
-        return verdict == _FRESH and item[2] >= 0 and size > 0 and bool(self._complete.count) and item[:2] in self._complete
 
     def _before_client_redelivery(self, ledger_id: int, entry_id: int) -> bool:
         """Under the lock: True if the entry's last handoff is too recent for the client to have redelivered it.
@@ -375,9 +382,12 @@ class AdmissionLedger:
             in_flight = item[2] >= 0 and size > 0 and not (self._complete.count and item[:2] in self._complete)
             if in_flight and self.entries.nack(item[0], item[1], item[2], size) == _COMPLETE:
                 self._complete.add(item[0], item[1])
+            elif in_flight and self._orphans:
+                self._renack(item[0], item[1], size)
             if bare is not None:
                 self._bare[item[:2]] = bare
-            self._guard()
+            self._set_quiet(False)  # a nack state begins: guard
+            self.guard_left = self._guard_messages
             return True
 
     def undo_nack(self, item: Item) -> None:
@@ -438,11 +448,8 @@ class AdmissionLedger:
         foreign: bool = False, topic: str = UNTITLED,
     ) -> None:
         """Under the lock: an acked member leaves the nack sets and joins the entry knowledge."""
-        item = (ledger, entry, index)
-        if self.pending.count or self._handed.count or self._returned.count:
-            self._leave_nack_state(item)
-        if self.counts is not None and self.counts.keeps_counts():
-            self.counts.forget(item)
+        if self.pending.count or self._handed.count or self._returned.count or self.counts is not None:
+            self._forget_member((ledger, entry, index))
         if data is not None:
             outcome = self.entries.ack_data(data, create=not self._complete.count)
             if outcome == _msgid.MISSING:
@@ -457,18 +464,36 @@ class AdmissionLedger:
             return  # nothing recorded: quiet, or a member of an entry of unknown size
         else:
             outcome = self.entries.ack(ledger, entry, index, size, foreign=foreign)
+        if self._orphans:
+            self._renack(ledger, entry, size)
         if outcome == _COMPLETE:
             self._complete.add(ledger, entry)
         elif outcome == _msgid.SETTLED_FOREIGN and topic is not UNTITLED:
             self.to_ack_again.append(handoff_id(topic, ledger, entry))  # the client's acker missed a member
 
-    def _leave_nack_state(self, item: Item) -> None:
-        """Under the lock: an acked *item* leaves every nack set; its held copy is acked with it."""
-        self.pending.discard(*item)
-        held = self._held.get(item)
-        if held is not None:
-            self.to_ack_again.append(held)
-        self._leave_state(item)
+    def _renack(self, ledger: int, entry: int, size: int) -> None:
+        """Under the lock: the table has a record again for an entry whose knowledge expired with nacks still pending.
+
+        The record must carry those nacks, or the table would call a copy of a pending
+        member deliverable (the receive path trusts its DELIVER without the lock).
+        """
+        if (ledger, entry) not in self._orphans or size <= 0:
+            return
+        self._orphans.discard((ledger, entry))
+        for index in range(size):
+            if (ledger, entry, index) in self.pending and self.entries.nack(ledger, entry, index, size, create=False) == _COMPLETE:
+                self._complete.add(ledger, entry)
+
+    def _forget_member(self, item: Item) -> None:
+        """Under the lock: an acked *item* leaves every nack set (its held copy is acked with it) and its counts go."""
+        if self.pending.count or self._handed.count or self._returned.count:
+            self.pending.discard(*item)
+            held = self._held.get(item)
+            if held is not None:
+                self.to_ack_again.append(held)
+            self._leave_state(item)
+        if self.counts is not None and self.counts.keeps_counts():
+            self.counts.forget(item)
 
     def _ack_complete_member(self, ledger: int, entry: int, foreign: bool, topic: str) -> None:
         """Under the lock: a member of a complete entry was acked; settle the entry if it was the last."""
@@ -563,7 +588,10 @@ class AdmissionLedger:
         self._aged_at = now
         for item in self._handed.age() + self._returned.age():
             self._held.pop(item, None)
-            self._complete.discard(item[0], item[1])
+            if item[:2] in self._complete:
+                self._complete.discard(item[0], item[1])
+                if self.pending.count and self.pending.has_entry(item[0], item[1]):
+                    self._orphans.add(item[:2])  # its next table record must carry their nacks
 
     # ------------------------------------------------------------------ guarding
 
@@ -629,6 +657,7 @@ class AdmissionLedger:
             nack_set.clear()
         self._held.clear()
         self._complete.clear()
+        self._orphans.clear()
         self._bare.clear()
 
     # ------------------------------------------------------------------ counters
