@@ -987,8 +987,8 @@ def jitter_table(result: dict[str, Any] | None = None) -> str:
          f"{d['last_ms']:,}", f"{d['peak_per_bin']:,}"]
         for case in data.get("tracker", []) for n, d in enumerate(case["deliveries"])
     ]
-    broker = data.get("broker")
-    for case in broker["cases"] if broker else []:
+    broker: dict[str, Any] | None = data.get("broker")
+    for case in broker["cases"] if broker is not None else []:
         a = case["arrivals"]
         rows.append([broker["broker"], case["jitter"], 1, f"{a['n']:,} ({case['lost']} lost)", f"{a['first_ms']:,}",
                      f"{a['p50_ms']:,}", f"{a['last_ms']:,}", f"{a['peak_per_bin']:,}"])
