@@ -988,9 +988,10 @@ def jitter_table(result: dict[str, Any] | None = None) -> str:
         for case in data.get("tracker", []) for n, d in enumerate(case["deliveries"])
     ]
     broker: dict[str, Any] | None = data.get("broker")
+    where = broker["broker"] if broker is not None else ""
     for case in broker["cases"] if broker is not None else []:
         a = case["arrivals"]
-        rows.append([broker["broker"], case["jitter"], 1, f"{a['n']:,} ({case['lost']} lost)", f"{a['first_ms']:,}",
+        rows.append([where, case["jitter"], 1, f"{a['n']:,} ({case['lost']} lost)", f"{a['first_ms']:,}",
                      f"{a['p50_ms']:,}", f"{a['last_ms']:,}", f"{a['peak_per_bin']:,}"])
     most = f"most in one {data['parameters']['bin_ms']} ms"
     table = md_table(["where", "jitter", "delivery", "messages", "first ms", "p50 ms", "last ms", most], rows, "lrrrrrrr")
