@@ -397,6 +397,24 @@ class AdmissionLedger:
                 self._leave_state(item)
             return last
 
+    def reject(self, item: Item) -> bool:
+        """*item* is rejected: on its way to the dead-letter topic, its copies swallowed; False
+        (nothing changes) if its nack is pending. One atomic step; needs delivery counts."""
+        with self._lock:
+            if item in self.pending:
+                return False
+            assert self.counts is not None
+            self.counts.reject(item)
+            self._leave_state(item)
+            self._guard()
+            return True
+
+    def reject_failed(self, item: Item) -> None:
+        """The dead letter of a rejected *item* was not stored: its copies are delivered again."""
+        with self._lock:
+            if self.counts is not None:
+                self.counts.reject_failed(item)
+
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
         self._handed.discard(*item)

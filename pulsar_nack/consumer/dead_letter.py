@@ -28,6 +28,7 @@ the core (to come back and be tried again) when it was not.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -333,11 +334,34 @@ class DeadLetterRoute:
             if not isinstance(exc, Exception):
                 raise
 
-    def _done(self, message: Any, error: BaseException | None) -> None:
+    def reject(self, message: Any, properties: Mapping[str, str] | None = None) -> concurrent.futures.Future[str]:
+        """Send the dead letter of a rejected *message* now (the core marked it with ``reject``).
+
+        Returns a future, done with ``"dead_letter"`` once the dead letter is stored and
+        the original acknowledged, or with the error (the original stays
+        unacknowledged and is the application's again: no retry is made for it).
+        """
+        outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
+        with self._idle:
+            self._in_flight += 1
+        try:
+            self.sender.send_async(message, lambda error: self._done(message, error, outcome), properties=properties)
+        except BaseException as exc:
+            self._done(message, exc, outcome)
+            if not isinstance(exc, Exception):
+                raise
+        return outcome
+
+    def _done(
+        self, message: Any, error: BaseException | None, outcome: concurrent.futures.Future[str] | None = None
+    ) -> None:
+        """A dead letter's answer; *outcome* is a reject's future (a failed reject is not tried again)."""
         try:
             if error is None:
                 self._core.dead_letter_stored(message)
                 self._acknowledge(received(message).message_id())
+            elif outcome is not None:
+                self._core.reject_failed(message)
             else:
                 _log.warning("dead letter not stored, the message stays unacknowledged and is tried again: %s", error)
                 self._core.dead_letter_failed(message)
@@ -345,6 +369,11 @@ class DeadLetterRoute:
             with self._idle:
                 self._in_flight -= 1
                 self._idle.notify_all()
+            if outcome is not None:
+                if error is None:
+                    outcome.set_result("dead_letter")
+                else:
+                    outcome.set_exception(error)
 
     @property
     def in_flight(self) -> int:

@@ -124,6 +124,15 @@ class DeliveryCounts:
             self._sending.add(item)
         return last
 
+    def reject(self, item: Item) -> None:
+        """*item* is rejected: its dead letter is on its way now, whatever its count."""
+        self._last.pop(item, None)
+        self._sending.add(item)
+
+    def reject_failed(self, item: Item) -> None:
+        """The dead letter of a rejected *item* was not stored: it is the application's again."""
+        self._sending.discard(item)
+
     def dead_letter_stored(self, item: Item) -> None:
         """The dead letter of *item* is stored: remember it, forget its counts."""
         self._sending.discard(item)

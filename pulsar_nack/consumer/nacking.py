@@ -341,6 +341,22 @@ class NackingCore:
         except ClosedError:
             pass  # closing: the broker redelivers it when this consumer is gone
 
+    def reject(self, message: Any) -> None:
+        """Mark *message* as on its way to the dead-letter topic now (``reject``); the caller sends it.
+
+        Its copies are swallowed until :meth:`dead_letter_stored` (then filtered as
+        acked) or :meth:`reject_failed`. Needs a dead-letter policy. Raises TypeError or
+        ValueError as :meth:`key_of`, and ValueError for a message whose nack is pending
+        (nothing changes then). O(1).
+        """
+        key, _ = self.key_of(message)
+        if not self.ledger.reject((key[1], key[2], key[3])):
+            raise ValueError(f"message {key} is NACKED (its nack is pending): it cannot be rejected")
+
+    def reject_failed(self, message: Any) -> None:
+        """The dead letter of a rejected *message* was not stored: it is the application's again. O(1)."""
+        self.ledger.reject_failed(_item_of(raw_id(message)))
+
     def forget(self, message: Any) -> None:
         """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
         if self.ledger.keeps_counts():
