@@ -12,7 +12,10 @@ pulsar-client 3.13 (C++ 4.2, ``ConsumerImpl::processPossibleToDLQ``) does:
   ``REAL_TOPIC`` (the message's topic, partition included); its partition key and
   ordering key are set when the original has them. The event time is not carried
   (nor by the client);
-* the producer has batching off, ``block_if_queue_full`` off and the consumer's schema.
+* the producer has batching off, chunking on (a dead letter above the broker's
+  ``maxMessageSize`` goes in chunks, as the Java client's; the C++ client inside
+  pulsar-client 3.13 cannot send it: apache/pulsar-client-cpp#604), ``block_if_queue_full``
+  off and the consumer's schema.
   ``initial_subscription_name`` is created before the producer, from the earliest
   position, as the broker creates it for the C++ client's producer.
 

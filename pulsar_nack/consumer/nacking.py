@@ -101,6 +101,14 @@ def _inner_message(message: Any) -> Any:
     return message if inner is None else inner
 
 
+def _first_chunk(message: Any, raw: RawMessageId | None) -> tuple[int, int] | None:
+    """The first chunk's (ledger, entry) of a chunked message or id being nacked; None if not chunked."""
+    data = _stashed(message)
+    if data is None:
+        data = (raw if raw is not None else _inner_message(message).message_id()).serialize()
+    return _msgid.first_chunk(data)
+
+
 def batch_size_of(message_id: RawMessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
     return int(_msgid.parse_id(message_id.serialize())[4])
@@ -426,7 +434,8 @@ class NackingCore:
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None):
+        first = _first_chunk(message, raw) if key[3] < 0 else None  # chunked: its handoff names every chunk
+        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
             self.tracker.add(key, delay_ms, count)
