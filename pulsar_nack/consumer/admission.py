@@ -424,6 +424,21 @@ class AdmissionLedger:
             if self.counts is not None:
                 self.counts.reject_failed(item)
 
+    def take_every_last(self) -> list[Any]:
+        """The copies of every message at its last delivery, now on their way to the dead-letter topic.
+
+        One atomic step (a redelivery of them was asked for).
+        """
+        with self._lock:
+            if self.counts is None:
+                return []
+            taken = self.counts.take_every_last()
+            for item, _ in taken:
+                self._leave_state(item)
+            if taken:
+                self._guard()
+            return [raw for _, raw in taken]
+
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
         self._handed.discard(*item)

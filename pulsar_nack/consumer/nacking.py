@@ -44,6 +44,7 @@ from ..errors import ClosedError
 from ..timing import DEAD_LETTER_RETRY_MS, handoff_lead_ms
 from . import msgid as _msgid
 from ._client import RawMessageId, inner_message, is_raw_message_id, raw_id
+from .ack_timeout import AckTimeout
 from .admission import UNTITLED, AdmissionLedger
 from .delivery_counts import DeliveryCounts
 from .message_sets import Item
@@ -187,6 +188,10 @@ class NackingCore:
         broker in any other way) is routed there instead of being delivered. The route is the
         callable given to :meth:`route_dead_letters`, called outside the lock; it
         reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
+        A message at its last delivery is routed there also, from the copy kept, the
+        moment a redelivery of it is asked for (:meth:`reset` before
+        ``redeliver_unacknowledged_messages``, or ``ack_timeout_ms`` after its delivery
+        while unsettled), as the C++ client sends it, without a further receive.
     """
 
     tracker: NegativeAcksTracker
@@ -200,6 +205,8 @@ class NackingCore:
     _route: DeadLetterCallback | None
     _table_admit: Callable[[Any], tuple[int, bytes]] | None
     _screen_all: bool
+    _ack_timeout: AckTimeout | None
+    """With a dead-letter policy and an ack timeout: when each message at its last delivery times out."""
     _reads_lock: threading.Lock
     _reads: dict[str, int]
 
@@ -228,8 +235,11 @@ class NackingCore:
         self._route = None
         limit = settings.max_redeliver_count
         lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
+        timeout = settings.ack_timeout_ms
+        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if limit is not None and timeout else None
+        on_last = None if self._ack_timeout is None else self._start_ack_timeout
         self.ledger = ledger = AdmissionLedger(
-            None if limit is None else DeliveryCounts(limit),  # counts exist only with a dead-letter policy
+            None if limit is None else DeliveryCounts(limit, on_last),  # counts exist only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
             start_guard=min(guard_messages, START_GUARD_MESSAGES),
         )
@@ -324,6 +334,22 @@ class NackingCore:
         """Acknowledge a copy (or an id) the application will not see."""
         if self._acknowledge is not None:
             self._acknowledge(message)
+
+    def _start_ack_timeout(self, raw: Any, item: Item) -> None:
+        """Delivery counts' callback (ledger lock held): *raw* is at its last delivery; its ack timeout starts."""
+        assert self._ack_timeout is not None
+        self._ack_timeout.start((raw.topic_name(), *item))
+
+    def _ack_timed_out(self, keys: list[MessageKey]) -> None:
+        """AckTimeout callback: messages at their last delivery still unsettled go to the dead-letter topic now.
+
+        What the C++ client does when its ack timeout redelivers such a message: it sends
+        the copy it kept, without a further receive.
+        """
+        for key in keys:
+            last = self.ledger.take_last((key[1], key[2], key[3]))
+            if last is not None:
+                self._send_dead_letter(last, False)
 
     def _send_dead_letter(self, message: Any, stored: bool) -> None:
         route = self._route
@@ -533,11 +559,16 @@ class NackingCore:
         letters included, since the broker delivers acked messages again after a seek
         back).
         """
+        if not forget_counts:  # a redelivery of messages at their last delivery sends their dead letters
+            for raw in self.ledger.take_every_last():
+                self._send_dead_letter(raw, False)
         return self.ledger.reset(forget_counts, self.tracker.drain)
 
     def close(self, redeliver_pending: bool) -> None:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
+        if self._ack_timeout is not None:
+            self._ack_timeout.close()
         self.ledger.close()
 
     # ------------------------------------------------------------------ counters
