@@ -6,7 +6,9 @@
 * ``docs/img/lateness_cdf.png``: CDFs of redelivery lateness, ours vs built-in, for each
   delay and mode of bench/e2e.py;
 * ``docs/img/scaling.png``: log-log memory and add cost against pending messages
-  (bench/scaling.py).
+  (bench/scaling.py);
+* ``docs/img/jitter.png``: arrivals of 10,000 simultaneous failures per 256 ms, with and
+  without jitter, on the tracker and on Apache Pulsar (bench/jitter.py).
 
 Run: ``python -m bench.plot`` (or ``pulsar-nack bench --plot``).
 """
@@ -124,11 +126,34 @@ def scaling(data: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def jitter(data: dict[str, Any], out: Path) -> None:
+    panels = [("tracker (injected clock), 3 deliveries", [(f"jitter {c['jitter']:g}", [
+        (int(t), n) for d in c["deliveries"] for t, n in d["bins"].items()]) for c in data.get("tracker", [])])]
+    if data.get("broker"):
+        panels.append((f"{data['broker']['broker']}, FixedDelay(2000), 1 delivery", [
+            (f"jitter {c['jitter']:g}", [(int(t), n) for t, n in c["arrivals"]["bins"].items()]) for c in data["broker"]["cases"]]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    width = data["parameters"]["bin_ms"] / 1000
+    for ax, (title, series) in zip(axes[0], panels):
+        for label, bins in series:
+            xs = [t / 1000 for t, _ in bins]
+            ax.bar(xs, [n for _, n in bins], width=width, align="edge", alpha=0.55, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("seconds after the failures")
+        ax.set_ylabel(f"arrivals per {data['parameters']['bin_ms']} ms (log)")
+        ax.set_title(title, fontsize=10)
+        ax.legend()
+    fig.suptitle(f"{data['parameters']['messages']:,} messages failing together, with and without jitter")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     argparse.ArgumentParser(prog="python -m bench.plot", description=__doc__.split("\n\n")[0]).parse_args(argv)
     IMG.mkdir(parents=True, exist_ok=True)
     written = []
-    memory, client, e2e, scale = _load("memory"), _load("client"), _load("e2e"), _load("scaling")
+    memory, client, e2e, scale, jit = _load("memory"), _load("client"), _load("e2e"), _load("scaling"), _load("jitter")
     if memory:
         bytes_per_message(memory, client, IMG / "bytes_per_message.png")
         written.append(IMG / "bytes_per_message.png")
@@ -138,6 +163,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if scale:
         scaling(scale, IMG / "scaling.png")
         written.append(IMG / "scaling.png")
+    if jit:
+        jitter(jit, IMG / "jitter.png")
+        written.append(IMG / "jitter.png")
     for path in written:
         print(f"wrote {path.relative_to(REPO)}")
     return written

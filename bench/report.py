@@ -26,7 +26,7 @@ DOCS = {
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
     "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults", "client-matrix",
-                         "demo-kill-duplicates"],
+                         "demo-kill-duplicates", "jitter", "chunks"],
 }
 
 
@@ -979,6 +979,44 @@ DEMO_KILL_RUNS = {
 """The committed runs of the demo with a broker killed, per subscription type and tracker."""
 
 
+def jitter_table(result: dict[str, Any] | None = None) -> str:
+    """10,000 simultaneous failures: arrivals with and without jitter (bench/jitter.py)."""
+    data = result or load("jitter")
+    rows = [
+        ["tracker (injected clock)", case["jitter"], n + 1, f"{d['n']:,}", f"{d['first_ms']:,}", f"{d['p50_ms']:,}",
+         f"{d['last_ms']:,}", f"{d['peak_per_bin']:,}"]
+        for case in data.get("tracker", []) for n, d in enumerate(case["deliveries"])
+    ]
+    broker: dict[str, Any] | None = data.get("broker")
+    where = broker["broker"] if broker is not None else ""
+    for case in broker["cases"] if broker is not None else []:
+        a = case["arrivals"]
+        rows.append([where, case["jitter"], 1, f"{a['n']:,} ({case['lost']} lost)", f"{a['first_ms']:,}",
+                     f"{a['p50_ms']:,}", f"{a['last_ms']:,}", f"{a['peak_per_bin']:,}"])
+    most = f"most in one {data['parameters']['bin_ms']} ms"
+    table = md_table(["where", "jitter", "delivery", "messages", "first ms", "p50 ms", "last ms", most], rows, "lrrrrrrr")
+    if not data.get("tracker") or broker is None:
+        return table
+    peaks = {case["jitter"]: case["deliveries"][0]["peak_per_bin"] for case in data["tracker"]}
+    on_broker = {case["jitter"]: case["arrivals"]["peak_per_bin"] for case in broker["cases"]}
+    return (f"{table}\n\nThe first delivery's busiest {data['parameters']['bin_ms']} ms: {peaks[0.0]:,} messages without "
+            f"jitter, {peaks[1.0]:,} with `jitter=1.0` on the tracker; {on_broker[0.0]:,} and {on_broker[1.0]:,} on the broker.")
+
+def chunks_table(result: dict[str, Any] | None = None) -> str:
+    """Nacked chunked messages, the plain client beside ours, per broker (bench/chunks.py)."""
+    data = result or load("chunks")
+    names = {"plain": "pulsar-client (plain)", "ours": "pulsar-nack"}
+
+    def back(part: dict[str, Any]) -> str:
+        ms = part["ms_to_return"]
+        return f"{part['back']} of {part['sent']}" + (f" ({ms[0]:,}-{ms[-1]:,} ms)" if ms else "")
+
+    rows = [[r["broker"], names[r["consumer"]], back(r["chunked"]), back(r["small"]),
+             r["chunked"]["back_more_than_once"] + r["small"]["back_more_than_once"], "yes" if r["whole"] else "NO",
+             r["backlog_left"]] for r in data["runs"]]
+    return md_table(["broker", "consumer", "300 KB chunked back (ms after the nack)", "small back", "back twice",
+                     "whole", "backlog left"], rows, "llllrlr")
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
@@ -987,7 +1025,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "consumer-summary": consumer_summary, "cluster": cluster_table, "faults": faults_table,
     "retry-lateness": retry_lateness_table, "retry-durable": retry_durable_table, "retry-cost": retry_cost_table,
     "retry-receive": retry_receive_table, "demo-retries": demo_retries_table,
-    "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates,
+    "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates, "jitter": jitter_table,
+    "chunks": chunks_table,
 }
 
 

@@ -7,6 +7,7 @@ other module calls it, so the same bad argument raises the same error everywhere
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -16,6 +17,7 @@ __all__ = [
     "check_name",
     "check_number",
     "check_optional_int",
+    "check_properties",
     "check_seconds",
     "check_topics",
 ]
@@ -151,6 +153,22 @@ def check_topics(name: str, value: object) -> list[str]:
     if not all(topics):
         raise ValueError(f"{name} must not hold an empty topic name")
     return list(topics)
+
+
+def check_properties(name: str, value: object) -> None:
+    """Raise TypeError unless *value* is None or a mapping of str to str (message properties). O(n).
+
+    >>> check_properties("properties", {"a": 1})
+    Traceback (most recent call last):
+    ...
+    TypeError: properties must map str to str
+    """
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of str to str, not {type(value).__name__}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TypeError(f"{name} must map str to str")
 
 
 def _finite_float(value: float) -> float | None:

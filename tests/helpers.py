@@ -129,3 +129,20 @@ def record_figure(name: str, **values: Any) -> None:
 
         with open(path, "a") as out:
             out.write(json.dumps({"name": name, **values}) + "\n")
+
+
+def read_all(client: Any, topic: str, subscription: str = "check", wait_ms: int = 1_000) -> list[Any]:
+    """Every message of *topic* from the start (a new subscription, or an existing one), acked."""
+    import pulsar
+
+    reader = client.subscribe(topic, subscription, initial_position=pulsar.InitialPosition.Earliest)
+    got = []
+    try:
+        while True:
+            message = reader.receive(wait_ms)
+            got.append(message)
+            reader.acknowledge(message)
+    except pulsar.Timeout:
+        pass
+    reader.close()
+    return got

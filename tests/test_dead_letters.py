@@ -46,6 +46,7 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
+import helpers
 import pulsar_nack
 import pulsar_nack.asyncio
 from helpers import wait_for
@@ -383,17 +384,7 @@ def nack_until_quiet(driver: Driver, want: int, quiet_s: float, budget_s: float 
 
 def read_all(lab: Lab, topic: str, subscription: str = "check", wait_ms: int = 1_000) -> list[Any]:
     """Every message of *topic* from the start (a new subscription, or an existing one)."""
-    reader = lab.client.subscribe(topic, subscription, initial_position=pulsar.InitialPosition.Earliest)
-    got = []
-    try:
-        while True:
-            message = reader.receive(wait_ms)
-            got.append(message)
-            reader.acknowledge(message)
-    except pulsar.Timeout:
-        pass
-    reader.close()
-    return got
+    return helpers.read_all(lab.client, topic, subscription, wait_ms)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)

@@ -603,3 +603,34 @@ def test_demo_with_durable_retries_loses_nothing_and_no_retry_is_early(apache_br
     late = summary["redelivery_lateness_ms"]
     assert late["count"] == summary["nacked"]  # each reconsume paired with its copy (by ORIGIN_MESSAGE_ID)
     assert late["min"] >= -2, f"a retry came {-late['min']} ms early"  # (ms rounding of publish times)
+
+
+def test_a_durable_task_rejects_non_retryable_messages_to_the_retry_path_dead_letter_topic(url, client):
+    """``retries="durable"``: a non-retryable failure is the consumer's ``reject``: the dead letter
+    a reconsume past the limit would send (Java's topic and form, ``RECONSUMETIMES``), at once,
+    the handler's error beside it; the original acked."""
+    topic = new_topic()
+    produce(client, topic, 10)
+    dlq = client.subscribe(f"{topic}-durable-reject-DLQ", "check", initial_position=pulsar.InitialPosition.Earliest)
+    config = make_config(
+        url, topic, "durable-reject", retries="durable", retryable=(Transient,), on_non_retryable="dead_letter"
+    )
+    try:
+        stats = consume_partition(config, PermanentEvery(3), TaskBudget(max_time_ms=60_000, idle_timeout_ms=500))
+    finally:
+        close_executor_consumers()
+    poison = {0, 3, 6, 9}
+    assert stats["dead_lettered"] == stats["non_retryable"] == len(poison)
+    dead = []
+    try:
+        while True:
+            message = dlq.receive(2_000)
+            dead.append(message)
+            dlq.acknowledge(message)
+    except pulsar.Timeout:
+        pass
+    dlq.close()
+    assert {int(m.data()) for m in dead} == poison
+    assert all(m.properties()["RECONSUMETIMES"] == "1" for m in dead)
+    assert all(m.properties()["PULSAR_NACK_ERROR"].startswith("Permanent: ") for m in dead)
+    assert_subscription_empty(url, topic, "durable-reject")

@@ -509,9 +509,11 @@ def earliest_subscription_configuration() -> Any:
 
 
 def plain_producer_configuration(schema_info: Any = None) -> Any:
-    """A ``_pulsar.ProducerConfiguration`` without batching, failing instead of blocking when full, with *schema_info*."""
+    """A ``_pulsar.ProducerConfiguration`` without batching, chunking a payload above the broker's
+    ``maxMessageSize`` (as Java's dead-letter producer), failing instead of blocking when full, with *schema_info*."""
     conf = _pulsar.ProducerConfiguration()
     conf.batching_enabled(False)
+    conf.chunking_enabled(True)
     conf.block_if_queue_full(False)
     if schema_info is not None:
         conf.schema(schema_info)

@@ -64,6 +64,7 @@ from ..timing import STALE_MS
 from . import msgid as _msgid
 from ._client import RawMessageId
 from ._client import entry_id as raw_entry_id
+from .chunks import chunk_entries
 from .delivery_counts import DeliveryCounts
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
@@ -197,6 +198,8 @@ class AdmissionLedger:
     _orphans: set[tuple[int, int]]
     """Entries that left the complete set by expiry while members' nacks were still pending."""
     _bare: dict[tuple[int, int], RawMessageId]
+    _chunks: dict[tuple[int, int], tuple[int, int]]
+    """Pending nacks of chunked messages: (ledger, entry) of the last chunk -> of the first."""
     _recent: RecentHandoffs
     _aged_at: int
     _always_guard: bool
@@ -212,7 +215,7 @@ class AdmissionLedger:
         self._complete = EntrySet()
         self.entries = _msgid.EntryTable(SETTLED_CAPACITY)
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
-        self._held, self._bare, self._orphans = {}, {}, set()
+        self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
         self._recent = RecentHandoffs(lead_ms)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
@@ -366,8 +369,11 @@ class AdmissionLedger:
 
     # ------------------------------------------------------------------ nacks
 
-    def note_nack(self, item: Item, size: int, bare: RawMessageId | None) -> bool:
-        """A nack of *item* (of an entry of *size* members; *bare*: its id, for a key without topic).
+    def note_nack(
+        self, item: Item, size: int, bare: RawMessageId | None, first_chunk: tuple[int, int] | None = None
+    ) -> bool:
+        """A nack of *item* (of an entry of *size* members; *bare*: its id, for a key without topic;
+        *first_chunk*: the entry of its first chunk, for a chunked message).
 
         It joins the pending set (and leaves the handed-off and returned ones), and the
         ledger guards. One atomic step; False, and nothing changes, if its nack is pending already.
@@ -386,6 +392,8 @@ class AdmissionLedger:
                 self._renack(item[0], item[1], size)
             if bare is not None:
                 self._bare[item[:2]] = bare
+            if first_chunk is not None:
+                self._chunks[item[:2]] = first_chunk
             self._set_quiet(False)  # a nack state begins: guard
             self.guard_left = self._guard_messages
             return True
@@ -395,6 +403,7 @@ class AdmissionLedger:
         with self._lock:
             self.pending.discard(*item)
             self._bare.pop(item[:2], None)
+            self._chunks.pop(item[:2], None)
             if self.counts is not None:
                 self.counts.undo_nack(item)
 
@@ -406,6 +415,39 @@ class AdmissionLedger:
             if last is not None:
                 self._leave_state(item)
             return last
+
+    def reject(self, item: Item) -> bool:
+        """*item* is rejected: on its way to the dead-letter topic, its copies swallowed; False
+        (nothing changes) if its nack is pending. One atomic step; needs delivery counts."""
+        with self._lock:
+            if item in self.pending:
+                return False
+            assert self.counts is not None
+            self.counts.reject(item)
+            self._leave_state(item)
+            self._guard()
+            return True
+
+    def reject_failed(self, item: Item) -> None:
+        """The dead letter of a rejected *item* was not stored: its copies are delivered again."""
+        with self._lock:
+            if self.counts is not None:
+                self.counts.reject_failed(item)
+
+    def take_every_last(self) -> list[Any]:
+        """The copies of every message at its last delivery, now on their way to the dead-letter topic.
+
+        One atomic step (a redelivery of them was asked for).
+        """
+        with self._lock:
+            if self.counts is None:
+                return []
+            taken = self.counts.take_every_last()
+            for item, _ in taken:
+                self._leave_state(item)
+            if taken:
+                self._guard()
+            return [raw for _, raw in taken]
 
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
@@ -540,6 +582,7 @@ class AdmissionLedger:
         ids: list[RawMessageId] = []
         moved: list[Item] = []
         bare_ids: dict[tuple[int, int], RawMessageId] = {}
+        chunked: dict[tuple[int, int], tuple[int, int]] = {}
         entries: list[tuple[int, int]] = []
         with self._lock:
             now = monotonic_ms()  # before the client has any of the ids
@@ -562,6 +605,7 @@ class AdmissionLedger:
                             bare_ids[(ledger_id, entry_id)] = bare
                     else:
                         ids.append(handoff_id(topic, ledger_id, entry_id))
+                        ids += self._chunk_ids(topic, (ledger_id, entry_id), chunked)
             self.stats["handed_off_entries"] += len(ids)
             self.stats["handoff_bursts"] += bool(ids)
             self._recent.note(now, entries)
@@ -574,8 +618,19 @@ class AdmissionLedger:
                         self._handed.discard(*item)
                         self.pending.add(*item)
                 self._bare.update(bare_ids)
+                self._chunks.update(chunked)
 
         return ids, undo
+
+    def _chunk_ids(
+        self, topic: str, last: tuple[int, int], chunked: dict[tuple[int, int], tuple[int, int]]
+    ) -> list[RawMessageId]:
+        """Under the lock: the ids of the other chunks of a chunked message due (noted in *chunked* for an undo)."""
+        first = self._chunks.pop(last, None) if self._chunks else None
+        if first is None:
+            return []
+        chunked[last] = first
+        return [handoff_id(topic, *e) for e in chunk_entries(first, last)]
 
     def _expire(self, now: int) -> None:
         """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.
@@ -659,6 +714,7 @@ class AdmissionLedger:
         self._complete.clear()
         self._orphans.clear()
         self._bare.clear()
+        self._chunks.clear()
 
     # ------------------------------------------------------------------ counters
 

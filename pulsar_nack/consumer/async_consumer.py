@@ -238,6 +238,18 @@ class AsyncNackingConsumer(ConsumerBase):
         await asyncio.wrap_future(retry.submit(message, delay_ms, properties))
         await self.acknowledge(message)
 
+    async def reject(self, message: Any, properties: dict[str, str] | None = None) -> None:
+        """Give up on *message* now: send it to the dead-letter topic, whatever its redelivery count, then ack it.
+
+        As :meth:`NackingConsumer.reject <pulsar_nack.consumer.NackingConsumer.reject>`;
+        returns once the dead letter is stored and the original acknowledged. The send
+        is asynchronous (the loop is never blocked).
+        """
+        future, ack_after = self._reject(message, properties)
+        await asyncio.wrap_future(future)
+        if ack_after:
+            await self.acknowledge(message)
+
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:

@@ -386,6 +386,34 @@ class NackingConsumer(ConsumerBase):
             message, delay_ms, properties, on_stored=functools.partial(self.acknowledge, message)
         )
 
+    def reject(self, message: Any, properties: dict[str, str] | None = None) -> None:
+        """Give up on *message* now: send it to the dead-letter topic, whatever its redelivery count, then ack it.
+
+        The dead letter is the one the dead-letter policy would send (its topic and
+        format, :mod:`~pulsar_nack.consumer.dead_letter`); with ``retry_enable=True``,
+        the one a reconsume past ``max_redeliver_count`` sends (Java's dead letter
+        topic and form). *properties* are added to it. Blocks until the dead letter is
+        stored, then the original is acknowledged; until then its copies are not
+        delivered. As NATS's ``AckTerm`` and Kafka share groups' ``REJECT``, but the
+        message is kept.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`acknowledge`; ValueError also for a message whose nack is pending.
+        DeadLetterError
+            Without a ``dead_letter_policy`` or ``retry_enable=True`` (nothing is sent:
+            a dead-letter topic nobody subscribes to is deleted by a stock broker when
+            idle), or when the dead letter was not stored (the original stays
+            unacknowledged, the application's again).
+        pulsar.PulsarException
+            The client's error on the retry letter's path.
+        """
+        future, ack_after = self._reject(message, properties)
+        future.result()
+        if ack_after:
+            self.acknowledge(message)
+
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:

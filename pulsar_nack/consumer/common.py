@@ -10,13 +10,15 @@ that block or are awaited.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
+from .._validate import check_properties
 from ..core.tracker import NegativeAcksTracker, TrackerStats
-from ..errors import ConsumerClosedError
+from ..errors import ConsumerClosedError, DeadLetterError
 from ..timing import DEAD_LETTER_DRAIN_S
 from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer
 from .dead_letter import DeadLetter, DeadLetterRoute
@@ -166,6 +168,29 @@ class ConsumerBase:
         else:
             self._core.key_of(message)
         return retry
+
+    def _reject(
+        self, message: Any, properties: Mapping[str, str] | None
+    ) -> tuple[concurrent.futures.Future[str], bool]:
+        """Send *message* to the dead-letter topic now, whatever its count (``reject``).
+
+        Returns the future of the dead letter and whether the caller still acks the
+        original once it is done: yes on the retry letter's path (retries on: Java's dead
+        letter topic and form); the policy's route acks it itself. Bad input raises at
+        once and sends nothing.
+        """
+        self._check_open()
+        check_properties("properties", properties)
+        retry = self._retry
+        if retry is not None:
+            self._reconsume_target(message)  # validates
+            return retry.submit(message, properties=properties, dead_letter=True), True
+        if self._route is None:  # why not a default topic: without a subscription, the broker deletes it when idle
+            raise DeadLetterError(
+                "reject needs a dead-letter topic: subscribe with a dead_letter_policy (or retry_enable=True)"
+            )
+        self._core.reject(message)
+        return self._route.reject(message, properties), False
 
     # ------------------------------------------------------------------ the plain parts of the API
 

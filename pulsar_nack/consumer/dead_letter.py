@@ -12,7 +12,10 @@ pulsar-client 3.13 (C++ 4.2, ``ConsumerImpl::processPossibleToDLQ``) does:
   ``REAL_TOPIC`` (the message's topic, partition included); its partition key and
   ordering key are set when the original has them. The event time is not carried
   (nor by the client);
-* the producer has batching off, ``block_if_queue_full`` off and the consumer's schema.
+* the producer has batching off, chunking on (a dead letter above the broker's
+  ``maxMessageSize`` goes in chunks, as the Java client's; the C++ client inside
+  pulsar-client 3.13 cannot send it: apache/pulsar-client-cpp#604), ``block_if_queue_full``
+  off and the consumer's schema.
   ``initial_subscription_name`` is created before the producer, from the earliest
   position, as the broker creates it for the C++ client's producer.
 
@@ -28,6 +31,7 @@ the core (to come back and be tried again) when it was not.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -333,11 +337,34 @@ class DeadLetterRoute:
             if not isinstance(exc, Exception):
                 raise
 
-    def _done(self, message: Any, error: BaseException | None) -> None:
+    def reject(self, message: Any, properties: Mapping[str, str] | None = None) -> concurrent.futures.Future[str]:
+        """Send the dead letter of a rejected *message* now (the core marked it with ``reject``).
+
+        Returns a future, done with ``"dead_letter"`` once the dead letter is stored and
+        the original acknowledged, or with the error (the original stays
+        unacknowledged and is the application's again: no retry is made for it).
+        """
+        outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
+        with self._idle:
+            self._in_flight += 1
+        try:
+            self.sender.send_async(message, lambda error: self._done(message, error, outcome), properties=properties)
+        except BaseException as exc:
+            self._done(message, exc, outcome)
+            if not isinstance(exc, Exception):
+                raise
+        return outcome
+
+    def _done(
+        self, message: Any, error: BaseException | None, outcome: concurrent.futures.Future[str] | None = None
+    ) -> None:
+        """A dead letter's answer; *outcome* is a reject's future (a failed reject is not tried again)."""
         try:
             if error is None:
                 self._core.dead_letter_stored(message)
                 self._acknowledge(received(message).message_id())
+            elif outcome is not None:
+                self._core.reject_failed(message)
             else:
                 _log.warning("dead letter not stored, the message stays unacknowledged and is tried again: %s", error)
                 self._core.dead_letter_failed(message)
@@ -345,6 +372,11 @@ class DeadLetterRoute:
             with self._idle:
                 self._in_flight -= 1
                 self._idle.notify_all()
+            if outcome is not None:
+                if error is None:
+                    outcome.set_result("dead_letter")
+                else:
+                    outcome.set_exception(error)
 
     @property
     def in_flight(self) -> int:

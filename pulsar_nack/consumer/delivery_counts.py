@@ -14,6 +14,7 @@ Not thread-safe: the ledger holds its lock around every call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .message_sets import Item, PendingNacks
@@ -35,7 +36,7 @@ class DeliveryCounts:
     False
     """
 
-    __slots__ = ("_copies", "_last", "_nacks", "_sending", "_shown", "limit", "stored")
+    __slots__ = ("_copies", "_last", "_nacks", "_on_last", "_sending", "_shown", "limit", "stored")
 
     limit: int
     """The policy's ``max_redeliver_count``."""
@@ -46,9 +47,12 @@ class DeliveryCounts:
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
     _sending: set[Item]
+    _on_last: Callable[[Any, Item], None] | None
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_last: Callable[[Any, Item], None] | None = None) -> None:
+        """*on_last(raw, item)*: called when a message reaches its last delivery (the ack timeout starts)."""
         self.limit = limit
+        self._on_last = on_last
         self.stored = PendingNacks()
         self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
         self._sending = set()
@@ -76,17 +80,18 @@ class DeliveryCounts:
     def seen(self, raw: Any, item: Item) -> int:
         """How often the application saw *item* before this copy *raw*.
 
-        The broker's count (``redelivery_count()``, per entry) minus the copies of it this
-        consumer swallowed, but never more than this consumer's own tally of its
-        deliveries (the broker's figure at the first delivery here, plus one per delivery
-        since), nor less than the application's nacks of it. The tally bounds a broker
-        count that moved by more than the copies that reached this consumer.
+        At its first delivery here, the broker's count (``redelivery_count()``, per entry)
+        minus the copies of it this consumer swallowed; after that, this consumer's own
+        tally of its deliveries (that figure plus one per delivery since); never less than
+        the application's nacks of it.
         """
-        by_broker = raw.redelivery_count() - self._copies.get(item, 0)
         shown = self._shown.get(item)
-        if shown is not None and shown < by_broker:
-            by_broker = shown
-        return max(self._nacks.get(item, 0), by_broker)
+        if shown is not None:
+            # Every delivery since the first is in the tally: the broker's count of a batch
+            # entry starts again when a sibling is acked (a dead letter's ack, say), and may
+            # count copies that never reached this consumer, so it neither lowers nor raises it.
+            return max(self._nacks.get(item, 0), shown)
+        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0))
 
     # ------------------------------------------------------------------ counting
 
@@ -102,6 +107,8 @@ class DeliveryCounts:
             return True
         if seen == self.limit:  # its last delivery: a nack or a redelivery sends it
             self._last[item] = raw
+            if self._on_last is not None:
+                self._on_last(raw, item)
         self._shown[item] = seen + 1
         return False
 
@@ -123,6 +130,22 @@ class DeliveryCounts:
         if last is not None:
             self._sending.add(item)
         return last
+
+    def reject(self, item: Item) -> None:
+        """*item* is rejected: its dead letter is on its way now, whatever its count."""
+        self._last.pop(item, None)
+        self._sending.add(item)
+
+    def reject_failed(self, item: Item) -> None:
+        """The dead letter of a rejected *item* was not stored: it is the application's again."""
+        self._sending.discard(item)
+
+    def take_every_last(self) -> list[tuple[Item, Any]]:
+        """Every message at its last delivery with its copy, now on its way to the dead-letter topic."""
+        taken = list(self._last.items())
+        self._last.clear()
+        self._sending.update(item for item, _ in taken)
+        return taken
 
     def dead_letter_stored(self, item: Item) -> None:
         """The dead letter of *item* is stored: remember it, forget its counts."""

@@ -44,6 +44,7 @@ from ..errors import ClosedError
 from ..timing import DEAD_LETTER_RETRY_MS, handoff_lead_ms
 from . import msgid as _msgid
 from ._client import RawMessageId, inner_message, is_raw_message_id, raw_id
+from .ack_timeout import AckTimeout
 from .admission import UNTITLED, AdmissionLedger
 from .delivery_counts import DeliveryCounts
 from .message_sets import Item
@@ -99,6 +100,14 @@ def _inner_message(message: Any) -> Any:
     """The ``_pulsar.Message`` inside a ``pulsar.Message`` (:func:`~._client.inner_message`), or *message*."""
     inner = inner_message(message)
     return message if inner is None else inner
+
+
+def _first_chunk(message: Any, raw: RawMessageId | None) -> tuple[int, int] | None:
+    """The first chunk's (ledger, entry) of a chunked message or id being nacked; None if not chunked."""
+    data = _stashed(message)
+    if data is None:
+        data = (raw if raw is not None else _inner_message(message).message_id()).serialize()
+    return _msgid.first_chunk(data)
 
 
 def batch_size_of(message_id: RawMessageId) -> int:
@@ -179,6 +188,10 @@ class NackingCore:
         broker in any other way) is routed there instead of being delivered. The route is the
         callable given to :meth:`route_dead_letters`, called outside the lock; it
         reports back through :meth:`dead_letter_stored` and :meth:`dead_letter_failed`.
+        A message at its last delivery is routed there also, from the copy kept, the
+        moment a redelivery of it is asked for (:meth:`reset` before
+        ``redeliver_unacknowledged_messages``, or ``ack_timeout_ms`` after its delivery
+        while unsettled), as the C++ client sends it, without a further receive.
     """
 
     tracker: NegativeAcksTracker
@@ -192,6 +205,8 @@ class NackingCore:
     _route: DeadLetterCallback | None
     _table_admit: Callable[[Any], tuple[int, bytes]] | None
     _screen_all: bool
+    _ack_timeout: AckTimeout | None
+    """With a dead-letter policy and an ack timeout: when each message at its last delivery times out."""
     _reads_lock: threading.Lock
     _reads: dict[str, int]
 
@@ -220,8 +235,11 @@ class NackingCore:
         self._route = None
         limit = settings.max_redeliver_count
         lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
+        timeout = settings.ack_timeout_ms
+        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if limit is not None and timeout else None
+        on_last = None if self._ack_timeout is None else self._start_ack_timeout
         self.ledger = ledger = AdmissionLedger(
-            None if limit is None else DeliveryCounts(limit),  # counts exist only with a dead-letter policy
+            None if limit is None else DeliveryCounts(limit, on_last),  # counts exist only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
             start_guard=min(guard_messages, START_GUARD_MESSAGES),
         )
@@ -317,6 +335,22 @@ class NackingCore:
         if self._acknowledge is not None:
             self._acknowledge(message)
 
+    def _start_ack_timeout(self, raw: Any, item: Item) -> None:
+        """Delivery counts' callback (ledger lock held): *raw* is at its last delivery; its ack timeout starts."""
+        assert self._ack_timeout is not None
+        self._ack_timeout.start((raw.topic_name(), *item))
+
+    def _ack_timed_out(self, keys: list[MessageKey]) -> None:
+        """AckTimeout callback: messages at their last delivery still unsettled go to the dead-letter topic now.
+
+        What the C++ client does when its ack timeout redelivers such a message: it sends
+        the copy it kept, without a further receive.
+        """
+        for key in keys:
+            last = self.ledger.take_last((key[1], key[2], key[3]))
+            if last is not None:
+                self._send_dead_letter(last, False)
+
     def _send_dead_letter(self, message: Any, stored: bool) -> None:
         route = self._route
         if route is None:
@@ -340,6 +374,22 @@ class NackingCore:
             self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
         except ClosedError:
             pass  # closing: the broker redelivers it when this consumer is gone
+
+    def reject(self, message: Any) -> None:
+        """Mark *message* as on its way to the dead-letter topic now (``reject``); the caller sends it.
+
+        Its copies are swallowed until :meth:`dead_letter_stored` (then filtered as
+        acked) or :meth:`reject_failed`. Needs a dead-letter policy. Raises TypeError or
+        ValueError as :meth:`key_of`, and ValueError for a message whose nack is pending
+        (nothing changes then). O(1).
+        """
+        key, _ = self.key_of(message)
+        if not self.ledger.reject((key[1], key[2], key[3])):
+            raise ValueError(f"message {key} is NACKED (its nack is pending): it cannot be rejected")
+
+    def reject_failed(self, message: Any) -> None:
+        """The dead letter of a rejected *message* was not stored: it is the application's again. O(1)."""
+        self.ledger.reject_failed(_item_of(raw_id(message)))
 
     def forget(self, message: Any) -> None:
         """Drop the delivery counts of a settled message (acked or dead-lettered). O(1)."""
@@ -410,7 +460,8 @@ class NackingCore:
         count = None
         if delay_ms is None and self.tracker.backoff is not None:
             count = redelivery_count_of(message)
-        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None):
+        first = _first_chunk(message, raw) if key[3] < 0 else None  # chunked: its handoff names every chunk
+        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
             self.tracker.add(key, delay_ms, count)
@@ -508,11 +559,16 @@ class NackingCore:
         letters included, since the broker delivers acked messages again after a seek
         back).
         """
+        if not forget_counts:  # a redelivery of messages at their last delivery sends their dead letters
+            for raw in self.ledger.take_every_last():
+                self._send_dead_letter(raw, False)
         return self.ledger.reset(forget_counts, self.tracker.drain)
 
     def close(self, redeliver_pending: bool) -> None:
         """Stop the tracker: hand every pending nack off now, or leave it unacked."""
         self.tracker.close(flush=redeliver_pending)
+        if self._ack_timeout is not None:
+            self._ack_timeout.close()
         self.ledger.close()
 
     # ------------------------------------------------------------------ counters

@@ -83,7 +83,7 @@ from typing import Any
 
 import pulsar
 
-from .._validate import MAX_DELAY_MS, check_bool
+from .._validate import MAX_DELAY_MS, check_bool, check_properties
 from ..core.backoff import resolve_delay
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
@@ -675,8 +675,12 @@ class RetryLetter:
         delay_ms: int | None = None,
         properties: Mapping[str, str] | None = None,
         on_stored: Callable[[], None] | None = None,
+        dead_letter: bool = False,
     ) -> concurrent.futures.Future[str]:
         """Produce the retry (or dead-letter) copy of a received *message*; never acks.
+
+        With *dead_letter* (``reject``) the copy goes to the dead letter topic whatever
+        its ``RECONSUMETIMES``.
 
         Returns a future of ``"retry"`` or ``"dead_letter"``, done once the broker stored
         the copy; it holds the client's exception if the producer or the send failed.
@@ -688,16 +692,12 @@ class RetryLetter:
         raw = received(message)
         if not is_raw_message(raw):
             raise TypeError(f"reconsume_later takes a received pulsar.Message, not {type(message).__name__}")
-        if properties is not None:
-            if not isinstance(properties, Mapping):
-                raise TypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
-                raise TypeError("properties must map str to str")
+        check_properties("properties", properties)
         delay = self.delay_for(raw, delay_ms)
         data = raw.data()
         held = is_held(delay, self.hold_ms, len(data))
         props = retry_properties(raw, self.subscription, delay, properties, self._clock_ms() + delay if held else None)
-        dead = int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
+        dead = dead_letter or int(props[RECONSUMETIMES]) > self.topics.max_redeliver_count
         if dead:
             props.pop(DELIVER_AT_TIME, None)
         broker_delay = 0 if dead or held else delay

@@ -65,6 +65,11 @@ class ConsumerSettings:
         client's ``enableRetry`` (see :mod:`~pulsar_nack.consumer.retry`).
     retry_letter_topic : str, optional
         The retry letter topic (with ``retry_enable``); else named as the Java client names it.
+    ack_timeout_ms : int
+        The consumer's ``unacked_messages_timeout_ms`` (0: none). With a dead-letter
+        policy, a message at its last delivery goes to the dead-letter topic this long
+        after its delivery if still unsettled, as the client's ack timeout sends it
+        (:mod:`~pulsar_nack.consumer.ack_timeout`). ``subscribe`` sets it.
     retry_hold_ms : int
         With ``retry_enable``: a reconsume whose delay is at most this many ms is held by
         the consumers instead of the broker (default 0: none, every retry copy carries its
@@ -92,6 +97,7 @@ class ConsumerSettings:
     retry_enable: bool = False
     retry_letter_topic: str | None = None
     retry_hold_ms: int = 0
+    ack_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         # The one validation of each setting: both consumers, both subscribe functions, the
@@ -121,6 +127,7 @@ class ConsumerSettings:
         if topic is not None and not self.retry_enable:
             raise ValueError("retry_letter_topic needs retry_enable=True")
         check_ms("retry_hold_ms", self.retry_hold_ms)
+        check_ms("ack_timeout_ms", self.ack_timeout_ms)
         if self.retry_hold_ms and not self.retry_enable:
             raise ValueError("retry_hold_ms needs retry_enable=True")
 
@@ -162,6 +169,7 @@ def subscribe_settings(
         never_early=never_early,
         dead_letter_policy=subscribe_kwargs.get("dead_letter_policy"),
         always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
+        ack_timeout_ms=check_ms("unacked_messages_timeout_ms", subscribe_kwargs.get("unacked_messages_timeout_ms") or 0),
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
         retry_hold_ms=retry_hold_ms,

@@ -30,15 +30,16 @@ _MAX_BACKOFF_TABLE = 64
 def _backoff_table(backoff: RedeliveryBackoff | None) -> tuple[int, ...] | bool | None:
     """The delays of a multiplier backoff by redelivery count, up to the count where it
     stops growing (larger counts take the last); None without a backoff; False for a
-    backoff the C path cannot take (any other class, or one still growing after 64 counts).
+    backoff the C path cannot take (any other class, one with jitter, or one still
+    growing after 64 counts).
 
     >>> _backoff_table(MultiplierRedeliveryBackoff(100, 1000, 2))
     (100, 200, 400, 800, 1000)
     """
     if backoff is None:
         return None
-    if type(backoff) is not MultiplierRedeliveryBackoff:
-        return False
+    if type(backoff) is not MultiplierRedeliveryBackoff or backoff.jitter:
+        return False  # a table read once would freeze the jitter's draws
     delays = [backoff.next_delay_ms(0)]
     while len(delays) < _MAX_BACKOFF_TABLE and delays[-1] < backoff.max_delay_ms and backoff.min_delay_ms:
         delays.append(backoff.next_delay_ms(len(delays)))

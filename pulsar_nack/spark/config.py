@@ -131,7 +131,10 @@ class ConsumerConfig:
         Default ``<topic>-<subscription>-DLQ`` of the message's topic (per partition),
         as the client's dead-letter policy names it. Dead letters are built and sent by
         :class:`~pulsar_nack.consumer.dead_letter.DeadLetter`, as the consumers send
-        theirs, with the handler's error in ``PULSAR_NACK_ERROR``.
+        theirs, with the handler's error in ``PULSAR_NACK_ERROR``. With
+        ``retries="durable"`` they are the consumer's ``reject``: the dead letter a
+        reconsume past the limit sends (Java's topic, one per subscription, and form:
+        ``RECONSUMETIMES`` and the rest), to this topic if given.
     ack_flush_ms : int
         A task returns no sooner than this after its last ack, so the client's 100 ms
         ack grouping has sent it. Default 200; 0 disables (acks may then be lost with

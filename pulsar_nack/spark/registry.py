@@ -116,7 +116,7 @@ def _build(config: ConsumerConfig) -> Entry:
         # dead letters (max_redeliveries, on_non_retryable), so the consumer's own limit is off.
         options["retry_enable"] = True
         options["retry_hold_ms"] = config.retry_hold_ms
-        options["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(_NO_LIMIT)
+        options["dead_letter_policy"] = pulsar.ConsumerDeadLetterPolicy(_NO_LIMIT, config.dead_letter_topic)
     consumer: NackingConsumer | BuiltinNackConsumer
     try:
         if config.tracker == "builtin":

@@ -92,11 +92,12 @@ def _dead_letter(entry: Entry, config: ConsumerConfig, message: Any, error: Base
 
     if entry.dead_letter is None:
         entry.dead_letter = DeadLetter(entry.client, config.subscription)
-    entry.dead_letter.send(
-        message,
-        topic=config.dead_letter_topic,
-        properties={"PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000]},
-    )
+    entry.dead_letter.send(message, topic=config.dead_letter_topic, properties=_error_property(error))
+
+
+def _error_property(error: BaseException) -> dict[str, str]:
+    """What a dead letter of the task says of the handler's exception."""
+    return {"PULSAR_NACK_ERROR": f"{type(error).__name__}: {error}"[:1000]}
 
 
 def _task_context() -> tuple[int, int]:
@@ -312,6 +313,13 @@ class _TaskRun:
         if action == "raise":
             self._nack(message, count)
             raise error
+        if action == "dead_letter" and self.durable:
+            # Retries go through the retry letter topic: the consumer's reject sends the dead
+            # letter where a reconsume past the limit would (Java's topic and form), then acks.
+            self.consumer.reject(message, properties=_error_property(error))  # type: ignore[union-attr]  # (durable needs tracker="ours": a NackingConsumer)
+            self.tallies.counts["dead_lettered"] += 1
+            self._count_ack()
+            return
         if action == "dead_letter":
             _dead_letter(self.entry, self.config, message, error)
             self.tallies.counts["dead_lettered"] += 1
@@ -319,6 +327,9 @@ class _TaskRun:
 
     def _ack(self, message: Any) -> None:
         self.consumer.acknowledge(message)
+        self._count_ack()
+
+    def _count_ack(self) -> None:
         self.tallies.counts["acked"] += 1
         self.last_ack = time.monotonic()
 
