@@ -76,32 +76,37 @@ def run(lab: Lab, scenario: str, variant: tuple[bool, bool, str], kind: str) -> 
                 elif scenario == "ack_timeout" and chooser.random() < 0.5:
                     driver.nack(message)
             # No receive from here on: the dead letters must come by themselves.
-            checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
-            try:
-                end = time.monotonic() + DEAD_WAIT_MS[scenario] / 1000
-                while time.monotonic() < end and len(outcome.dead) < N:
-                    try:
-                        letter = checker.receive(200)
-                    except pulsar.Timeout:
-                        continue
-                    outcome.dead.setdefault(letter.data(), []).append(
-                        {"partition_key": letter.partition_key(), "ordering_key": letter.ordering_key(),
-                         "pk-1": letter.properties().get("pk-1"), "real_topic": letter.properties().get("REAL_TOPIC", ""),
-                         "origin": letter.properties().get("ORIGIN_MESSAGE_ID", "")}
-                    )
-                    checker.acknowledge(letter)
-                try:  # nothing twice
-                    letter = checker.receive(500)
-                    outcome.dead.setdefault(letter.data(), []).append({})
-                except pulsar.Timeout:
-                    pass
-            finally:
-                checker.close()
+            read_dead_letters(lab, dlq, scenario, outcome)
         finally:
             driver.close()
     except Exception as exc:  # reported by the test that reads this run
         outcome.error = f"{type(exc).__name__}: {exc}"
     return outcome
+
+
+def read_dead_letters(lab: Lab, dlq: str, scenario: str, outcome: Outcome) -> None:
+    """Read the dead-letter topic into *outcome* until every message is there (or the wait ends), then once more."""
+    checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        end = time.monotonic() + DEAD_WAIT_MS[scenario] / 1000
+        while time.monotonic() < end and len(outcome.dead) < N:
+            try:
+                letter = checker.receive(200)
+            except pulsar.Timeout:
+                continue
+            outcome.dead.setdefault(letter.data(), []).append(
+                {"partition_key": letter.partition_key(), "ordering_key": letter.ordering_key(),
+                 "pk-1": letter.properties().get("pk-1"), "real_topic": letter.properties().get("REAL_TOPIC", ""),
+                 "origin": letter.properties().get("ORIGIN_MESSAGE_ID", "")}
+            )
+            checker.acknowledge(letter)
+        try:  # nothing twice
+            letter = checker.receive(500)
+            outcome.dead.setdefault(letter.data(), []).append({})
+        except pulsar.Timeout:
+            pass
+    finally:
+        checker.close()
 
 
 class Runs:
