@@ -188,16 +188,17 @@ def test_tree(sdist: Path, python: Path, env: dict[str, str], where: Path) -> Pa
     return tree
 
 
-def pytest_summary(python: Path, env: dict[str, str], tree: Path, args: list[str]) -> tuple[str, bool]:
-    """Run pytest in *tree*; its summary line and whether it passed."""
+def pytest_summary(python: Path, env: dict[str, str], tree: Path, args: list[str]) -> tuple[list[str], bool]:
+    """Run pytest in *tree*; its summary line and skip reasons, and whether it passed."""
     started = time.monotonic()
-    done = subprocess.run([str(python), "-m", "pytest", "-q", *args], cwd=tree, env=env, capture_output=True,
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-rs", *args], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     summary = lines[-1].strip("= ") if lines else done.stderr[-500:]
     if done.returncode != 0:
         print(done.stdout[-6000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
-    return f"pytest {' '.join(args)}: {summary} (exit {done.returncode}, {time.monotonic() - started:.0f} s)", done.returncode == 0
+    head = f"pytest {' '.join(args)}: {summary} (exit {done.returncode}, {time.monotonic() - started:.0f} s)"
+    return [head, *(f"  {line}" for line in lines if line.startswith("SKIPPED"))], done.returncode == 0
 
 
 def install_and_test(python: Path, target: Path, sdist: Path, work: Path, path: str, broker: bool) -> Run:
@@ -215,7 +216,7 @@ def install_and_test(python: Path, target: Path, sdist: Path, work: Path, path: 
     runs = [UNIT_TESTS] + ([BROKER_TEST] if broker else [])
     for args in runs:
         summary, passed = pytest_summary(py, env, tree, args)
-        results.append(summary)
+        results += summary
         ok = ok and passed
     label = f"{target.name} on {python.parents[1].name}" + ("" if is_wheel else " (no compiler: pure Python)")
     run = Run(label, results, ok)
