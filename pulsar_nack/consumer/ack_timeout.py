@@ -20,7 +20,7 @@ from ..core.base import DueKeys
 from ..core.keys import MessageKey
 from ..core.tracker import NegativeAcksTracker
 
-__all__ = ["PRECISION_BITS", "AckTimeout"]
+__all__ = ["AckTimeout"]
 
 PRECISION_BITS = 6
 """64 ms buckets: the client's own ack-timeout tick is coarser (1 s by default)."""

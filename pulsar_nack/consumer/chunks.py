@@ -17,7 +17,7 @@ import: ints in, ints out.
 
 from __future__ import annotations
 
-__all__ = ["MAX_SPAN", "chunk_entries"]
+__all__ = ["chunk_entries"]
 
 MAX_SPAN = 100_000
 """The most entries one chunked message is taken to span (a wider range is a corrupt id:

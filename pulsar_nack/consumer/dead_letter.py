@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .nacking import NackingCore
 
 __all__ = [
+    "ORIGIN_MESSAGE_ID",
+    "REAL_TOPIC",
     "DeadLetter",
     "DeadLetterRoute",
     "dead_letter_topic",
