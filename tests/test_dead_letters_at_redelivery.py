@@ -66,17 +66,9 @@ def run(lab: Lab, scenario: str, variant: tuple[bool, bool, str], kind: str) -> 
         driver = Driver(kind, lab, topic, **options)
         try:
             produce(lab, topic, partitioned, batched, count=N)
-            chooser = random.Random(hash((scenario, variant)) & 0xFFFF)
-            for i in range(1, (MAX_REDELIVER + 1) * N + 1):
-                message = driver.receive(RECEIVE_MS)
-                if message is None:
-                    raise AssertionError(f"receive {i} of {(MAX_REDELIVER + 1) * N} timed out")
-                if scenario == "redeliver" and i % N == 0:
-                    driver.redeliver()
-                elif scenario == "ack_timeout" and chooser.random() < 0.5:
-                    driver.nack(message)
+            consume(driver, scenario, random.Random(hash((scenario, variant)) & 0xFFFF))
             # No receive from here on: the dead letters must come by themselves.
-            read_dead_letters(lab, dlq, scenario, outcome)
+            read_dead_letters(lab, dlq, DEAD_WAIT_MS[scenario], outcome)
         finally:
             driver.close()
     except Exception as exc:  # reported by the test that reads this run
@@ -84,20 +76,33 @@ def run(lab: Lab, scenario: str, variant: tuple[bool, bool, str], kind: str) -> 
     return outcome
 
 
-def read_dead_letters(lab: Lab, dlq: str, scenario: str, outcome: Outcome) -> None:
-    """Read the dead-letter topic into *outcome* until every message is there (or the wait ends), then once more."""
+def consume(driver: Driver, scenario: str, chooser: random.Random) -> None:
+    """The C++ test's loop: ``(max + 1) * N`` receives, a redelivery after every N, or about half nacked."""
+    for i in range(1, (MAX_REDELIVER + 1) * N + 1):
+        message = driver.receive(RECEIVE_MS)
+        if message is None:
+            raise AssertionError(f"receive {i} of {(MAX_REDELIVER + 1) * N} timed out")
+        if scenario == "redeliver" and i % N == 0:
+            driver.redeliver()
+        elif scenario == "ack_timeout" and chooser.random() < 0.5:
+            driver.nack(message)
+
+
+def read_dead_letters(lab: Lab, dlq: str, wait_ms: int, outcome: Outcome) -> None:
+    """Read the dead-letter topic from the start for up to *wait_ms* (until N arrived), then 500 ms more."""
     checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
     try:
-        end = time.monotonic() + DEAD_WAIT_MS[scenario] / 1000
+        end = time.monotonic() + wait_ms / 1000
         while time.monotonic() < end and len(outcome.dead) < N:
             try:
                 letter = checker.receive(200)
             except pulsar.Timeout:
                 continue
+            props = letter.properties()
             outcome.dead.setdefault(letter.data(), []).append(
                 {"partition_key": letter.partition_key(), "ordering_key": letter.ordering_key(),
-                 "pk-1": letter.properties().get("pk-1"), "real_topic": letter.properties().get("REAL_TOPIC", ""),
-                 "origin": letter.properties().get("ORIGIN_MESSAGE_ID", "")}
+                 "pk-1": props.get("pk-1"), "real_topic": props.get("REAL_TOPIC", ""),
+                 "origin": props.get("ORIGIN_MESSAGE_ID", "")}
             )
             checker.acknowledge(letter)
         try:  # nothing twice
