@@ -23,6 +23,11 @@ memory measurements on the first.
   structures' own estimate.
 * **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
   one-hour delay, both systems in one process.
+* **W, the working case** (issue 36): a consumer at work, receive + acknowledge + nack timed
+  together. ``n`` messages already in the receive queue (batched and not), every 100th
+  (1 %) or 10th (10 %) received message nacked with a one-hour delay, the rest acked; ours
+  (:func:`pulsar_nack.subscribe`) beside the plain consumer with its built-in nack,
+  repetitions interleaved in one process, on both brokers. µs per message.
 * **Bytes per pending nack, the plain way** (issue 24 point 5): the same workload as B
   with exactly ``n`` messages on the topic, every tenth received message nacked for ten
   minutes, the rest acked; RSS after ``gc.collect()`` before and after the receive loop,
@@ -53,6 +58,8 @@ TEN_MINUTES_MS = 600_000
 BATCH = 10
 SYSTEMS = ("plain", "pulsar-nack")
 CALL_SYSTEMS = (*SYSTEMS, "pulsar-nack-guarding")
+WORKING_SHARES = {"1pct": 100, "10pct": 10}
+"""The working case's nacked shares: every ``k``-th received message is nacked."""
 
 
 def _topic(kind: str) -> str:
@@ -220,6 +227,71 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
         }
         if "pulsar-nack-guarding" in stats:
             result[case]["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
+    return result
+
+
+def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> float:
+    """µs per message of a working consumer: every *every*-th message nacked (one hour), the rest acked.
+
+    *n* messages already in the consumer's queue, as in :func:`_receive_ack_us`; the nacks
+    stay pending through the loop, so ours guards throughout (what a consumer pays at work).
+    """
+    topic = _topic("w")
+    _produce(client, topic, n, batched)
+    consumer = _subscribe(client, system, topic, queue=n)
+    consumer.acknowledge(consumer.receive(30_000))
+    if not _prefill(admin, topic, n):
+        print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
+    receive, acknowledge, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
+
+    def loop() -> int:
+        for i in range(n - 1):
+            message = receive(30_000)
+            if i % every == 0:
+                nack(message)
+            else:
+                acknowledge(message)
+        return n - 1
+
+    cost = _timed(loop)
+    _close(consumer)
+    return cost
+
+
+def working_cases() -> dict[str, tuple[bool, int]]:
+    """The working case's names: ``working_<share>_<batched|unbatched>`` -> (batched, nack every k-th)."""
+    return {
+        f"working_{share}_{'batched' if batched else 'unbatched'}": (batched, every)
+        for share, every in WORKING_SHARES.items()
+        for batched in (True, False)
+    }
+
+
+def run_working(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
+    """Goal W: interleaved repetitions of ours and the plain consumer, each share, batched and not."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    cases = working_cases()
+    samples: dict[str, dict[str, list[float]]] = {case: {s: [] for s in SYSTEMS} for case in cases}
+    for rep in range(reps + 1):
+        order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+        for system in order:
+            costs = {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
+            if rep:  # the first repetition is the warmup
+                for case, cost in costs.items():
+                    samples[case][system].append(cost)
+            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
+    client.close()
+    result: dict[str, Any] = {}
+    for case, per_system in samples.items():
+        stats = {s: summarize(v) for s, v in per_system.items()}
+        result[case] = {
+            "messages": n,
+            "nacked_share": 1 / cases[case][1],
+            "us": stats,
+            "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
+        }
     return result
 
 
@@ -434,24 +506,28 @@ def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
 
 
 def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
-    """Both broker settings in one run: A and D on each, the memory measurements on the first."""
+    """Both broker settings in one run: A, D and W on each, the memory measurements on the first."""
     from pulsar_nack.testing import PulsarStandalone
 
     with standalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
+        working = run_working(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         plain_way = run_memory_plain(broker.url, memory_n, 3)
         version = broker.version
     with PulsarStandalone(batch_index_ack=False) as broker:
         calls_without = run_calls(broker.url, broker.admin, n, reps)
+        working_without = run_working(broker.url, broker.admin, n, reps)
     return {
         "broker": f"Apache Pulsar {version} standalone",
         "batch_size": BATCH,
         "repetitions": reps,
         **calls,
+        **working,
         "no_batch_index_acks": {
             "broker": f"Apache Pulsar {version} standalone, acknowledgmentAtBatchIndexLevelEnabled=false",
             **calls_without,
+            **working_without,
         },
         "pending_nack_memory_batched": memory,
         "pending_nack_memory_plain_way": plain_way,
@@ -471,6 +547,7 @@ def _report(payload: dict[str, Any]) -> None:
             )
     print_table(["broker", "case", "messages", "plain µs", "pulsar-nack µs", "ours/plain", "guarding µs"], rows,
                 title="Per-message cost")
+    _report_working(payload)
     memory = payload["pending_nack_memory_batched"]
     print_table(
         ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
@@ -489,6 +566,18 @@ def _report(payload: dict[str, Any]) -> None:
         title="Bytes per pending nack, the plain way",
     )
     print(f"plain way ours/plain: {plain_way['ratio_ours_over_plain']:.3f}")
+
+
+def _report_working(payload: dict[str, Any]) -> None:
+    """The working case's table (receive + ack + nack, µs per message)."""
+    rows = []
+    for setting, calls in (("batch-index acks", payload), ("no batch-index acks", payload["no_batch_index_acks"])):
+        for case in working_cases():
+            c = calls[case]
+            rows.append([setting, case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
+                         f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x"])
+    print_table(["broker", "case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows,
+                title="Working consumer: receive + ack + nack, per message")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
