@@ -17,7 +17,8 @@ are exact). The cases:
 cProfile sees the calls made from Python code: our functions, the client's bindings
 (``_pulsar``) and our C extensions' methods. Calls a C extension makes itself are not
 seen; :data:`C_CALLS` lists them by extension method, and the summary adds them to the
-binding count.
+binding count (an upper bound for ``received_key``, which reads the id only when the
+message kept none: then ``topic_name()`` is its one call).
 
 Run ``python -m bench.profile_consumer [--messages 20000] [--out NAME]``; writes
 ``bench/results/consumer-profile.json`` (or ``NAME.json``). ``--url``/``--admin-url`` use a
