@@ -35,6 +35,10 @@ memory measurements on the first.
   control run that acks everything, and the same process's RSS after ``malloc_trim(0)``,
   which shows how much of the delta is freed heap the allocator kept.
 
+Every timed loop records the wall clock and the calling thread's CPU time (``us`` and
+``cpu_us`` per system, ``ratio_*`` and ``cpu_ratio_*`` medians): on a loaded shared
+machine the CPU time leaves out the waits to be scheduled.
+
 Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
 ``bench/results/consumer.json`` (``consumer-quick.json`` with ``--quick``).
 """
@@ -113,10 +117,39 @@ def _close(consumer: Any) -> None:
         consumer.close()
 
 
-def _timed(loop: Callable[[], int]) -> float:
-    start = time.perf_counter()
+Cost = tuple[float, float]
+"""µs per message: wall clock, and the calling thread's CPU time (``time.thread_time``)."""
+
+
+def _timed(loop: Callable[[], int]) -> Cost:
+    """Run *loop* (it returns its message count): wall and thread-CPU µs per message.
+
+    The CPU time leaves out the time the thread waited to be scheduled, which on a shared,
+    loaded machine is most of the noise in the wall clock; work done on other threads (the
+    client's I/O and timer threads, ours or the plain client's) is in neither side's figure.
+    """
+    start, cpu = time.perf_counter(), time.thread_time()
     count = loop()
-    return (time.perf_counter() - start) / count * 1e6
+    return (time.perf_counter() - start) / count * 1e6, (time.thread_time() - cpu) / count * 1e6
+
+
+def _case_result(wall: dict[str, list[float]], cpu: dict[str, list[float]], **fields: Any) -> dict[str, Any]:
+    """One case's summary: each system's wall and CPU µs, and ours (and guarding) over plain, medians."""
+    stats = {s: summarize(v) for s, v in wall.items() if v}
+    cpu_stats = {s: summarize(v) for s, v in cpu.items() if v}
+    result: dict[str, Any] = {
+        **fields,
+        "us": stats,
+        "cpu_us": cpu_stats,
+        "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
+        "cpu_ratio_ours_over_plain": cpu_stats["pulsar-nack"]["median"] / cpu_stats["plain"]["median"],
+    }
+    if "pulsar-nack-guarding" in stats:
+        result["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
+        result["cpu_ratio_guarding_over_plain"] = (
+            cpu_stats["pulsar-nack-guarding"]["median"] / cpu_stats["plain"]["median"]
+        )
+    return result
 
 
 def _prefill(admin: Any, topic: str, n: int) -> bool:
@@ -156,7 +189,7 @@ def _queued_when_settled(admin: Any, topic: str, consumed: int) -> int:
     return last - consumed
 
 
-def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> float:
+def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> Cost:
     """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
     topic = _topic("a")
     _produce(client, topic, n, batched)
@@ -176,7 +209,7 @@ def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool)
     return cost
 
 
-def _nack_us(client: Any, system: str, n: int) -> float:
+def _nack_us(client: Any, system: str, n: int) -> Cost:
     """µs per ``negative_acknowledge(message)`` on *n* received non-batched messages."""
     topic = _topic("d")
     _produce(client, topic, n, batched=False)
@@ -199,10 +232,9 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    samples: dict[str, dict[str, list[float]]] = {
-        case: {s: [] for s in CALL_SYSTEMS}
-        for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
-    }
+    names = ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
+    samples: dict[str, dict[str, list[float]]] = {case: {s: [] for s in CALL_SYSTEMS} for case in names}
+    cpu: dict[str, dict[str, list[float]]] = {case: {s: [] for s in CALL_SYSTEMS} for case in names}
     for rep in range(reps + 1):
         order = CALL_SYSTEMS if rep % 2 == 0 else CALL_SYSTEMS[::-1]
         for system in order:
@@ -213,24 +245,23 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
             if system != "pulsar-nack-guarding":
                 costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
             if rep:  # the first repetition is the warmup
-                for case, cost in costs.items():
-                    samples[case][system].append(cost)
-            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
+                for case, (wall, thread) in costs.items():
+                    samples[case][system].append(wall)
+                    cpu[case][system].append(thread)
+            _print_rep(rep, system, costs)
     client.close()
-    result: dict[str, Any] = {}
-    for case, per_system in samples.items():
-        stats = {s: summarize(v) for s, v in per_system.items() if v}
-        result[case] = {
-            "messages": n if case != "nack_message" else min(n, 20_000),
-            "us": stats,
-            "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
-        }
-        if "pulsar-nack-guarding" in stats:
-            result[case]["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
-    return result
+    return {
+        case: _case_result(samples[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
+        for case in names
+    }
 
 
-def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> float:
+def _print_rep(rep: int, system: str, costs: dict[str, Cost]) -> None:
+    print(f"  rep {rep} {system}: " + ", ".join(f"{c} {w:.2f} µs ({t:.2f} CPU)" for c, (w, t) in costs.items()),
+          flush=True)
+
+
+def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> Cost:
     """µs per message of a working consumer: every *every*-th message nacked (one hour), the rest acked.
 
     *n* messages already in the consumer's queue, as in :func:`_receive_ack_us`; the nacks
@@ -274,25 +305,21 @@ def run_working(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     cases = working_cases()
     samples: dict[str, dict[str, list[float]]] = {case: {s: [] for s in SYSTEMS} for case in cases}
+    cpu: dict[str, dict[str, list[float]]] = {case: {s: [] for s in SYSTEMS} for case in cases}
     for rep in range(reps + 1):
         order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
         for system in order:
             costs = {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
             if rep:  # the first repetition is the warmup
-                for case, cost in costs.items():
-                    samples[case][system].append(cost)
-            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
+                for case, (wall, thread) in costs.items():
+                    samples[case][system].append(wall)
+                    cpu[case][system].append(thread)
+            _print_rep(rep, system, costs)
     client.close()
-    result: dict[str, Any] = {}
-    for case, per_system in samples.items():
-        stats = {s: summarize(v) for s, v in per_system.items()}
-        result[case] = {
-            "messages": n,
-            "nacked_share": 1 / cases[case][1],
-            "us": stats,
-            "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
-        }
-    return result
+    return {
+        case: _case_result(samples[case], cpu[case], messages=n, nacked_share=1 / every)
+        for case, (_batched, every) in cases.items()
+    }
 
 
 QUEUE = 1000
