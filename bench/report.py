@@ -19,7 +19,8 @@ from ._common import MISSED, REPO, RESULTS, load, md_table
 
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
-    "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer"],
+    "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
+                           "consumer-profile"],
     "docs/design.md": ["constants", "tail-log", "space"],
     "docs/spark.md": ["demo", "replay", "demo-retries"],
     "docs/metrics.md": ["metrics-cost"],
@@ -523,6 +524,40 @@ def _nack_cost_profile() -> str:
         f"took {_mmm(theirs)} µs (min / median / max): "
         f"{whole / theirs['median']:.2f}× of its median, {whole / theirs['min']:.2f}× of its best (that run "
         "measured the code before issue 36; the table above has today's call against a fresh built-in consumer)."
+    )
+
+
+PROFILE_CASES = {
+    "guarding_batched": "receive + acknowledge while guarding, batches of 10",
+    "guarding_unbatched": "receive + acknowledge while guarding, not batched",
+    "nack_message": "`negative_acknowledge(message)`",
+    "working_10pct_batched": "working, 10 % nacked, batches of 10",
+    "working_10pct_unbatched": "working, 10 % nacked, not batched",
+    "plain_receive_ack_unbatched": "plain `pulsar.Consumer`: receive + acknowledge",
+    "plain_nack_message": "plain `pulsar.Consumer`: `negative_acknowledge(message)`",
+}
+
+
+def consumer_profile_table() -> str:
+    """Calls per message before and after issue 36 (bench/profile_consumer.py's two committed runs)."""
+    before, after = load("consumer-profile-before"), load("consumer-profile-after")
+    rows = []
+    for case, label in PROFILE_CASES.items():
+        b, a = before["cases"][case], after["cases"][case]
+        rows.append([
+            label,
+            f"{b['python_calls_per_message']:.1f} → {a['python_calls_per_message']:.1f}",
+            f"{b['binding_calls_per_message']:.1f} → {a['binding_calls_per_message']:.1f}",
+            f"{b['builtin_calls_per_message']:.1f} → {a['builtin_calls_per_message']:.1f}",
+        ])
+    table = md_table(["path (per message)", "Python-level calls", "calls into the client's bindings",
+                      "C-level calls seen by cProfile"], rows, "lrrr")
+    return (
+        f"`bench/profile_consumer.py` on {after['broker']}, {after['messages']:,} messages per case, before "
+        f"(commit {before['meta']['git']['commit'][:7]}, `bench/results/consumer-profile-before.json`) → after "
+        f"(commit {after['meta']['git']['commit'][:7]}, `consumer-profile-after.json`). Binding calls include "
+        "those our C extension makes itself (`message_id()`, `serialize()`, `topic_name()`: an upper bound for "
+        "the nack, which reads the id only when the message kept none).\n\n" + table
     )
 
 
@@ -1053,7 +1088,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
     "goals": goals_table, "memory": memory_table, "profile": profile_table, "core": core_table, "core-ab": core_ab_table,
     "client": client_table, "e2e": e2e_table, "scaling": scaling_table, "meta": meta_table, "consumer": consumer_table,
-    "consumer-summary": consumer_summary, "cluster": cluster_table, "faults": faults_table,
+    "consumer-summary": consumer_summary, "consumer-profile": consumer_profile_table, "cluster": cluster_table, "faults": faults_table,
     "retry-lateness": retry_lateness_table, "retry-durable": retry_durable_table, "retry-cost": retry_cost_table,
     "retry-receive": retry_receive_table, "demo-retries": demo_retries_table,
     "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates, "jitter": jitter_table,
