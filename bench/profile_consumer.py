@@ -39,9 +39,10 @@ from .consumer import _close, _prefill, _produce, _subscribe, _topic
 
 C_CALLS = {
     "admit": ("message_id", "serialize"),
+    "admit_message": ("message_id", "serialize"),
     "message_key": ("message_id", "serialize", "topic_name"),
     "read_id": ("message_id", "serialize"),
-    "nack_message": ("message_id", "serialize", "topic_name"),
+    "received_key": ("message_id", "serialize", "topic_name"),
 }
 """Calls into the client's bindings that our C extension methods make themselves (not seen by cProfile)."""
 

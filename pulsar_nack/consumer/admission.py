@@ -714,9 +714,10 @@ class AdmissionLedger:
         self.table_screens = not quiet and self.counts is None and self.atomic_table
 
     def _guard(self) -> None:
-        """Start guarding (under the lock): a nack state begins."""
-        self._set_quiet(False)
-        self.guard_left = self._guard_messages
+        """Start guarding (under the lock): a nack state begins. On every nack: no call it can spare."""
+        if self.quiet:
+            self._set_quiet(False)
+        self.entries.guard_left = self._guard_messages
 
     # ------------------------------------------------------------------ resets
 
