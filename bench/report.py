@@ -399,6 +399,11 @@ CONSUMER_GOALS = {"quiet": 1.15, "guarding": 1.3, "nack": 1.0, "working": 1.2}
 """Issue 36's goals, ours / plain: receive + ack quiet and guarding, the nack call, the working case (10 % nacked)."""
 
 
+def _cpu(case: dict[str, Any], key: str) -> str:
+    """`` (CPU 1.10×)``: the ratio of the calling thread's CPU time, when the run recorded it."""
+    return f" (CPU {case[key]:.2f}×)" if key in case else ""
+
+
 def _goal(ratio: float, goal: float | None) -> str:
     return "-" if goal is None else f"≤ {goal}×: {'pass' if ratio <= goal else 'MISSED'}"
 
@@ -434,11 +439,13 @@ def consumer_table() -> str:
             guarding = c["us"].get("pulsar-nack-guarding")
             extra = "-"
             if guarding:
-                extra = (f"{guarding['median']:.2f} ({c['ratio_guarding_over_plain']:.2f}×, "
+                extra = (f"{guarding['median']:.2f} ({c['ratio_guarding_over_plain']:.2f}×"
+                         f"{_cpu(c, 'cpu_ratio_guarding_over_plain')}, "
                          f"{_goal(c['ratio_guarding_over_plain'], CONSUMER_GOALS['guarding'])})")
             lines.append(
                 f"| {label}{setting}, {c['messages']:,} messages | {c['us']['plain']['median']:.2f} | "
-                f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}× | {_goal(ratio, goal)} | {extra} |"
+                f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}×{_cpu(c, 'cpu_ratio_ours_over_plain')} | "
+                f"{_goal(ratio, goal)} | {extra} |"
             )
         for case, c in calls.items():
             if not case.startswith("working_"):
@@ -449,7 +456,8 @@ def consumer_table() -> str:
             lines.append(
                 f"| working: receive + acknowledge + nack, {share} nacked, {kind} (µs/msg){setting}, "
                 f"{c['messages']:,} messages | {c['us']['plain']['median']:.2f} (built-in nack) | "
-                f"{c['us']['pulsar-nack']['median']:.2f} | {c['ratio_ours_over_plain']:.2f}× | "
+                f"{c['us']['pulsar-nack']['median']:.2f} | {c['ratio_ours_over_plain']:.2f}×"
+                f"{_cpu(c, 'cpu_ratio_ours_over_plain')} | "
                 f"{_goal(c['ratio_ours_over_plain'], working_goal)} | - |"
             )
     ratio = memory["ratio_ours_over_plain"]
@@ -571,19 +579,21 @@ def consumer_summary() -> str:
     def us(case: dict[str, Any], system: str) -> str:
         return f"{case['us'][system]['median']:.2f} µs"
 
+    def ratio(case: dict[str, Any], who: str = "ours") -> str:
+        return f"{case[f'ratio_{who}_over_plain']:.2f}×{_cpu(case, f'cpu_ratio_{who}_over_plain')}"
+
     return (
-        f"At the consumer level (`bench/consumer.py`, {data['broker']}), at work (every tenth message nacked, "
-        f"the rest acked, receive + acknowledge + nack timed together) ours costs {us(w, 'pulsar-nack')} per batched "
-        f"message against the plain consumer's {us(w, 'plain')} with its built-in nack "
-        f"({w['ratio_ours_over_plain']:.2f}×), {us(w1, 'pulsar-nack')} against {us(w1, 'plain')} not batched "
-        f"({w1['ratio_ours_over_plain']:.2f}×). Receive + acknowledge while nacks are pending (guarding) costs "
-        f"{us(a, 'pulsar-nack-guarding')} batched against {us(a, 'plain')} ({a['ratio_guarding_over_plain']:.2f}×), "
-        f"{us(b, 'pulsar-nack-guarding')} against {us(b, 'plain')} not batched "
-        f"({b['ratio_guarding_over_plain']:.2f}×), and with nothing pending {us(a, 'pulsar-nack')} and "
-        f"{us(b, 'pulsar-nack')} ({a['ratio_ours_over_plain']:.2f}×, {b['ratio_ours_over_plain']:.2f}×); a pending "
+        f"At the consumer level (`bench/consumer.py`, {data['broker']}, medians; the thread's CPU time beside the "
+        f"wall clock), at work (every tenth message nacked, the rest acked, receive + acknowledge + nack timed "
+        f"together) ours costs {us(w, 'pulsar-nack')} per batched message against the plain consumer's "
+        f"{us(w, 'plain')} with its built-in nack ({ratio(w)}), {us(w1, 'pulsar-nack')} against {us(w1, 'plain')} "
+        f"not batched ({ratio(w1)}). Receive + acknowledge while nacks are pending (guarding) costs "
+        f"{us(a, 'pulsar-nack-guarding')} batched against {us(a, 'plain')} ({ratio(a, 'guarding')}), "
+        f"{us(b, 'pulsar-nack-guarding')} against {us(b, 'plain')} not batched ({ratio(b, 'guarding')}), and with "
+        f"nothing pending {us(a, 'pulsar-nack')} and {us(b, 'pulsar-nack')} ({ratio(a)}, {ratio(b)}); a pending "
         f"nack of a batched workload holds {ours_mem['bytes_per_pending_nack']:.0f} B against the built-in's "
         f"{plain_mem['bytes_per_pending_nack']:.0f} B; `negative_acknowledge(message)` costs {us(d, 'pulsar-nack')} "
-        f"against {us(d, 'plain')} ({d['ratio_ours_over_plain']:.2f}×)."
+        f"against {us(d, 'plain')} ({ratio(d)})."
     )
 
 
