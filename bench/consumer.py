@@ -227,32 +227,46 @@ def _nack_us(client: Any, system: str, n: int) -> Cost:
     return cost
 
 
+def _interleave(
+    systems: tuple[str, ...], reps: int, measure: Callable[[str], dict[str, Cost]]
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """*reps* repetitions after a warmup, the order of *systems* alternating; ``measure(system)`` gives each case's cost.
+
+    Returns the wall and CPU samples, per case and system.
+    """
+    wall: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}
+    for rep in range(reps + 1):
+        for system in systems if rep % 2 == 0 else systems[::-1]:
+            costs = measure(system)
+            if rep:  # the first repetition is the warmup
+                for case, (elapsed, thread) in costs.items():
+                    wall.setdefault(case, {s: [] for s in systems})[system].append(elapsed)
+                    cpu.setdefault(case, {s: [] for s in systems})[system].append(thread)
+            _print_rep(rep, system, costs)
+    return wall, cpu
+
+
 def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     """Goals A and D: interleaved repetitions of every system in this process."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    names = ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
-    samples: dict[str, dict[str, list[float]]] = {case: {s: [] for s in CALL_SYSTEMS} for case in names}
-    cpu: dict[str, dict[str, list[float]]] = {case: {s: [] for s in CALL_SYSTEMS} for case in names}
-    for rep in range(reps + 1):
-        order = CALL_SYSTEMS if rep % 2 == 0 else CALL_SYSTEMS[::-1]
-        for system in order:
-            costs = {
-                "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
-                "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
-            }
-            if system != "pulsar-nack-guarding":
-                costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
-            if rep:  # the first repetition is the warmup
-                for case, (wall, thread) in costs.items():
-                    samples[case][system].append(wall)
-                    cpu[case][system].append(thread)
-            _print_rep(rep, system, costs)
+
+    def measure(system: str) -> dict[str, Cost]:
+        costs = {
+            "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
+            "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
+        }
+        if system != "pulsar-nack-guarding":
+            costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
+        return costs
+
+    wall, cpu = _interleave(CALL_SYSTEMS, reps, measure)
     client.close()
     return {
-        case: _case_result(samples[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
-        for case in names
+        case: _case_result(wall[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
+        for case in wall
     }
 
 
@@ -304,20 +318,14 @@ def run_working(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     cases = working_cases()
-    samples: dict[str, dict[str, list[float]]] = {case: {s: [] for s in SYSTEMS} for case in cases}
-    cpu: dict[str, dict[str, list[float]]] = {case: {s: [] for s in SYSTEMS} for case in cases}
-    for rep in range(reps + 1):
-        order = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
-        for system in order:
-            costs = {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
-            if rep:  # the first repetition is the warmup
-                for case, (wall, thread) in costs.items():
-                    samples[case][system].append(wall)
-                    cpu[case][system].append(thread)
-            _print_rep(rep, system, costs)
+
+    def measure(system: str) -> dict[str, Cost]:
+        return {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
+
+    wall, cpu = _interleave(SYSTEMS, reps, measure)
     client.close()
     return {
-        case: _case_result(samples[case], cpu[case], messages=n, nacked_share=1 / every)
+        case: _case_result(wall[case], cpu[case], messages=n, nacked_share=1 / every)
         for case, (_batched, every) in cases.items()
     }
 
