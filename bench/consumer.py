@@ -189,14 +189,20 @@ def _queued_when_settled(admin: Any, topic: str, consumed: int) -> int:
     return last - consumed
 
 
-def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> Cost:
-    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
-    topic = _topic("a")
+def backlog_consumer(client: Any, admin: Any, system: str, n: int, batched: bool, kind: str) -> Any:
+    """A *system* consumer on a fresh topic of *n* messages, its first received and acked, the rest in its queue."""
+    topic = _topic(kind)
     _produce(client, topic, n, batched)
     consumer = _subscribe(client, system, topic, queue=n)
     consumer.acknowledge(consumer.receive(30_000))
     if not _prefill(admin, topic, n):
         print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
+    return consumer
+
+
+def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> Cost:
+    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
+    consumer = backlog_consumer(client, admin, system, n, batched, "a")
     receive, acknowledge = consumer.receive, consumer.acknowledge
 
     def loop() -> int:
@@ -281,12 +287,7 @@ def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, eve
     *n* messages already in the consumer's queue, as in :func:`_receive_ack_us`; the nacks
     stay pending through the loop, so ours guards throughout (what a consumer pays at work).
     """
-    topic = _topic("w")
-    _produce(client, topic, n, batched)
-    consumer = _subscribe(client, system, topic, queue=n)
-    consumer.acknowledge(consumer.receive(30_000))
-    if not _prefill(admin, topic, n):
-        print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
+    consumer = backlog_consumer(client, admin, system, n, batched, "w")
     receive, acknowledge, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
 
     def loop() -> int:

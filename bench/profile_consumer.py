@@ -35,7 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._common import print_table, start_context, write_result
-from .consumer import _close, _prefill, _produce, _subscribe, _topic
+from .consumer import _close
+from .consumer import backlog_consumer as _backlog
 
 C_CALLS = {
     "admit": ("message_id", "serialize"),
@@ -106,20 +107,11 @@ def profile_loop(loop: Callable[[], int]) -> dict[str, Any]:
     }
 
 
-def _consumer_with_backlog(client: Any, admin: Any, system: str, n: int, batched: bool) -> Any:
-    topic = _topic("prof")
-    _produce(client, topic, n, batched)
-    consumer = _subscribe(client, system, topic, queue=n)
-    consumer.acknowledge(consumer.receive(30_000))
-    _prefill(admin, topic, n)
-    return consumer
-
-
 def run_case(client: Any, admin: Any, case: str, n: int) -> dict[str, Any]:
     """Profile one case's loop on a fresh topic and consumer."""
     if case.startswith(("guarding", "plain_receive")):
         system = "plain" if case.startswith("plain") else "pulsar-nack-guarding"
-        consumer = _consumer_with_backlog(client, admin, system, n, case.endswith("_batched"))
+        consumer = _backlog(client, admin, system, n, case.endswith("_batched"), "prof")
         receive, acknowledge = consumer.receive, consumer.acknowledge
 
         def loop() -> int:
@@ -128,7 +120,7 @@ def run_case(client: Any, admin: Any, case: str, n: int) -> dict[str, Any]:
             return n - 1
 
     elif case.endswith("nack_message"):
-        consumer = _consumer_with_backlog(client, admin, "plain" if case.startswith("plain") else "pulsar-nack", n, False)
+        consumer = _backlog(client, admin, "plain" if case.startswith("plain") else "pulsar-nack", n, False, "prof")
         messages = [consumer.receive(30_000) for _ in range(n - 1)]
         nack = consumer.negative_acknowledge
 
@@ -138,7 +130,7 @@ def run_case(client: Any, admin: Any, case: str, n: int) -> dict[str, Any]:
             return len(messages)
 
     else:
-        consumer = _consumer_with_backlog(client, admin, "pulsar-nack", n, case.endswith("_batched"))
+        consumer = _backlog(client, admin, "pulsar-nack", n, case.endswith("_batched"), "prof")
         receive, acknowledge, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
 
         def loop() -> int:
