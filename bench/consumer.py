@@ -23,12 +23,21 @@ memory measurements on the first.
   structures' own estimate.
 * **D, negative_acknowledge(message)**: µs per call on received (non-batched) messages,
   one-hour delay, both systems in one process.
+* **W, the working case** (issue 36): a consumer at work, receive + acknowledge + nack timed
+  together. ``n`` messages already in the receive queue (batched and not), every 100th
+  (1 %) or 10th (10 %) received message nacked with a one-hour delay, the rest acked; ours
+  (:func:`pulsar_nack.subscribe`) beside the plain consumer with its built-in nack,
+  repetitions interleaved in one process, on both brokers. µs per message.
 * **Bytes per pending nack, the plain way** (issue 24 point 5): the same workload as B
   with exactly ``n`` messages on the topic, every tenth received message nacked for ten
   minutes, the rest acked; RSS after ``gc.collect()`` before and after the receive loop,
   nothing else (no settled queue, no ``malloc_trim``). Three runs per system, plus a
   control run that acks everything, and the same process's RSS after ``malloc_trim(0)``,
   which shows how much of the delta is freed heap the allocator kept.
+
+Every timed loop records the wall clock and the calling thread's CPU time (``us`` and
+``cpu_us`` per system, ``ratio_*`` and ``cpu_ratio_*`` medians): on a loaded shared
+machine the CPU time leaves out the waits to be scheduled.
 
 Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
 ``bench/results/consumer.json`` (``consumer-quick.json`` with ``--quick``).
@@ -53,6 +62,8 @@ TEN_MINUTES_MS = 600_000
 BATCH = 10
 SYSTEMS = ("plain", "pulsar-nack")
 CALL_SYSTEMS = (*SYSTEMS, "pulsar-nack-guarding")
+WORKING_SHARES = {"1pct": 100, "10pct": 10}
+"""The working case's nacked shares: every ``k``-th received message is nacked."""
 
 
 def _topic(kind: str) -> str:
@@ -106,10 +117,39 @@ def _close(consumer: Any) -> None:
         consumer.close()
 
 
-def _timed(loop: Callable[[], int]) -> float:
-    start = time.perf_counter()
+Cost = tuple[float, float]
+"""µs per message: wall clock, and the calling thread's CPU time (``time.thread_time``)."""
+
+
+def _timed(loop: Callable[[], int]) -> Cost:
+    """Run *loop* (it returns its message count): wall and thread-CPU µs per message.
+
+    The CPU time leaves out the time the thread waited to be scheduled, which on a shared,
+    loaded machine is most of the noise in the wall clock; work done on other threads (the
+    client's I/O and timer threads, ours or the plain client's) is in neither side's figure.
+    """
+    start, cpu = time.perf_counter(), time.thread_time()
     count = loop()
-    return (time.perf_counter() - start) / count * 1e6
+    return (time.perf_counter() - start) / count * 1e6, (time.thread_time() - cpu) / count * 1e6
+
+
+def _case_result(wall: dict[str, list[float]], cpu: dict[str, list[float]], **fields: Any) -> dict[str, Any]:
+    """One case's summary: each system's wall and CPU µs, and ours (and guarding) over plain, medians."""
+    stats = {s: summarize(v) for s, v in wall.items() if v}
+    cpu_stats = {s: summarize(v) for s, v in cpu.items() if v}
+    result: dict[str, Any] = {
+        **fields,
+        "us": stats,
+        "cpu_us": cpu_stats,
+        "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
+        "cpu_ratio_ours_over_plain": cpu_stats["pulsar-nack"]["median"] / cpu_stats["plain"]["median"],
+    }
+    if "pulsar-nack-guarding" in stats:
+        result["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
+        result["cpu_ratio_guarding_over_plain"] = (
+            cpu_stats["pulsar-nack-guarding"]["median"] / cpu_stats["plain"]["median"]
+        )
+    return result
 
 
 def _prefill(admin: Any, topic: str, n: int) -> bool:
@@ -149,14 +189,20 @@ def _queued_when_settled(admin: Any, topic: str, consumed: int) -> int:
     return last - consumed
 
 
-def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> float:
-    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
-    topic = _topic("a")
+def backlog_consumer(client: Any, admin: Any, system: str, n: int, batched: bool, kind: str) -> Any:
+    """A *system* consumer on a fresh topic of *n* messages, its first received and acked, the rest in its queue."""
+    topic = _topic(kind)
     _produce(client, topic, n, batched)
     consumer = _subscribe(client, system, topic, queue=n)
     consumer.acknowledge(consumer.receive(30_000))
     if not _prefill(admin, topic, n):
         print("  (the receive queue did not fill within 60 s; timing includes dispatch)", flush=True)
+    return consumer
+
+
+def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> Cost:
+    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
+    consumer = backlog_consumer(client, admin, system, n, batched, "a")
     receive, acknowledge = consumer.receive, consumer.acknowledge
 
     def loop() -> int:
@@ -169,7 +215,7 @@ def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool)
     return cost
 
 
-def _nack_us(client: Any, system: str, n: int) -> float:
+def _nack_us(client: Any, system: str, n: int) -> Cost:
     """µs per ``negative_acknowledge(message)`` on *n* received non-batched messages."""
     topic = _topic("d")
     _produce(client, topic, n, batched=False)
@@ -187,40 +233,102 @@ def _nack_us(client: Any, system: str, n: int) -> float:
     return cost
 
 
+def _interleave(
+    systems: tuple[str, ...], reps: int, measure: Callable[[str], dict[str, Cost]]
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """*reps* repetitions after a warmup, the order of *systems* alternating; ``measure(system)`` gives each case's cost.
+
+    Returns the wall and CPU samples, per case and system.
+    """
+    wall: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}
+    for rep in range(reps + 1):
+        for system in systems if rep % 2 == 0 else systems[::-1]:
+            costs = measure(system)
+            if rep:  # the first repetition is the warmup
+                for case, (elapsed, thread) in costs.items():
+                    wall.setdefault(case, {s: [] for s in systems})[system].append(elapsed)
+                    cpu.setdefault(case, {s: [] for s in systems})[system].append(thread)
+            _print_rep(rep, system, costs)
+    return wall, cpu
+
+
 def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     """Goals A and D: interleaved repetitions of every system in this process."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    samples: dict[str, dict[str, list[float]]] = {
-        case: {s: [] for s in CALL_SYSTEMS}
-        for case in ("receive_ack_batched", "receive_ack_unbatched", "nack_message")
-    }
-    for rep in range(reps + 1):
-        order = CALL_SYSTEMS if rep % 2 == 0 else CALL_SYSTEMS[::-1]
-        for system in order:
-            costs = {
-                "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
-                "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
-            }
-            if system != "pulsar-nack-guarding":
-                costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
-            if rep:  # the first repetition is the warmup
-                for case, cost in costs.items():
-                    samples[case][system].append(cost)
-            print(f"  rep {rep} {system}: " + ", ".join(f"{c} {v:.2f} µs" for c, v in costs.items()), flush=True)
-    client.close()
-    result: dict[str, Any] = {}
-    for case, per_system in samples.items():
-        stats = {s: summarize(v) for s, v in per_system.items() if v}
-        result[case] = {
-            "messages": n if case != "nack_message" else min(n, 20_000),
-            "us": stats,
-            "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
+
+    def measure(system: str) -> dict[str, Cost]:
+        costs = {
+            "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
+            "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
         }
-        if "pulsar-nack-guarding" in stats:
-            result[case]["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
-    return result
+        if system != "pulsar-nack-guarding":
+            costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
+        return costs
+
+    wall, cpu = _interleave(CALL_SYSTEMS, reps, measure)
+    client.close()
+    return {
+        case: _case_result(wall[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
+        for case in wall
+    }
+
+
+def _print_rep(rep: int, system: str, costs: dict[str, Cost]) -> None:
+    print(f"  rep {rep} {system}: " + ", ".join(f"{c} {w:.2f} µs ({t:.2f} CPU)" for c, (w, t) in costs.items()),
+          flush=True)
+
+
+def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> Cost:
+    """µs per message of a working consumer: every *every*-th message nacked (one hour), the rest acked.
+
+    *n* messages already in the consumer's queue, as in :func:`_receive_ack_us`; the nacks
+    stay pending through the loop, so ours guards throughout (what a consumer pays at work).
+    """
+    consumer = backlog_consumer(client, admin, system, n, batched, "w")
+    receive, acknowledge, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
+
+    def loop() -> int:
+        for i in range(n - 1):
+            message = receive(30_000)
+            if i % every == 0:
+                nack(message)
+            else:
+                acknowledge(message)
+        return n - 1
+
+    cost = _timed(loop)
+    _close(consumer)
+    return cost
+
+
+def working_cases() -> dict[str, tuple[bool, int]]:
+    """The working case's names: ``working_<share>_<batched|unbatched>`` -> (batched, nack every k-th)."""
+    return {
+        f"working_{share}_{'batched' if batched else 'unbatched'}": (batched, every)
+        for share, every in WORKING_SHARES.items()
+        for batched in (True, False)
+    }
+
+
+def run_working(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
+    """Goal W: interleaved repetitions of ours and the plain consumer, each share, batched and not."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    cases = working_cases()
+
+    def measure(system: str) -> dict[str, Cost]:
+        return {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
+
+    wall, cpu = _interleave(SYSTEMS, reps, measure)
+    client.close()
+    return {
+        case: _case_result(wall[case], cpu[case], messages=n, nacked_share=1 / every)
+        for case, (_batched, every) in cases.items()
+    }
 
 
 QUEUE = 1000
@@ -434,24 +542,28 @@ def run_memory(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
 
 
 def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
-    """Both broker settings in one run: A and D on each, the memory measurements on the first."""
+    """Both broker settings in one run: A, D and W on each, the memory measurements on the first."""
     from pulsar_nack.testing import PulsarStandalone
 
     with standalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
+        working = run_working(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         plain_way = run_memory_plain(broker.url, memory_n, 3)
         version = broker.version
     with PulsarStandalone(batch_index_ack=False) as broker:
         calls_without = run_calls(broker.url, broker.admin, n, reps)
+        working_without = run_working(broker.url, broker.admin, n, reps)
     return {
         "broker": f"Apache Pulsar {version} standalone",
         "batch_size": BATCH,
         "repetitions": reps,
         **calls,
+        **working,
         "no_batch_index_acks": {
             "broker": f"Apache Pulsar {version} standalone, acknowledgmentAtBatchIndexLevelEnabled=false",
             **calls_without,
+            **working_without,
         },
         "pending_nack_memory_batched": memory,
         "pending_nack_memory_plain_way": plain_way,
@@ -471,6 +583,7 @@ def _report(payload: dict[str, Any]) -> None:
             )
     print_table(["broker", "case", "messages", "plain µs", "pulsar-nack µs", "ours/plain", "guarding µs"], rows,
                 title="Per-message cost")
+    _report_working(payload)
     memory = payload["pending_nack_memory_batched"]
     print_table(
         ["system", "messages", "pending nacks", "RSS delta", "control RSS delta", "B/pending nack", "net B/nack"],
@@ -489,6 +602,18 @@ def _report(payload: dict[str, Any]) -> None:
         title="Bytes per pending nack, the plain way",
     )
     print(f"plain way ours/plain: {plain_way['ratio_ours_over_plain']:.3f}")
+
+
+def _report_working(payload: dict[str, Any]) -> None:
+    """The working case's table (receive + ack + nack, µs per message)."""
+    rows = []
+    for setting, calls in (("batch-index acks", payload), ("no batch-index acks", payload["no_batch_index_acks"])):
+        for case in working_cases():
+            c = calls[case]
+            rows.append([setting, case, f"{c['messages']:,}", f"{c['us']['plain']['median']:.2f}",
+                         f"{c['us']['pulsar-nack']['median']:.2f}", f"{c['ratio_ours_over_plain']:.2f}x"])
+    print_table(["broker", "case", "messages", "plain µs", "pulsar-nack µs", "ours/plain"], rows,
+                title="Working consumer: receive + ack + nack, per message")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:

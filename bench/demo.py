@@ -18,15 +18,26 @@ tick, ``durable-broker`` (``--retry-hold-ms 0``: every retry held by the broker,
 Java client's) on the same tick, and that again on the stock 1 s tick
 (``durable-stock-tick``), to ``bench/results/demo-retries.json`` (docs/spark.md,
 "Durable retries").
+
+``--ab COMMIT`` (issue 36) runs the demo of an older commit beside the current code,
+alternating (A, B, B, A, ...), ``--repeats`` pairs, ``--tracker ours``: the older commit
+is checked out as a ``git worktree`` (under the system's temp directory, its C extensions
+built in place) and its demo runs from there, so a lateness regression shows in one run.
+Results go to ``bench/results/demo-ab.json``: per run the code (``a``: the commit, ``b``:
+the current), p50 / p99 lateness, duplicates and messages per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
+from pathlib import Path
 from typing import Any
 
 from ._common import REPO, finish, parser, start_context
@@ -47,15 +58,17 @@ RETRY_MODES: dict[str, list[str]] = {
 
 
 def run_demo(
-    size: str, tracker: str, receiver_queue_size: int | None = None, extra: list[str] | None = None
+    size: str, tracker: str, receiver_queue_size: int | None = None, extra: list[str] | None = None,
+    code: Path = REPO,
 ) -> dict[str, Any]:
-    """One demo process; its summary, exit code, wall time and stderr line count."""
+    """One demo process (of the package in *code*); its summary, exit code, wall time and stderr line count."""
     command = [sys.executable, "-m", "pulsar_nack.cli", "demo", *(extra or ["--tracker", tracker])]
     command += ["--messages", size, "--json"]
     if receiver_queue_size is not None:
         command += ["--receiver-queue-size", str(receiver_queue_size)]
+    env = {**os.environ, "PYTHONPATH": str(code)}  # its package first, ahead of the installed (editable) one
     start = time.monotonic()
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(command, cwd=code, capture_output=True, text=True, timeout=3600, env=env)
     return {"size": size, "broker": "apache", "tracker": tracker, "exit_code": out.returncode,
             "process_wall_s": time.monotonic() - start, "stderr_lines": len(out.stderr.splitlines()),
             "summary": json.loads(out.stdout.strip().splitlines()[-1])}
@@ -68,9 +81,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args_parser.add_argument("--repeats", type=int, default=1, help="pairs per size on Apache Pulsar, order alternating")
     args_parser.add_argument("--retries", action="store_true", help="the retry modes side by side (see the module notes)")
     args_parser.add_argument("--modes", default=None, help="with --retries: comma-separated modes (default: all five)")
+    args_parser.add_argument("--ab", default=None, metavar="COMMIT", help="an older commit's demo beside this code's")
     args = args_parser.parse_args(argv)
     if args.retries:
         return retries_side_by_side(args)
+    if args.ab:
+        return a_b(args)
     start, runs = start_context(), []
     for repeat in range(args.repeats):
         for size in ["small"] if args.quick else args.sizes.split(","):
@@ -101,6 +117,42 @@ def retries_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     from .report import demo_retries_table
 
     finish(args, "demo-retries", {"runs": runs}, start, demo_retries_table)
+    return {"runs": runs}
+
+
+def checkout(commit: str) -> Path:
+    """A ``git worktree`` of *commit* (reused if there), its C extensions built in place."""
+    full = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    path = Path(tempfile.gettempdir()) / f"pulsar-nack-ab-{full[:12]}"
+    if not (path / "pyproject.toml").is_file():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), full], cwd=REPO, check=True,
+                       capture_output=True)
+    with tempfile.TemporaryDirectory() as wheels:  # its own build (its pyproject's extensions), then the .so files in place
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", wheels, str(path)], check=True,
+                       capture_output=True)
+        for wheel in Path(wheels).glob("*.whl"):
+            with zipfile.ZipFile(wheel) as archive:
+                for name in archive.namelist():
+                    if name.endswith((".so", ".pyd")):
+                        archive.extract(name, path)
+    return path
+
+
+def a_b(args: argparse.Namespace) -> dict[str, Any]:
+    """``--ab``: the older commit's demo (a) and this code's (b), alternating, ``--repeats`` pairs."""
+    older = checkout(args.ab)
+    start, runs = start_context(), []
+    codes = {"a": older, "b": REPO}
+    for repeat in range(args.repeats):
+        for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
+            for size in ["small"] if args.quick else args.sizes.split(","):
+                run = run_demo(size, "ours", args.receiver_queue_size, code=codes[side])
+                runs.append({**run, "code": side, "commit": args.ab if side == "a" else "current", "repeat": repeat})
+                s, late = run["summary"], run["summary"]["redelivery_lateness_ms"]
+                print(f"{side} {size} repeat {repeat}: p50 {late['p50']:.0f} ms, p99 {late['p99']:.0f} ms, "
+                      f"duplicates {s['duplicates']}, lost {s['lost']}, {s['messages_per_s']:,.0f} msg/s", flush=True)
+    finish(args, "demo-ab", {"a": args.ab, "a_worktree": str(older), "runs": runs}, start)
     return {"runs": runs}
 
 

@@ -136,12 +136,63 @@ def test_the_c_table_compiles_in_the_verdicts_and_outcomes_of_the_python_enums()
 
     source = (Path(msgid.__file__).parent / "_msgid.c").read_text()
     written = {m[1]: int(m[2]) for m in re.finditer(r"#define V_(\w+) (\d+)", source)}
-    assert written == {v.name: v.value for v in msgid.Verdict if v <= msgid.Verdict.FRESH}
+    table_verdicts = {v.name: v.value for v in msgid.Verdict if v not in (msgid.Verdict.ROUTE, msgid.Verdict.ROUTE_STORED)}
+    assert written == table_verdicts
     written = {m[1]: int(m[2]) for m in re.finditer(r"#define R_(\w+) (\d+)", source)}
     assert written == {o.name: o.value for o in msgid.Outcome}
     assert not {v.value for v in msgid.Verdict} & {o.value for o in msgid.Outcome}
     if msgid.MSGID:
         import pulsar_nack.consumer._msgid as c
 
-        assert {v.name: v.value for v in msgid.Verdict if v <= msgid.Verdict.FRESH} == c.VERDICTS
+        assert table_verdicts == c.VERDICTS
         assert {o.name: o.value for o in msgid.Outcome} == c.OUTCOMES
+
+
+class _Received:
+    """A received message stand-in for ``admit_message``: its id only."""
+
+    def __init__(self, ledger: int, entry: int, index: int = -1) -> None:
+        self._id = _pulsar.MessageId(-1, ledger, entry, index)
+
+    def message_id(self) -> _pulsar.MessageId:
+        return self._id
+
+
+class _Wrapper:
+    """A ``pulsar.Message`` stand-in: it keeps attributes, as the wrapper does."""
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_admit_message_decides_copies_of_unwatched_entries_and_keeps_the_id(table_type) -> None:
+    table = table_type(8)
+    table.guard_left = 3
+    wrapper = _Wrapper()
+    assert table.admit_message(_Received(11, 12), wrapper) == msgid.DELIVER
+    assert msgid.parse_id(vars(wrapper)[msgid.STASH])[:2] == (11, 12), "the id is kept on the wrapper"
+    table.watch(11, 12)
+    assert table.watched(11, 5) and table.watched(11, 12) and not table.watched(11, 13) and not table.watched(12, 0)
+    assert table.admit_message(_Received(11, 12), _Wrapper()) == msgid.FRESH, "a watched entry's copy is the caller's"
+    assert table.admit_message(_Received(11, 13), _Wrapper()) == msgid.DELIVER
+    assert table.admit_message(_Received(12, 0), _Wrapper()) == msgid.DELIVER_LAST, "the third delivery ends the count"
+    table.ack(11, 14, -1, 0)
+    assert table.admit_message(_Received(11, 14), _Wrapper()) == msgid.ACKED
+    table.unwatch()
+    assert not table.watched(11, 12)
+    table.watch_all = True
+    assert table.admit_message(_Received(30, 1), _Wrapper()) == msgid.FRESH and table.guard_left == 0
+    assert table.watched(99, 99)
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_ack_message_records_the_acks_of_unwatched_entries_only(table_type) -> None:
+    table = table_type(8)
+    kept = _Wrapper()
+    table.admit_message(_Received(4, 20), kept)
+    assert table.ack_message(kept) is True and table.verdict(4, 20, -1) == msgid.ACKED
+    assert table.ack_message(_Wrapper()) is False, "no id kept: the caller reads it"
+    watched = _Wrapper()
+    table.admit_message(_Received(4, 21), watched)
+    table.watch(4, 21)
+    assert table.ack_message(watched) is False and table.verdict(4, 21, -1) == msgid.FRESH, "nothing recorded"
+    table.watch_all = True
+    assert table.ack_message(kept) is False

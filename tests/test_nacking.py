@@ -221,6 +221,26 @@ def test_a_pending_unbatched_nack_is_swallowed_by_default() -> None:
     core.close(redeliver_pending=False)
 
 
+class Wrapper:
+    """A ``pulsar.Message`` stand-in around a received stand-in: it keeps the id read on admission."""
+
+
+def test_the_guarding_path_swallows_a_pending_nacks_copy_and_leaves_fresh_entries_to_the_table() -> None:
+    """admit(raw, wrapper), the blocking consumer's call: the table decides unwatched entries, the core the rest."""
+    core, _ = _core()
+    message, wrapper = Stub(T, 5, 1), Wrapper()
+    assert core.admit(message, wrapper)
+    core.nack(message, delay_ms=60_000)
+    assert not core.admit(Stub(T, 5, 1), Wrapper()), "a reconnect's copy of a pending nack reached the application"
+    later, kept = Stub(T, 5, 2), Wrapper()
+    assert core.admit(later, kept), "a fresh message above the nacked entry"
+    assert core.ledger.record_ack(kept) == core.ledger.atomic_table, "its ack is the table's (with the C table)"
+    assert not core.ledger.record_ack(wrapper), "the nacked entry's ack is the ledger's"
+    assert core.counts()["swallowed"] == 1
+    core._check()
+    core.close(redeliver_pending=False)
+
+
 def test_a_handed_off_message_comes_back_once_and_its_later_copy_is_acked_with_it() -> None:
     core, acked = _core()
     message = Member(5, 2, 1, 3)

@@ -30,15 +30,40 @@
  * live in one pool (free list), chained from a power-of-two bucket array by index; the
  * ring holds (index, generation) pairs, so a stale pair of a freed and reused record is
  * ignored. Every operation is O(1) (amortized for growth), except sweeps and clears.
+ *
+ * Watched entries: the caller marks (watch) every entry that may hold a message of its
+ * nack sets, as a per-ledger high mark (the highest watched entry id of each ledger). A
+ * copy of an entry above its ledger's mark has no nack state, so admit_message() decides
+ * it here (deliver it, opening the record of a batch entry) and ack_message() records its
+ * ack here, without a call back into Python; a watched entry goes to the caller. The marks
+ * only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 static PyObject *str_message_id;
 static PyObject *str_serialize;
 static PyObject *str_topic_name;
+static PyObject *str_stash;
+
+/* The id a wrapper keeps (attribute _pulsar_nack_id): a new reference, or NULL (none kept: no
+ * exception, none raised, since most messages keep none) or NULL with an exception set. */
+static PyObject *
+kept_id(PyObject *wrapper)
+{
+    PyObject *data = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyObject_GetOptionalAttr(wrapper, str_stash, &data) < 0)
+        return NULL;
+#else
+    if (_PyObject_LookupAttr(wrapper, str_stash, &data) < 0)
+        return NULL;
+#endif
+    return data;
+}
 
 /* One varint at *pos (< end); 0 on success, -1 on a truncated or too long varint. */
 static int
@@ -173,6 +198,41 @@ message_key(PyObject *module, PyObject *message)
     return Py_BuildValue("(NLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3]);
 }
 
+PyDoc_STRVAR(received_key_doc,
+"received_key(message: _pulsar.Message, wrapper) -> tuple[str, int, int, int, int]\n\n"
+"(topic, ledger, entry, batch_index, batch_size) of a received message: the id from the\n"
+"serialized one its pulsar.Message wrapper keeps (attribute _pulsar_nack_id), else read\n"
+"once (message_id, serialize); the topic from topic_name().");
+
+static PyObject *
+received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t f[5];
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "received_key(message, wrapper) takes two arguments");
+        return NULL;
+    }
+    PyObject *data = kept_id(args[1]);
+    if (data == NULL && PyErr_Occurred())
+        return NULL;
+    if (data != NULL && PyBytes_Check(data)) {
+        int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
+        Py_DECREF(data);
+        if (parsed < 0)
+            return NULL;
+    }
+    else {
+        Py_XDECREF(data);
+        data = read_message_id(args[0], f);
+        if (data == NULL)
+            return NULL;
+        Py_DECREF(data);
+    }
+    PyObject *topic = PyObject_CallMethodNoArgs(args[0], str_topic_name);
+    if (topic == NULL)
+        return NULL;
+    return Py_BuildValue("(NLLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4]);
+}
 
 /* ------------------------------------------------------------------ EntryTable */
 
@@ -183,6 +243,7 @@ message_key(PyObject *module, PyObject *message)
 #define V_ACKED 1   /* the member (or the whole entry) was acked: filter the copy */
 #define V_NACKED 2  /* the member was nacked: the caller's nack sets decide */
 #define V_FRESH 3   /* no record: the caller decides (and opens one for a batch entry) */
+#define V_DELIVER_LAST 6 /* admit_message() only: deliver, and guard_left ran out */
 #define R_NONE 8
 #define R_SETTLED 9          /* every member acked: now a settled record */
 #define R_SETTLED_FOREIGN 10 /* the same, and some member was acked through an id the client made up */
@@ -213,6 +274,10 @@ typedef struct {
     uint32_t ring_cap, ring_head, ring_len;
     uint32_t settled;
     Py_ssize_t wide_bytes;
+    int64_t *watch;    /* (ledger, highest watched entry) pairs */
+    uint32_t nwatch, watch_cap;
+    char watch_all;    /* every copy goes to the caller's screen (a dead-letter count is kept) */
+    long long guard_left; /* guarded deliveries left before the caller looks at going quiet */
 } EntryTable;
 
 static inline uint32_t
@@ -279,6 +344,19 @@ coverage(const Rec *r)
             acked_all = 0;
     }
     return acked_all ? 1 : 2;
+}
+
+/* 1 if some member of an open record is nacked. */
+static int
+has_nacked(const Rec *r)
+{
+    if (r->wide == NULL)
+        return r->nacked != 0;
+    int words = rec_words(r);
+    for (int w = 0; w < words; w++)
+        if (r->wide[words + w])
+            return 1;
+    return 0;
 }
 
 static uint32_t
@@ -418,6 +496,50 @@ table_settle(EntryTable *t, uint32_t i)
     t->ring_len++;
 }
 
+
+/* ------------------------------------------------------------------ watched entries */
+
+static PyObject *record(EntryTable *t, int64_t ledger, int64_t entry, int index, int size, int nacked, int create,
+                        int foreign);
+
+/* 1 if (ledger, entry) is at or below its ledger's mark (or every copy is watched). */
+static int
+is_watched(const EntryTable *t, int64_t ledger, int64_t entry)
+{
+    if (t->watch_all)
+        return 1;
+    for (uint32_t i = 0; i < t->nwatch; i++)
+        if (t->watch[2 * i] == ledger)
+            return entry <= t->watch[2 * i + 1];
+    return 0;
+}
+
+/* Raise ledger's mark to entry; -1 on MemoryError. */
+static int
+watch_entry(EntryTable *t, int64_t ledger, int64_t entry)
+{
+    for (uint32_t i = 0; i < t->nwatch; i++)
+        if (t->watch[2 * i] == ledger) {
+            if (entry > t->watch[2 * i + 1])
+                t->watch[2 * i + 1] = entry;
+            return 0;
+        }
+    if (t->nwatch == t->watch_cap) {
+        uint32_t cap = t->watch_cap ? 2 * t->watch_cap : 4;
+        int64_t *grown = PyMem_Realloc(t->watch, (size_t)cap * 2 * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->watch = grown;
+        t->watch_cap = cap;
+    }
+    t->watch[2 * t->nwatch] = ledger;
+    t->watch[2 * t->nwatch + 1] = entry;
+    t->nwatch++;
+    return 0;
+}
+
 static int
 parse_key(PyObject *args, int64_t *ledger, int64_t *entry, int *index, int *size)
 {
@@ -475,6 +597,7 @@ static void
 EntryTable_dealloc(EntryTable *t)
 {
     EntryTable_free_all(t);
+    PyMem_Free(t->watch);
     PyMem_Free(t->ring);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -510,6 +633,120 @@ EntryTable_admit(EntryTable *t, PyObject *message)
         return NULL;
     int v = verdict(t, f[0], f[1], (int)f[3]);
     return Py_BuildValue("(iN)", v, data);
+}
+
+PyDoc_STRVAR(admit_message_doc,
+"admit_message(message, wrapper) -> int\n\n"
+"admit() for a received _pulsar.Message whose pulsar.Message wrapper keeps the serialized\n"
+"id (attribute _pulsar_nack_id). A copy with no record of an entry that is not watched\n"
+"cannot be in a nack set: it is delivered here (0), the record of a batch entry opened.\n"
+"Each delivery decided here counts guard_left down; the one that takes it to 0 or below\n"
+"is 4 (deliver, and look at going quiet). Otherwise admit()'s verdict, for the caller's\n"
+"screen. With watch_all set, always admit()'s verdict, nothing opened, nothing counted.");
+
+static PyObject *
+EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t f[5];
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "admit_message(message, wrapper) takes two arguments");
+        return NULL;
+    }
+    PyObject *data = read_message_id(args[0], f);
+    if (data == NULL)
+        return NULL;
+    int stashed = PyObject_SetAttr(args[1], str_stash, data);
+    Py_DECREF(data);
+    if (stashed < 0) { /* a wrapper without attributes keeps nothing, as msgid's stand-in */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    }
+    int v = verdict(t, f[0], f[1], (int)f[3]);
+    if (t->watch_all)
+        return PyLong_FromLong(v);
+    if (v == V_FRESH) {
+        if (is_watched(t, f[0], f[1]))
+            return PyLong_FromLong(v);
+        if (f[3] >= 0 && f[4] > 0 && table_insert(t, f[0], f[1], (int32_t)f[4]) == NIL)
+            return NULL;
+        v = V_DELIVER;
+    }
+    if (v == V_DELIVER && --t->guard_left <= 0)
+        v = V_DELIVER_LAST;
+    return PyLong_FromLong(v);
+}
+
+PyDoc_STRVAR(ack_message_doc,
+"ack_message(wrapper) -> bool\n\n"
+"Record the ack of a received message from the id admit_message() kept on its wrapper:\n"
+"True (recorded, as ack()). False, and nothing recorded, when the caller must record it:\n"
+"no id kept, watch_all set, the entry watched, or its record holds a nacked member or one\n"
+"acked through a made-up id.");
+
+static PyObject *
+EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
+{
+    int64_t f[5];
+    if (t->watch_all)
+        Py_RETURN_FALSE;
+    PyObject *data = kept_id(wrapper);
+    if (data == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    if (!PyBytes_Check(data)) {
+        Py_DECREF(data);
+        Py_RETURN_FALSE;
+    }
+    int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
+    Py_DECREF(data);
+    if (parsed < 0)
+        return NULL;
+    if (is_watched(t, f[0], f[1]))
+        Py_RETURN_FALSE;
+    uint32_t i = table_find(t, f[0], f[1]);
+    if (i != NIL && !(t->recs[i].flags & F_SETTLED) && ((t->recs[i].flags & F_FOREIGN) || has_nacked(&t->recs[i])))
+        Py_RETURN_FALSE;
+    PyObject *outcome = record(t, f[0], f[1], (int)f[3], (int)f[4], 0, 1, 0);
+    if (outcome == NULL)
+        return NULL;
+    Py_DECREF(outcome);
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(watch_doc, "watch(ledger, entry): copies and acks of this entry (and those below it in its ledger) go to the caller.");
+
+static PyObject *
+EntryTable_watch(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+        return NULL;
+    if (watch_entry(t, l, e) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(watched_doc, "watched(ledger, entry) -> bool: whether copies of the entry go to the caller.");
+
+static PyObject *
+EntryTable_watched(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+        return NULL;
+    return PyBool_FromLong(is_watched(t, l, e));
+}
+
+PyDoc_STRVAR(unwatch_doc, "unwatch(): watch no entry (the caller has no nack state left).");
+
+static PyObject *
+EntryTable_unwatch(EntryTable *t, PyObject *unused)
+{
+    t->nwatch = 0;
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(verdict_doc, "verdict(ledger, entry, index) -> int: admit()'s verdict for a known id.");
@@ -684,15 +921,7 @@ keep_open(const Rec *r)
 static int
 keep_nacked(const Rec *r)
 {
-    if (r->flags & F_SETTLED)
-        return 0;
-    if (r->wide == NULL)
-        return r->nacked != 0;
-    int words = rec_words(r);
-    for (int w = 0; w < words; w++)
-        if (r->wide[words + w])
-            return 1;
-    return 0;
+    return !(r->flags & F_SETTLED) && has_nacked(r);
 }
 
 PyDoc_STRVAR(forget_settled_doc, "forget_settled(): drop every settled record.");
@@ -806,6 +1035,11 @@ static PySequenceMethods EntryTable_as_sequence = {
 
 static PyMethodDef EntryTable_methods[] = {
     {"admit", (PyCFunction)EntryTable_admit, METH_O, admit_doc},
+    {"admit_message", (PyCFunction)(void (*)(void))EntryTable_admit_message, METH_FASTCALL, admit_message_doc},
+    {"ack_message", (PyCFunction)EntryTable_ack_message, METH_O, ack_message_doc},
+    {"watch", (PyCFunction)EntryTable_watch, METH_VARARGS, watch_doc},
+    {"watched", (PyCFunction)EntryTable_watched, METH_VARARGS, watched_doc},
+    {"unwatch", (PyCFunction)EntryTable_unwatch, METH_NOARGS, unwatch_doc},
     {"verdict", (PyCFunction)EntryTable_verdict, METH_VARARGS, verdict_doc},
     {"open", (PyCFunction)EntryTable_open, METH_VARARGS, open_doc},
     {"ack", (PyCFunction)(void (*)(void))EntryTable_ack, METH_VARARGS | METH_KEYWORDS, ack_doc},
@@ -823,6 +1057,14 @@ static PyMethodDef EntryTable_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef EntryTable_members[] = {
+    {"watch_all", T_BOOL, offsetof(EntryTable, watch_all), 0,
+     "True: admit_message() and ack_message() leave every copy and ack to the caller."},
+    {"guard_left", T_LONGLONG, offsetof(EntryTable, guard_left), 0,
+     "Guarded deliveries left before the caller looks at going quiet (admit_message() counts it down)."},
+    {NULL},
+};
+
 static PyTypeObject EntryTable_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pulsar_nack.consumer._msgid.EntryTable",
@@ -833,12 +1075,14 @@ static PyTypeObject EntryTable_Type = {
     .tp_new = EntryTable_new,
     .tp_dealloc = (destructor)EntryTable_dealloc,
     .tp_methods = EntryTable_methods,
+    .tp_members = EntryTable_members,
     .tp_as_sequence = &EntryTable_as_sequence,
 };
 
 static PyMethodDef methods[] = {
     {"parse_id", parse_id, METH_O, parse_id_doc},
     {"message_key", message_key, METH_O, message_key_doc},
+    {"received_key", (PyCFunction)(void (*)(void))received_key, METH_FASTCALL, received_key_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -866,7 +1110,8 @@ PyInit__msgid(void)
     str_message_id = PyUnicode_InternFromString("message_id");
     str_serialize = PyUnicode_InternFromString("serialize");
     str_topic_name = PyUnicode_InternFromString("topic_name");
-    if (!str_message_id || !str_serialize || !str_topic_name)
+    str_stash = PyUnicode_InternFromString("_pulsar_nack_id");
+    if (!str_message_id || !str_serialize || !str_topic_name || !str_stash)
         return NULL;
     if (PyType_Ready(&EntryTable_Type) < 0)
         return NULL;
@@ -879,8 +1124,8 @@ PyInit__msgid(void)
         Py_DECREF(module);
         return NULL;
     }
-    PyObject *verdicts = Py_BuildValue("{sisisisi}", "DELIVER", V_DELIVER, "ACKED", V_ACKED, "NACKED", V_NACKED,
-                                       "FRESH", V_FRESH);
+    PyObject *verdicts = Py_BuildValue("{sisisisisi}", "DELIVER", V_DELIVER, "ACKED", V_ACKED, "NACKED", V_NACKED,
+                                       "FRESH", V_FRESH, "DELIVER_LAST", V_DELIVER_LAST);
     PyObject *outcomes = Py_BuildValue("{sisisisisi}", "NONE", R_NONE, "SETTLED", R_SETTLED, "SETTLED_FOREIGN",
                                        R_SETTLED_FOREIGN, "COMPLETE", R_COMPLETE, "MISSING", R_MISSING);
     if (add_table(module, "VERDICTS", verdicts) < 0 || add_table(module, "OUTCOMES", outcomes) < 0) {

@@ -47,6 +47,17 @@ Guarding
     deliveries after the last one; then the ledger is *quiet* and receive and
     acknowledge keep no books until the next nack (``unguarded``: quiet, and no
     delivery counts).
+
+Watched entries
+    While guarding, most copies are of entries that hold no nack state. Each nack
+    *watches* its entry in the table first (a per-ledger mark: the highest nacked entry id
+    of its ledger), and the marks are dropped only when no nack state is left. A copy of
+    an entry above its ledger's mark is decided by the C table alone, without the lock
+    (:attr:`AdmissionLedger.admit_kept`: delivered, the record of a batch entry opened),
+    and its ack recorded there from the id kept on the message
+    (:attr:`AdmissionLedger.record_ack`); a watched entry's copies and acks are the
+    ledger's, one atomic step under its lock, as above. Each C call is atomic under the
+    GIL, so it is ordered before or after any step of the ledger.
 """
 
 from __future__ import annotations
@@ -84,6 +95,11 @@ UNTITLED = ""
 
 _DELIVER, _ACKED, _NACKED, _FRESH = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED, _msgid.FRESH
 _ROUTE, _ROUTE_STORED, _COMPLETE = _msgid.ROUTE, _msgid.ROUTE_STORED, _msgid.COMPLETE
+
+
+def _records_nothing(message: Any) -> bool:
+    """``record_ack`` with the pure-Python table (it needs the lock): the ledger records every ack."""
+    return False
 
 
 class MessageState(enum.Enum):
@@ -184,8 +200,17 @@ class AdmissionLedger:
     quiet: bool
     unguarded: bool
     """True while quiet without delivery counts: receive and ack keep no books (the common path)."""
-    guard_left: int
-    """Guarded deliveries left before the ledger may go quiet; the consumer counts it down."""
+    table_screens: bool
+    """True while guarding without delivery counts, with the C table: a consumer passes each received copy to
+    :attr:`admit_kept` and, unless it returns DELIVER (decided), to the core's screen."""
+    admit_kept: Callable[[Any, Any], int]
+    """``admit_kept(raw, wrapper)``: the table's lock-free screen of a received copy (``EntryTable.admit_message``),
+    keeping its id on *wrapper* (its ``pulsar.Message``): DELIVER, decided; DELIVER_LAST, deliver and see
+    :meth:`maybe_quiet`; else the table's verdict, for :meth:`screen`."""
+    record_ack: Callable[[Any], bool]
+    """``record_ack(message)``: True if the C table recorded the ack of a received ``pulsar.Message`` (acknowledge
+    it on the client, nothing else: its id was kept on admission and its entry holds no nack state); False,
+    nothing recorded, otherwise. O(1)."""
     to_ack_again: list[Any]
     """Copies and ids to acknowledge on the client after the last acks (held copies, whole entries)."""
     stats: dict[str, int]
@@ -214,7 +239,10 @@ class AdmissionLedger:
         self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self.entries = _msgid.EntryTable(SETTLED_CAPACITY)
+        self.entries.watch_all = counts is not None  # with delivery counts, every copy and ack is the ledger's
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
+        self.admit_kept = self.entries.admit_message
+        self.record_ack = self.entries.ack_message if self.atomic_table else _records_nothing
         self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
         self._recent = RecentHandoffs(lead_ms)
         self._aged_at = monotonic_ms()
@@ -222,6 +250,16 @@ class AdmissionLedger:
         self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
         self._set_quiet(False)
         self.guard_left = start_guard
+
+    @property
+    def guard_left(self) -> int:
+        """Guarded deliveries left before the ledger may go quiet (the table's countdown: its
+        ``admit_message`` counts the deliveries it decides, the consumer the others)."""
+        return int(self.entries.guard_left)
+
+    @guard_left.setter
+    def guard_left(self, value: int) -> None:
+        self.entries.guard_left = value
 
     # ------------------------------------------------------------------ reading
 
@@ -379,6 +417,7 @@ class AdmissionLedger:
         ledger guards. One atomic step; False, and nothing changes, if its nack is pending already.
         """
         with self._lock:
+            self.entries.watch(item[0], item[1])  # first: its entry's copies and acks are the ledger's from now on
             if not self.pending.add(*item):
                 return False
             if self.counts is not None:
@@ -664,17 +703,21 @@ class AdmissionLedger:
             self.entries.forget_settled()
             if len(self.entries) > 4 * SETTLED_CAPACITY:  # open records of entries never settled
                 self.entries.sweep()
+            if not self._complete.count:  # no nack state left anywhere: no entry to watch
+                self.entries.unwatch()
             self._set_quiet(True)
 
     def _set_quiet(self, quiet: bool) -> None:
-        """Set ``quiet``, and ``unguarded`` with it."""
+        """Set ``quiet``, and ``unguarded`` and ``table_screens`` with it."""
         self.quiet = quiet
         self.unguarded = quiet and self.counts is None
+        self.table_screens = not quiet and self.counts is None and self.atomic_table
 
     def _guard(self) -> None:
-        """Start guarding (under the lock): a nack state begins."""
-        self._set_quiet(False)
-        self.guard_left = self._guard_messages
+        """Start guarding (under the lock): a nack state begins. On every nack: no call it can spare."""
+        if self.quiet:
+            self._set_quiet(False)
+        self.entries.guard_left = self._guard_messages
 
     # ------------------------------------------------------------------ resets
 
@@ -715,6 +758,7 @@ class AdmissionLedger:
         self._orphans.clear()
         self._bare.clear()
         self._chunks.clear()
+        self.entries.unwatch()
 
     # ------------------------------------------------------------------ counters
 

@@ -60,7 +60,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
-from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id
+from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id, unwrap_message
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
 from .nacking import TopicMatcher
@@ -201,11 +201,18 @@ class NackingConsumer(ConsumerBase):
             start_ns = _monotonic_ns()
             message = receive(timeout_millis)
         core = self._core
+        ledger = core.ledger
         while True:
-            if core.ledger.unguarded:  # the common path: nothing to compare with
+            if ledger.unguarded:  # the common path: nothing to compare with
                 next(core.received)
                 return message
-            if core.admit(message):
+            raw = unwrap_message(message)
+            if ledger.table_screens:  # guarding: the C table decides the copies of entries without nack state
+                next(core.received)
+                verdict = ledger.admit_kept(raw, message)
+                if not verdict or core.screen_kept(raw, message, verdict):  # 0: delivered
+                    return message
+            elif core.admit(raw, message):
                 return message
             if timeout_millis is None:  # a copy to drop, or a dead letter: wait for the next message
                 message = receive()
@@ -279,8 +286,9 @@ class NackingConsumer(ConsumerBase):
         entry at once).
         """
         core = self._core
-        if core.ledger.unguarded and type(message) is _Message:
-            self._acknowledge_message(message)  # the common path: nothing to check (open: see _mark_closed)
+        ledger = core.ledger
+        if type(message) is _Message and (ledger.unguarded or ledger.record_ack(message)):
+            self._acknowledge_message(message)  # the common paths: nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)
         next(core.acked)

@@ -24,6 +24,7 @@ __all__ = [
     "ACKED",
     "COMPLETE",
     "DELIVER",
+    "DELIVER_LAST",
     "FRESH",
     "MISSING",
     "MSGID",
@@ -40,7 +41,9 @@ __all__ = [
     "parse_id",
     "py_message_key",
     "py_parse_id",
+    "py_received_key",
     "read_id",
+    "received_key",
 ]
 
 
@@ -64,6 +67,8 @@ class Verdict(IntEnum):
     """The consumer's core only: send the copy to the dead-letter topic."""
     ROUTE_STORED = 5
     """The consumer's core only: a copy of a stored dead letter; acknowledge it again."""
+    DELIVER_LAST = 6
+    """The table's ``admit_message()`` only: deliver, and ``guard_left`` ran out (the consumer looks at going quiet)."""
 
 
 class Outcome(IntEnum):
@@ -84,10 +89,13 @@ class Outcome(IntEnum):
     """No record, and none was created (``create=False``)."""
 
 
-DELIVER, ACKED, NACKED, FRESH, ROUTE, ROUTE_STORED = (int(v) for v in Verdict)
+DELIVER, ACKED, NACKED, FRESH, ROUTE, ROUTE_STORED, DELIVER_LAST = (int(v) for v in Verdict)
 NONE, SETTLED, SETTLED_FOREIGN, COMPLETE, MISSING = (int(o) for o in Outcome)
 # The same values as plain ints, what the tables return: the receive and ack paths compare
 # with them (a module global, one lookup) rather than with an enum member.
+STASH = "_pulsar_nack_id"
+"""The attribute of a delivered ``pulsar.Message`` that keeps its serialized id, written by
+``admit_message()`` and read by ``ack_message()``, so that an ack does not read the id again."""
 
 _FIRST_CHUNK_TAG = 0x3A
 """The tag byte of field 7 (``first_chunk_message_id``), length-delimited: without it, no chunk id."""
@@ -194,6 +202,17 @@ def _not_a_message(ledger: int, entry: int, partition: int, index: int) -> str |
         if value < least:
             return f"an id with {name} {value}"
     return None
+def py_received_key(message: Any, wrapper: Any) -> tuple[str, int, int, int, int]:
+    """``(topic, ledger, entry, batch_index, batch_size)`` of a received message.
+
+    The id from the serialized one *wrapper* (its ``pulsar.Message``) keeps (:data:`STASH`),
+    else read once; the topic from ``topic_name()``. The stand-in for the C ``received_key``.
+    """
+    data = getattr(wrapper, "__dict__", {}).get(STASH)
+    if not isinstance(data, bytes):
+        data = message.message_id().serialize()
+    ledger, entry, _, index, size = py_parse_id(data)
+    return message.topic_name(), ledger, entry, index, size
 
 
 class _Record:
@@ -238,6 +257,11 @@ class PyEntryTable:
         self._capacity = settled_capacity
         self._settled = 0
         self._gen = 0
+        self._marks: dict[int, int] = {}
+        self.watch_all = False
+        """True: :meth:`admit_message` and :meth:`ack_message` leave every copy and ack to the caller."""
+        self.guard_left = 0
+        """Guarded deliveries left before the caller looks at going quiet (:meth:`admit_message` counts it down)."""
 
     def admit(self, message: Any) -> tuple[int, bytes]:
         """Read a received message's id (its ``serialize()`` bytes) and its verdict."""
@@ -246,6 +270,66 @@ class PyEntryTable:
             raise TypeError("MessageId.serialize() did not return bytes")
         ledger, entry, _, index, _ = py_parse_id(data)
         return self.verdict(ledger, entry, index), data
+
+    def admit_message(self, message: Any, wrapper: Any) -> int:
+        """:meth:`admit`, keeping the id on *wrapper* (:data:`STASH`); a copy of an unwatched entry decided here.
+
+        A copy with no record of an entry that is not watched cannot be in a nack set: it is
+        delivered (:data:`DELIVER`), the record of a batch entry opened. Each delivery
+        decided here counts ``guard_left`` down; the one that takes it to 0 or below is
+        :data:`DELIVER_LAST`. Otherwise :meth:`admit`'s verdict. With ``watch_all``, always
+        :meth:`admit`'s verdict, nothing opened or counted.
+        """
+        verdict, data = self.admit(message)
+        fields = getattr(wrapper, "__dict__", None)
+        if fields is not None:
+            fields[STASH] = data
+        if self.watch_all:
+            return verdict
+        ledger, entry, _, index, size = py_parse_id(data)
+        if verdict == FRESH:
+            if self.watched(ledger, entry):
+                return verdict
+            if index >= 0 and size > 0:
+                self._insert(ledger, entry, size)
+            verdict = DELIVER
+        if verdict == DELIVER:
+            self.guard_left -= 1
+            if self.guard_left <= 0:
+                return DELIVER_LAST
+        return verdict
+
+    def ack_message(self, wrapper: Any) -> bool:
+        """Record the ack of a message from the id :meth:`admit_message` kept on *wrapper*; True if recorded.
+
+        False, and nothing recorded, when the caller must record it: no id kept,
+        ``watch_all``, the entry watched, or its record holds a nacked member or one acked
+        through a made-up id.
+        """
+        data = getattr(wrapper, "__dict__", {}).get(STASH)
+        if self.watch_all or not isinstance(data, bytes):
+            return False
+        ledger, entry, _, index, size = py_parse_id(data)
+        if self.watched(ledger, entry):
+            return False
+        record = self._records.get((ledger, entry))
+        if record is not None and not record.settled and (record.foreign or record.nacked):
+            return False
+        self._record(ledger, entry, index, size, False, True, False)
+        return True
+
+    def watch(self, ledger: int, entry: int) -> None:
+        """Copies and acks of this entry (and of those below it in its ledger) go to the caller."""
+        if entry > self._marks.get(ledger, -1):
+            self._marks[ledger] = entry
+
+    def watched(self, ledger: int, entry: int) -> bool:
+        """Whether copies of the entry go to the caller."""
+        return self.watch_all or entry <= self._marks.get(ledger, -1)
+
+    def unwatch(self) -> None:
+        """Watch no entry (the caller has no nack state left)."""
+        self._marks.clear()
 
     def verdict(self, ledger: int, entry: int, index: int) -> int:
         """:data:`DELIVER`, :data:`ACKED`, :data:`NACKED` or :data:`FRESH` for a member."""
@@ -395,7 +479,7 @@ class PyEntryTable:
 
 _c = load_optional("pulsar_nack.consumer._msgid")
 if _c is not None and (getattr(_c, "VERDICTS", None), getattr(_c, "OUTCOMES", None)) != (
-    {v.name: v.value for v in Verdict if v <= Verdict.FRESH},
+    {v.name: v.value for v in Verdict if v not in (Verdict.ROUTE, Verdict.ROUTE_STORED)},
     {o.name: o.value for o in Outcome},
 ):  # pragma: no cover - a build from other sources: its values are compiled in
     warnings.warn("pulsar_nack.consumer._msgid was built from other sources: rebuild it; pure Python meanwhile", stacklevel=1)
@@ -409,6 +493,8 @@ message_key: Any = py_message_key if _c is None else _c.message_key
 ``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
 getters; about 0.3 µs more per call: ``bench/client.py``)."""
 parse_id: Any = py_parse_id if _c is None else _c.parse_id
+received_key: Any = py_received_key if _c is None else _c.received_key
+"""``received_key(message, wrapper)``: :func:`py_received_key`, in C when built."""
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
 
 

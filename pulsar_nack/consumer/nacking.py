@@ -43,7 +43,7 @@ from ..core.tracker import NegativeAcksTracker
 from ..errors import ClosedError
 from ..timing import DEAD_LETTER_RETRY_MS, handoff_lead_ms
 from . import msgid as _msgid
-from ._client import RawMessageId, inner_message, is_raw_message_id, raw_id
+from ._client import MESSAGE_TYPE, RawMessageId, inner_message, is_raw_message_id, raw_id, unwrap_message
 from .ack_timeout import AckTimeout
 from .admission import UNTITLED, AdmissionLedger
 from .delivery_counts import DeliveryCounts
@@ -68,6 +68,7 @@ DeadLetterCallback = Callable[[Any, bool], None]
 """What a consumer does with a message for the dead-letter topic: ``route(message, stored)``."""
 
 _DELIVER, _ACKED, _NACKED, _ROUTE_STORED = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED, _msgid.ROUTE_STORED
+_DELIVER_LAST = _msgid.DELIVER_LAST
 
 
 def _is_message(obj: Any) -> bool:
@@ -78,20 +79,18 @@ def _item_of(message_id: RawMessageId) -> Item:
     return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
-_STASH = "_pulsar_nack_id"
-"""The attribute of a delivered ``pulsar.Message`` that holds its serialized id, read when
-it was admitted, so that acknowledging it does not read the id again."""
+_STASH = _msgid.STASH
 
 
 def _stash(message: Any, data: bytes) -> None:
-    """Keep the serialized id on a ``pulsar.Message`` wrapper (raw messages take no attributes)."""
+    """Keep the serialized id on a ``pulsar.Message`` wrapper, as the C table's ``admit_message`` does."""
     fields = getattr(message, "__dict__", None)
     if fields is not None:
         fields[_STASH] = data
 
 
 def _stashed(message: Any) -> bytes | None:
-    """The serialized id :func:`_stash` kept on *message*, or None."""
+    """The serialized id the table's ``admit_message`` kept on *message*, or None."""
     fields = getattr(message, "__dict__", None)
     return None if fields is None else fields.get(_STASH)
 
@@ -203,7 +202,6 @@ class NackingCore:
     _hand_off_ids: HandOff
     _acknowledge: Callable[[Any], None] | None
     _route: DeadLetterCallback | None
-    _table_admit: Callable[[Any], tuple[int, bytes]] | None
     _screen_all: bool
     _ack_timeout: AckTimeout | None
     """With a dead-letter policy and an ack timeout: when each message at its last delivery times out."""
@@ -245,7 +243,6 @@ class NackingCore:
         )
         # The receive path reads the table's verdict without the lock when one C call reads
         # it, and screens under the lock only what the table does not settle (everything with counts).
-        self._table_admit = ledger.entries.admit if ledger.atomic_table else None
         self._screen_all = ledger.counts is not None
         # Lock-free counters: any thread steps one with next() (one C call). counts() reads
         # one with next() too and takes off the reads it made before (_reads, under its lock).
@@ -301,26 +298,44 @@ class NackingCore:
         ledger = self.ledger
         if ledger.unguarded:
             return True
-        raw = _inner_message(message)
+        raw = message if wrapper is not None else _inner_message(message)
         if ledger.quiet and ledger.idle_for(raw):
             return True
         if wrapper is None and raw is not message:
             wrapper = message
-        table_admit = self._table_admit
-        if table_admit is None:  # a pure-Python table: read and decide under the lock
+        if wrapper is None or not ledger.atomic_table:  # a raw message, or a pure-Python table: under the lock
             verdict, data = ledger.screen(raw, None)
-        else:  # one C call, atomic under the GIL: no lock for the common verdict
-            verdict, data = table_admit(raw)
-            if verdict != _DELIVER or self._screen_all:
-                verdict, data = ledger.screen(raw, data)  # read again, and decided, under the lock
+            if wrapper is not None and verdict == _DELIVER:
+                _stash(wrapper, data)
+            return self._settle_verdict(raw, verdict)
+        verdict = ledger.admit_kept(raw, wrapper)  # one C call, atomic under the GIL: unwatched entries decided
+        if verdict == _DELIVER and not self._screen_all:
+            return True
+        return self.screen_kept(raw, wrapper, verdict)
+
+    def screen_kept(self, raw: Any, wrapper: Any, verdict: int) -> bool:
+        """admit() for a copy the table's ``admit_message`` (the ledger's ``admit_kept``) did not decide.
+
+        The id is the one kept on *wrapper*; the ledger reads the verdict again under its
+        lock and decides (:meth:`AdmissionLedger.screen`). False if the application must not
+        see the copy.
+        """
+        if verdict == _DELIVER_LAST:  # the table's countdown of guarded deliveries ran out
+            self.ledger.maybe_quiet()
+            return True
+        data = _stashed(wrapper)
+        verdict, _ = self.ledger.screen(raw, data)
+        return self._settle_verdict(raw, verdict)
+
+    def _settle_verdict(self, raw: Any, verdict: int) -> bool:
+        """Act on a screened copy's verdict: filtered copies acked again, dead letters routed; True to deliver."""
         if verdict != _DELIVER:
             self._refuse(raw, verdict)
             return False
+        ledger = self.ledger
         ledger.guard_left -= 1  # a guarded delivery; after guard_messages of them with no nack state, go quiet
         if ledger.guard_left <= 0:
             ledger.maybe_quiet()
-        if wrapper is not None:
-            _stash(wrapper, data)
         return True
 
     def _refuse(self, raw: Any, verdict: int) -> None:
@@ -448,7 +463,20 @@ class NackingCore:
         """
         if delay_ms is not None:
             check_ms("delay_ms", delay_ms)
-        key, raw, size = self._nack_key(message)
+        # a received pulsar.Message (the common call: its exact type needs no checks), else None for an id
+        inner = unwrap_message(message) if type(message) is MESSAGE_TYPE else inner_message(message)
+        if inner is not None:  # its key in one C call (the id kept on admission, or read once)
+            topic, ledger_id, entry, index, size = _msgid.received_key(inner, message)
+            if topic not in self.topics.names and topic not in self.topics:
+                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            key: MessageKey = (topic, ledger_id, entry, index)
+            raw = None
+        else:
+            key, raw = self.key_of(message)
+            index = key[3]
+            size = batch_size_of(raw) if index >= 0 else 0
+        if index >= 0 and not size:
+            size = self.ledger.size_of(key[1], key[2])
         item = (key[1], key[2], key[3])
         counts = self.ledger.counts
         if counts is not None and counts.has_last():
@@ -458,7 +486,7 @@ class NackingCore:
                 next(self._nacked)
                 return
         count = None
-        if delay_ms is None and self.tracker.backoff is not None:
+        if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
         first = _first_chunk(message, raw) if key[3] < 0 else None  # chunked: its handoff names every chunk
         if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
@@ -469,29 +497,6 @@ class NackingCore:
             self.ledger.undo_nack(item)
             raise
         next(self._nacked)
-
-    def _nack_key(self, message: Any) -> tuple[MessageKey, Any, int]:
-        """The key, raw id (None for a received message) and batch size of a message to nack."""
-        inner = inner_message(message)
-        if inner is not None:  # a received pulsar.Message: the common call
-            data = _stashed(message)
-            if data is None:
-                key: MessageKey = _msgid.message_key(inner)  # topic and id in one C call
-                index = key[3]
-                size = batch_size_of(inner.message_id()) if index >= 0 else 0
-            else:
-                ledger, entry, _, index, size = _msgid.parse_id(data)
-                key = (inner.topic_name(), ledger, entry, index)
-            if key[0] not in self.topics.names and key[0] not in self.topics:
-                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
-            raw = None
-        else:
-            key, raw = self.key_of(message)
-            index = key[3]
-            size = batch_size_of(raw) if index >= 0 else 0
-        if index >= 0 and not size:
-            size = self.ledger.size_of(key[1], key[2])
-        return key, raw, int(size)
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
@@ -506,11 +511,13 @@ class NackingCore:
         Raises TypeError or ValueError for bad input (nothing changes then), e.g. a batch
         index outside its entry's batch. O(1).
         """
-        data = _stashed(message)
         ledger = self.ledger
+        if ledger.record_ack(message):
+            return unwrap_message(message)  # recorded by the C table: its entry holds no nack state
+        data = _stashed(message)
         if data is not None:
             ledger.note_ack_data(data)
-            return _inner_message(message)
+            return unwrap_message(message)  # a pulsar.Message: only those keep an id
         if ledger.quiet and not ledger.keeps_counts() and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
         key, raw = self.key_of(message)
