@@ -135,8 +135,9 @@ class _Context:
         self.writer.write(Ev.SAMPLE, rss=rss, tracker_bytes=tracker["memory_bytes"], pending=tracker["pending_messages"],
                           held=stats.get("held"), delivered=stats["delivered"], gen=self.gen)  # fmt: skip
 
-    def error(self, op: str, error: BaseException) -> None:
-        self.writer.write(Ev.ERROR, op=op, error=repr(error)[:300], gen=self.gen)
+    def error(self, op: str, error: BaseException, message_id: str | None = None) -> None:
+        """Record an error; a failed settlement names its message (its ack, nack or reconsume did not happen)."""
+        self.writer.write(Ev.ERROR, op=op, error=repr(error)[:300], gen=self.gen, id=message_id, sub=self.sub.name)
 
 
 def decide(seed: int, message_id: str, rc: int, mechanisms: tuple[Mechanism, ...]) -> Action:
@@ -210,10 +211,11 @@ def _run_blocking(ctx: _Context, signals: _Signals) -> None:
             ctx.error("receive", error)
             time.sleep(0.1)
             continue
+        action = ctx.delivered(message)
         try:
-            _settle_blocking(consumer, message, ctx.delivered(message))
+            _settle_blocking(consumer, message, action)
         except Exception as error:
-            ctx.error("settle", error)
+            ctx.error("settle", error, decode(message.data())[0])
     client.close()
 
 
@@ -290,10 +292,11 @@ async def _run_async(ctx: _Context, signals: _Signals) -> None:
             ctx.error("receive", error)
             await asyncio.sleep(0.1)
             continue
+        action = ctx.delivered(message)
         try:
-            await _settle_async(consumer, message, ctx.delivered(message))
+            await _settle_async(consumer, message, action)
         except Exception as error:
-            ctx.error("settle", error)
+            ctx.error("settle", error, decode(message.data())[0])
     await client.close()
 
 

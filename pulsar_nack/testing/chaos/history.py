@@ -20,6 +20,9 @@ line incomplete, and :func:`read_history` skips such a line. Each record has ``e
 ``fault``
     ``kind`` (a :class:`~pulsar_nack.testing.chaos.nemesis.Fault`), ``target``, ``phase``
     (``begin`` or ``end``).
+``leftover``
+    ``id``, ``sub``, ``mid``, ``rc``: a message still unacknowledged in a subscription
+    after the drain, read at the end by a plain consumer.
 ``start``, ``subscribe``, ``close``, ``stop``, ``error``, ``sample``
     Lifecycle, errors, and soak samples (``rss``, ``tracker_bytes``, ``pending``).
 """
@@ -54,6 +57,7 @@ class Ev(str, enum.Enum):
     FAULT = "fault"
     ERROR = "error"
     SAMPLE = "sample"
+    LEFTOVER = "leftover"
 
 
 class HistoryWriter:

@@ -6,7 +6,8 @@ then for *minutes* lets the nemesis throw faults (none in a soak). Then the **dr
 nemesis stops (every fault has ended), the producers stop, and the consumers keep going
 without faults until every produced message is settled (acked or dead-lettered) in each
 of its subscriptions, or the drain times out; after a quiet period that lets stray copies
-show up, the workers and the cluster stop. What happened is in the history directory,
+show up, the workers stop, and a plain consumer per subscription records what the broker
+still holds unacknowledged there (``leftover``); then the cluster stops. What happened is in the history directory,
 for :func:`~pulsar_nack.testing.chaos.checker.check`.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..admin import topic_path
 from ..cluster import PulsarCluster
 from .fleet import Fleet
 from .history import Ev, HistoryTail, HistoryWriter
@@ -29,6 +31,7 @@ from .workload import WorkloadSpec, default_workload
 __all__ = ["RunConfig", "RunResult", "Settlement", "run"]
 
 _TICK_S = 0.5
+_LEFTOVER_QUIET_MS = 3_000
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,14 @@ def _prepare(cluster: PulsarCluster, config: RunConfig) -> WorkloadSpec:
     history = config.directory / "history"
     spec = default_workload(cluster.url, config.seed, str(history), uuid.uuid4().hex[:8], config.rate_per_s)
     spec.sample_s = config.sample_s
-    for alias, partitions in spec.partitions.items():
-        cluster.create_partitioned_topic(spec.topics[alias], partitions)
-        cluster.spread_partitions(spec.topics[alias], partitions)
+    for alias, topic in spec.topics.items():
+        if alias in spec.partitions:
+            cluster.create_partitioned_topic(topic, spec.partitions[alias])
+            cluster.spread_partitions(topic, spec.partitions[alias])
+        else:
+            cluster.admin.request("PUT", topic_path(topic))
+        # a send retried across a fault is stored once (the broker's deduplication, per topic)
+        cluster.admin.request("POST", f"{topic_path(topic)}/deduplicationEnabled", True)
     spec.save(config.directory / "workload.json")
     return spec
 
@@ -166,10 +174,50 @@ def _drain(config: RunConfig, fleet: Fleet, spec: WorkloadSpec, writer: HistoryW
     return not outstanding, drained_s, settlement.poll()
 
 
-def run(config: RunConfig, progress: Any = print) -> RunResult:
-    """Run the workload (with the nemesis unless ``config.soak``) and drain; see the module's docstring."""
+def _leftovers(cluster: PulsarCluster, spec: WorkloadSpec, writer: HistoryWriter) -> int:
+    """Once every consumer is closed: record what each subscription still holds unacknowledged.
+
+    A plain consumer per subscription (and per retry topic) receives, without acking, until
+    nothing comes for :data:`_LEFTOVER_QUIET_MS`; return how many it got.
+    """
+    import pulsar
+
+    from ..client import quiet_client
+    from .fate import Mechanism, decode
+
+    client = quiet_client(cluster.url)
+    count = 0
+    try:
+        for sub in spec.subscriptions:
+            topics = [(spec.topics[sub.topic], sub.consumer_type)]
+            if Mechanism.RECONSUME in sub.mechanisms:
+                topics.append((f"{spec.topics[sub.topic]}-{sub.name}-RETRY", "Shared"))
+            for topic, kind in topics:
+                consumer = client.subscribe(topic, sub.name, consumer_type=getattr(pulsar.ConsumerType, kind))
+                while True:
+                    try:
+                        message = consumer.receive(_LEFTOVER_QUIET_MS)
+                    except pulsar.Timeout:
+                        break
+                    writer.write(Ev.LEFTOVER, id=decode(message.data())[0], sub=sub.name, mid=str(message.message_id()),
+                                 rc=message.redelivery_count(), topic=topic)  # fmt: skip
+                    count += 1
+                consumer.close()
+    finally:
+        client.close()
+    return count
+
+
+def run(config: RunConfig, progress: Any = print, cluster: PulsarCluster | None = None) -> RunResult:
+    """Run the workload (with the nemesis unless ``config.soak``) and drain; see the module's docstring.
+
+    On a fresh cluster with ``config.broker_config``, stopped at the end; or on *cluster*, a
+    running one of two brokers (its topics are the run's own; it is left running, every
+    broker up).
+    """
     config.directory.mkdir(parents=True, exist_ok=True)
-    cluster = _start_cluster(config)
+    own = cluster is None
+    cluster = _start_cluster(config) if cluster is None else cluster
     fleet: Fleet | None = None
     try:
         spec = _prepare(cluster, config)
@@ -193,6 +241,8 @@ def run(config: RunConfig, progress: Any = print) -> RunResult:
         for name in fleet.names("consumer"):
             fleet.signal(name, signal.SIGTERM)
         fleet.stop_all(timeout_s=60)
+        leftovers = _leftovers(cluster, spec, writer)
+        progress(f"{leftovers} messages left unacknowledged in the subscriptions")
         writer.write(Ev.STOP)
         writer.close()
         return RunResult(spec, started, load_ended, drained, drain_s, outstanding, faults, list(fleet.exits),
@@ -200,4 +250,5 @@ def run(config: RunConfig, progress: Any = print) -> RunResult:
     finally:
         if fleet is not None:
             fleet.stop_all(timeout_s=10)
-        cluster.stop()
+        if own:
+            cluster.stop()
