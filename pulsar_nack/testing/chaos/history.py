@@ -127,8 +127,7 @@ class HistoryTail:
         """The complete records appended since the last call (every file, not sorted)."""
         fresh: list[dict[str, Any]] = []
         for path in sorted(self.directory.glob("*.jsonl")):
-            offset = self._offsets.get(path, 0)
-            for record, offset in _records(path, offset):
+            for record, after in _records(path, self._offsets.get(path, 0)):
                 fresh.append(record)
-            self._offsets[path] = offset
+                self._offsets[path] = after
         return fresh

@@ -100,7 +100,7 @@ class Nemesis:
 
     def _topics(self) -> list[str]:
         topics = list(self.spec.topics.values())
-        topics += [f"{self.spec.topics[s.topic]}-{s.name}-RETRY" for s in self.spec.subscriptions if len(s.mechanisms) > 1]
+        topics += [t for t in (s.retry_topic(self.spec) for s in self.spec.subscriptions) if t]
         return topics
 
     def _topic_unload(self) -> str:

@@ -115,7 +115,12 @@ def _prepare(cluster: PulsarCluster, config: RunConfig) -> WorkloadSpec:
             cluster.spread_partitions(topic, spec.partitions[alias])
         else:
             cluster.admin.request("PUT", topic_path(topic))
-        # a send retried across a fault is stored once (the broker's deduplication, per topic)
+    letters = [sub.dead_letter_topic(spec) for sub in spec.subscriptions]
+    letters += [t for t in (sub.retry_topic(spec) for sub in spec.subscriptions) if t]
+    for topic in letters:
+        cluster.admin.request("PUT", topic_path(topic))
+    for topic in [*spec.topics.values(), *letters]:
+        # a send retried across a fault (a producer's, a retry's, a dead letter's) is stored once
         cluster.admin.request("POST", f"{topic_path(topic)}/deduplicationEnabled", True)
     spec.save(config.directory / "workload.json")
     return spec
@@ -183,15 +188,16 @@ def _leftovers(cluster: PulsarCluster, spec: WorkloadSpec, writer: HistoryWriter
     import pulsar
 
     from ..client import quiet_client
-    from .fate import Mechanism, decode
+    from .fate import decode
 
     client = quiet_client(cluster.url)
     count = 0
     try:
         for sub in spec.subscriptions:
             topics = [(spec.topics[sub.topic], sub.consumer_type)]
-            if Mechanism.RECONSUME in sub.mechanisms:
-                topics.append((f"{spec.topics[sub.topic]}-{sub.name}-RETRY", "Shared"))
+            retry = sub.retry_topic(spec)
+            if retry:
+                topics.append((retry, "Shared"))  # a retry topic's subscription is Shared
             for topic, kind in topics:
                 consumer = client.subscribe(topic, sub.name, consumer_type=getattr(pulsar.ConsumerType, kind))
                 while True:

@@ -50,6 +50,10 @@ class SubscriptionSpec:
     def dead_letter_topic(self, spec: WorkloadSpec) -> str:
         return f"{spec.topics[self.topic]}-{self.name}-DLQ"
 
+    def retry_topic(self, spec: WorkloadSpec) -> str | None:
+        """The retry letter topic (the consumers' default name), or None without reconsumes."""
+        return f"{spec.topics[self.topic]}-{self.name}-RETRY" if Mechanism.RECONSUME in self.mechanisms else None
+
 
 @dataclass(frozen=True)
 class ConsumerSpec:
