@@ -266,3 +266,39 @@ def test_a_message_left_unacknowledged_in_the_subscription_is_caught() -> None:
     report = history.check()
     assert _promises(report) == [Promise.LEFT_UNACKED]
     assert "m1" in report.lines()[0]
+
+
+def test_the_retries_of_a_duplicate_are_duplicates_with_its_cause() -> None:
+    """A copy redelivered after an ack lost with a broker kill, nacked by the consumer that got it: its retry
+    is a duplicate with the same cause, not a delivery after an ack."""
+    history = (History().produce(0, "m1").deliver(1, "m1").ack(1, "m1").fault(5, "broker-kill", "broker-0", 8)
+               .deliver(15, "m1", proc="nack-asyncio", pid=101).nack(15, "m1", 500, proc="nack-asyncio", pid=101)
+               .deliver(15.6, "m1", rc=1).ack(15.6, "m1", rc=1))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.ACK_LOST_BROKER_KILL.value: 1,
+                                 f"retry of a duplicate ({Cause.ACK_LOST_BROKER_KILL.value})": 1}  # fmt: skip
+
+
+def test_a_batched_copy_at_another_consumer_just_after_an_ack_is_the_entry_limit() -> None:
+    """A batch entry redelivered to another consumer within the grouped-ack window: the documented limit;
+    a second later it is a delivery after an ack."""
+    soon = (History().produce(0, "m1", mid="(1,1,0,3)").deliver(1, "m1", mid="(1,1,0,3)").ack(1, "m1")
+            .deliver(1.05, "m1", mid="(1,1,0,3)", proc="nack-asyncio", pid=101).check())  # fmt: skip
+    assert soon.findings == []
+    assert soon.duplicates == {Cause.ENTRY_TO_OTHER_CONSUMER.value: 1}
+    late = (History().produce(0, "m1", mid="(1,1,0,3)").deliver(1, "m1", mid="(1,1,0,3)").ack(1, "m1")
+            .deliver(3, "m1", mid="(1,1,0,3)", proc="nack-asyncio", pid=101).check())  # fmt: skip
+    assert _promises(late) == [Promise.AFTER_ACK]
+
+
+def test_a_retry_copy_stored_twice_is_attributed() -> None:
+    message = _id_with(Mechanism.RECONSUME)
+    history = (History().produce(0, message, topic="events").deliver(1, message, sub=RETRY_SUB, proc="retry-blocking", pid=200)
+               .reconsume(1, message, 200, "tok")
+               .deliver(1.3, message, sub=RETRY_SUB, rc=1, copy="tok", mid="(5,1,-1,-1)", proc="retry-blocking", pid=200)
+               .ack(1.3, message, sub=RETRY_SUB, rc=1, proc="retry-blocking", pid=200)
+               .deliver(4, message, sub=RETRY_SUB, rc=1, copy="tok", mid="(6,1,-1,-1)", proc="retry-blocking", pid=200))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.STORED_TWICE.value: 1}

@@ -56,7 +56,8 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
-        reader = client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)
+        reader = client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest,
+                                  consumer_type=pulsar.ConsumerType.Shared)  # the dead-letter sender subscribes too
         consumers = _consumers(kind, client, topic, dlq)
 
         def pump(consumer: Any) -> None:
@@ -95,3 +96,39 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
         client.close()
     wrong = {p.decode(): n for p in payloads if (n := deliveries[p]) != MAX_REDELIVER + 1}
     assert not wrong, f"deliveries before the dead letter (expected {MAX_REDELIVER + 1}): {wrong}"
+
+
+COPIES = 30
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("hold_ms", [0, 5_000], ids=["copies-held-by-the-broker", "copies-held-by-the-consumer"])
+def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broker: Any, topic: str, hold_ms: int) -> None:
+    """30 retries pending (due 3 s later) when the retry topic is unloaded: each copy reaches the application
+    once, whether the broker holds it until due or the consumer does (``retry_hold_ms``)."""
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    seen: Counter[tuple[bytes, int]] = Counter()
+    try:
+        consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared, retry_enable=True,
+                                         retry_hold_ms=hold_ms)  # fmt: skip
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(COPIES):
+            producer.send(f"r{i:02d}".encode())
+        for _ in range(COPIES):
+            consumer.reconsume_later(consumer.receive(10_000), 3_000)
+        apache_broker.admin.unload_topic(f"{topic}-s-RETRY")  # every copy pending, some held in the consumer
+        while sum(seen.values()) < COPIES or True:
+            try:
+                message = consumer.receive(5_000)  # after the last copy, a second one would come within the retry's time
+            except pulsar.Timeout:
+                break
+            seen[(message.data(), message.redelivery_count())] += 1
+            consumer.acknowledge(message)
+        consumer.close()
+    finally:
+        client.close()
+    assert len(seen) == COPIES, f"{len(seen)} of {COPIES} copies came back"
+    twice = {f"{p.decode()} rc {rc}": n for (p, rc), n in seen.items() if n > 1}
+    assert not twice, f"retry copies delivered more than once: {twice}"

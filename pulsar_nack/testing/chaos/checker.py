@@ -88,6 +88,8 @@ class Cause(str, enum.Enum):
     OTHER_CONSUMER_AFTER_RECONNECT = "a pending nack's copy delivered by another consumer after a reconnect"
     SCHEDULE_LOST = "nacking consumer killed or closed (its schedule is lost)"
     STORED_TWICE = "stored twice by the producer (a send retried across a broker fault)"
+    ENTRY_TO_OTHER_CONSUMER = ("a batch entry redelivered to another consumer before the ack reached the broker "
+                               "(a consumer knows only its own acks)")  # fmt: skip
     COUNT_RESET = "dead-letter count forgotten by the broker (a consumer left, an unload, a broker restart)"
 
 
@@ -315,62 +317,69 @@ class _Checker:
             failed = bool(r.get("failed"))
             if ev == Ev.DELIVER.value:
                 answered = self._answer(sub, message_id, r, state)
-                if settled_at is None or r["t"] <= settled_at:
-                    if answered is None:
-                        self._duplicate(sub, message_id, r, state)
-                elif isinstance(answered, dict) and answered["t"] > settled_at:
-                    self._chained(sub, message_id, r, state)
-                else:
-                    state.chain_cause = self._after_settled(sub, message_id, r, settled_at, settler)
-                state.delivered(r)
-                if r["copy"] is None and fate.mechanism is Mechanism.RECONSUME and r["rc"] > spec_sub.max_redeliver_count:
-                    self._violate(Promise.PAST_COUNT, sub, message_id, r["t"], f"delivered with RECONSUMETIMES {r['rc']}")
-                elif r["copy"] is not None and r["rc"] > spec_sub.max_redeliver_count:
+                state.delivered(r, self._classify(sub, message_id, r, state, answered, settled_at, settler))
+                if r["copy"] is not None and r["rc"] > spec_sub.max_redeliver_count:
                     self._violate(Promise.PAST_COUNT, sub, message_id, r["t"], f"copy with RECONSUMETIMES {r['rc']}")
-            elif ev == Ev.ACK.value:
-                state.settled(who, r["t"], failed)
-                if not failed and settled_at is None:
-                    settled_at, settler = r["t"], who
+                continue
+            state.settled(who, r["t"], failed)
+            if failed:
+                continue
+            chain = state.duplicate_of.get(who)
+            if ev == Ev.ACK.value and settled_at is None:
+                settled_at, settler = r["t"], who
             elif ev == Ev.NACK.value:
-                state.settled(who, r["t"], failed)
-                if not failed:
-                    state.nacks.append(r)
-            elif ev == Ev.RECONSUME.value:
-                state.settled(who, r["t"], failed)
-                if not failed and r["rc"] < spec_sub.max_redeliver_count:
-                    state.tokens[r["token"]] = r
+                state.nacks.append((r, chain))
+            elif ev == Ev.RECONSUME.value and r["rc"] < spec_sub.max_redeliver_count:
+                state.tokens[r["token"]] = (r, chain)
         self._check_dead_letters(sub, message_id, message, fate.mechanism, spec_sub.max_redeliver_count)
 
     # --------------------------------------------------------------- deliveries
 
-    def _answer(self, sub: str, message_id: str, r: dict[str, Any], state: _State) -> dict[str, Any] | str | None:
+    def _answer(self, sub: str, message_id: str, r: dict[str, Any], state: _State) -> _Answer | str | None:
         """What delivery *r* answers (checked for earliness): the reconsume of its copy, the oldest
         unanswered nack, :data:`_FIRST` for the first delivery; None for nothing (a duplicate)."""
         if r["copy"] is not None:
-            reconsume = state.tokens.pop(r["copy"], None)
-            if reconsume is None:
+            answer = state.tokens.pop(r["copy"], None)
+            if answer is None:
                 return None
+            reconsume = answer[0]
             due = reconsume["t"] + reconsume["delay_ms"] / 1000
             if r["t"] < due - SLACK_S:
                 self._violate(Promise.EARLY, sub, message_id, r["t"],
                               f"reconsumed copy {reconsume['token']} delivered {(due - r['t']) * 1000:.0f} ms before due "
                               f"(reconsumed by {reconsume['proc']}, delivered by {r['proc']})")  # fmt: skip
-            return reconsume
+            return answer
         if not state.first_seen:
             return _FIRST
         if state.nacks:
-            nack = state.nacks.pop(0)
-            self._check_nack_answer(sub, message_id, nack, r)
-            return nack
+            answer = state.nacks.pop(0)
+            self._check_nack_answer(sub, message_id, answer[0], r)
+            return answer
         return None
 
-    def _chained(self, sub: str, message_id: str, r: dict[str, Any], state: _State) -> None:
-        """A delivery answering a nack or reconsume of a copy that came after the message was settled."""
-        if state.chain_cause is not None:
-            self.report.duplicates[f"retry of a copy after an ack ({state.chain_cause.value})"] += 1
-        else:
+    def _classify(self, sub: str, message_id: str, r: dict[str, Any], state: _State, answered: _Answer | str | None,
+                  settled_at: float | None, settler: tuple[str, int, int] | None) -> str | None:  # fmt: skip
+        """Count delivery *r* as expected, a duplicate with its cause, or a violation; return the
+        duplicate's cause (its retries are duplicates too), else None."""
+        if isinstance(answered, tuple) and answered[1] is not None:  # answers the retry of a duplicate
+            cause = f"retry of a duplicate ({answered[1]})"
+            self.report.duplicates[cause] += 1
+            return cause
+        if settled_at is None or r["t"] <= settled_at:
+            if answered is not None:
+                return None
+            found = self._duplicate_cause(message_id, r, state)
+            if found is None:
+                self._violate(Promise.UNEXPLAINED_DUPLICATE, sub, message_id, r["t"],
+                              f"delivery to {r['proc']}.{r['pid']} answers no nack or reconsume (rc {r['rc']}, {r['mid']})")
+                return None
+            self.report.duplicates[found.value] += 1
+            return found.value
+        if isinstance(answered, tuple) and answered[0]["t"] > settled_at:
             self._violate(Promise.AFTER_ACK, sub, message_id, r["t"],
                           f"delivered to {r['proc']}.{r['pid']}, a retry of a copy delivered after an ack")
+            return None
+        return self._after_settled(sub, message_id, r, state, settled_at, settler)
 
     def _check_nack_answer(self, sub: str, message_id: str, nack: dict[str, Any], r: dict[str, Any]) -> None:
         due = nack["t"] + (nack["delay_ms"] - nack["floor_ms"]) / 1000
@@ -388,16 +397,8 @@ class _Checker:
                       f"delivered {(due - r['t']) * 1000:.0f} ms before due (nacked {nack['delay_ms']} ms by "
                       f"{nack['proc']}.{nack['pid']}, delivered to {r['proc']}.{r['pid']})")  # fmt: skip
 
-    def _duplicate(self, sub: str, message_id: str, r: dict[str, Any], state: _State) -> None:
-        cause = self._duplicate_cause(message_id, r, state)
-        if cause is None:
-            self._violate(Promise.UNEXPLAINED_DUPLICATE, sub, message_id, r["t"],
-                          f"delivery to {r['proc']}.{r['pid']} answers no nack or reconsume (rc {r['rc']}, {r['mid']})")
-        else:
-            self.report.duplicates[cause.value] += 1
-
     def _duplicate_cause(self, message_id: str, r: dict[str, Any], state: _State) -> Cause | None:
-        if self._stored_twice(message_id, r):
+        if self._stored_twice(message_id, r, state):
             return Cause.STORED_TWICE
         for who, (t, failed) in state.unsettled.items():
             if failed:
@@ -408,18 +409,23 @@ class _Checker:
         if state.last_settle is not None:
             who, t = state.last_settle
             if who != _incarnation(r):
-                return self._lost_ack_cause(who, t, r["t"])
+                return self._lost_ack_cause(who, t, r)
         return None
 
-    def _stored_twice(self, message_id: str, r: dict[str, Any]) -> bool:
-        """Whether *r* delivers another stored copy of *message_id* than the one the producer confirmed."""
-        produced = self.produced.get(message_id)
+    def _stored_twice(self, message_id: str, r: dict[str, Any], state: _State) -> bool:
+        """Whether *r* delivers another stored copy of the message (or of its retry copy) than the first."""
         if message_id in self.produced_twice:
             return True
-        return r["copy"] is None and produced is not None and _entry(r["mid"]) != _entry(produced["mid"])
+        if r["copy"] is not None:
+            seen = state.copy_entries.get(r["copy"])
+            return seen is not None and seen != _entry(r["mid"])
+        produced = self.produced.get(message_id)
+        return produced is not None and _entry(r["mid"]) != _entry(produced["mid"])
 
-    def _lost_ack_cause(self, acker: tuple[str, int, int], acked: float, delivered: float) -> Cause | None:
-        """Why an ack (or a nack's or reconsume's settlement) of *acker* at *acked* may not have reached the broker."""
+    def _lost_ack_cause(self, acker: tuple[str, int, int], acked: float, r: dict[str, Any]) -> Cause | None:
+        """Why an ack (or a nack's or reconsume's settlement) of *acker* at *acked* may not have kept
+        delivery *r*, to another consumer, away."""
+        delivered = r["t"]
         if self.faults.overlapping(acked, delivered, ("broker-kill",)):
             return Cause.ACK_LOST_BROKER_KILL
         if self.faults.overlapping(acked, min(delivered, acked + GROUPED_ACK_S), RECONNECTS):
@@ -430,26 +436,28 @@ class _Checker:
         ended = self.ended.get(acker)
         if ended is not None and acked <= ended <= delivered:
             return Cause.IN_FLIGHT
+        if _batch_index(r["mid"]) >= 0 and delivered - acked <= GROUPED_ACK_S:
+            return Cause.ENTRY_TO_OTHER_CONSUMER
         return None
 
-    def _after_settled(self, sub: str, message_id: str, r: dict[str, Any], settled_at: float,
-                       settler: tuple[str, int, int] | None) -> Cause | None:  # fmt: skip
+    def _after_settled(self, sub: str, message_id: str, r: dict[str, Any], state: _State, settled_at: float,
+                       settler: tuple[str, int, int] | None) -> str | None:  # fmt: skip
         """Classify a delivery after the message was acked or dead-lettered; return its cause."""
         if settler is None:  # dead-lettered: the consumer that sent it is the last to have received it
             settler = next((_incarnation(x) for x in reversed(self.messages[(sub, message_id)].records)
                             if x["ev"] == Ev.DELIVER.value and x["t"] <= settled_at), None)  # fmt: skip
         cause = None
         if settler is not None and settler != _incarnation(r):
-            cause = self._lost_ack_cause(settler, settled_at, r["t"])
-        if self._stored_twice(message_id, r):
+            cause = self._lost_ack_cause(settler, settled_at, r)
+        if self._stored_twice(message_id, r, state):
             cause = Cause.STORED_TWICE
         if cause is None:
             self._violate(Promise.AFTER_ACK, sub, message_id, r["t"],
                           f"delivered to {r['proc']}.{r['pid']} {r['t'] - settled_at:.3f} s after it was settled by "
                           f"{settler[0] if settler else '?'}.{settler[1] if settler else '?'} ({r['mid']}, rc {r['rc']})")  # fmt: skip
-        else:
-            self.report.duplicates[cause.value] += 1
-        return cause
+            return None
+        self.report.duplicates[cause.value] += 1
+        return cause.value
 
     # ------------------------------------------------------------- dead letters
 
@@ -490,9 +498,18 @@ def _acked(r: dict[str, Any]) -> bool:
     return r["ev"] == Ev.ACK.value and not r.get("failed")
 
 
+def _batch_index(mid: str) -> int:
+    """The batch index of a message id as the client prints it (-1: not batched)."""
+    return int(mid.strip("()").split(",")[3])
+
+
 def _entry(mid: str) -> tuple[str, ...]:
     """``(ledger, entry, partition)`` of a message id as the client prints it: a batch shares its entry."""
     return tuple(mid.strip("()").split(",")[:3])
+
+
+_Answer = tuple[dict[str, Any], "str | None"]
+"""A nack or reconsume record, and the cause of the duplicate it retried (None for an expected delivery)."""
 
 
 @dataclass
@@ -500,16 +517,21 @@ class _State:
     """Where one message stands in one subscription while its records are read in order."""
 
     first_seen: bool = False
-    nacks: list[dict[str, Any]] = field(default_factory=list)
-    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nacks: list[_Answer] = field(default_factory=list)
+    tokens: dict[str, _Answer] = field(default_factory=dict)
+    copy_entries: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Token -> the entry of the first delivery of that retry copy."""
     unsettled: dict[tuple[str, int, int], tuple[float, bool]] = field(default_factory=dict)
     last_settle: tuple[tuple[str, int, int], float] | None = None
-    chain_cause: Cause | None = None
-    """Why the message came back after it was settled: the cause of the retries of that copy."""
+    duplicate_of: dict[tuple[str, int, int], str | None] = field(default_factory=dict)
+    """Per consumer: the cause of the duplicate it received last (None: an expected delivery)."""
 
-    def delivered(self, r: dict[str, Any]) -> None:
+    def delivered(self, r: dict[str, Any], duplicate: str | None) -> None:
         self.first_seen = True
         self.unsettled[_incarnation(r)] = (r["t"], False)
+        self.duplicate_of[_incarnation(r)] = duplicate
+        if r["copy"] is not None:
+            self.copy_entries.setdefault(r["copy"], _entry(r["mid"]))
 
     def settled(self, who: tuple[str, int, int], t: float, failed: bool) -> None:
         if failed:
