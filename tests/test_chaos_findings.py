@@ -102,7 +102,15 @@ COPIES = 30
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize("hold_ms", [0, 5_000], ids=["copies-held-by-the-broker", "copies-held-by-the-consumer"])
+@pytest.mark.parametrize(
+    "hold_ms",
+    [
+        pytest.param(0, id="copies-held-by-the-broker"),
+        pytest.param(5_000, id="copies-held-by-the-consumer", marks=pytest.mark.xfail(strict=True, reason=(
+            "a copy the consumer holds (retry_hold_ms) is unacked, so a reconnect of the retry topic's consumer "
+            "brings it again, and the consumer holds and delivers it a second time (found by bench.chaos, seed 12)"))),
+    ],
+)  # fmt: skip
 def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broker: Any, topic: str, hold_ms: int) -> None:
     """30 retries pending (due 3 s later) when the retry topic is unloaded: each copy reaches the application
     once, whether the broker holds it until due or the consumer does (``retry_hold_ms``)."""
@@ -119,9 +127,9 @@ def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broke
         for _ in range(COPIES):
             consumer.reconsume_later(consumer.receive(10_000), 3_000)
         apache_broker.admin.unload_topic(f"{topic}-s-RETRY")  # every copy pending, some held in the consumer
-        while sum(seen.values()) < COPIES or True:
+        while True:
             try:
-                message = consumer.receive(5_000)  # after the last copy, a second one would come within the retry's time
+                message = consumer.receive(5_000)  # a second copy would come within the retry's 3 s
             except pulsar.Timeout:
                 break
             seen[(message.data(), message.redelivery_count())] += 1
