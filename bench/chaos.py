@@ -43,6 +43,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     made.add_argument("--rate", type=float, default=8.0, help="batched messages per second per topic (default 8)")
     made.add_argument("--gap", type=float, nargs=2, default=(5.0, 30.0), metavar=("MIN", "MAX"),
                       help="seconds between faults (default 5 30)")  # fmt: skip
+    made.add_argument("--faults", nargs="+", default=(), metavar="KIND",
+                      help="only these fault kinds (topic-unload bundle-unload broker-kill broker-freeze consumer-kill "
+                           "resubscribe producer-burst; default: all)")  # fmt: skip
     made.add_argument("--sample-s", type=float, default=10.0, help="seconds between memory samples (default 10)")
     made.add_argument("--analyze", type=Path, default=None, metavar="DIR", help="only check the run kept in DIR")
     return made.parse_args(argv)
@@ -58,7 +61,7 @@ def execute(args: argparse.Namespace) -> Path:
     print(f"run directory {directory}", flush=True)
     start = start_context()
     config = RunConfig(directory, args.minutes, seed, soak=args.soak, rate_per_s=args.rate, gap_s=tuple(args.gap),
-                       sample_s=args.sample_s)  # fmt: skip
+                       sample_s=args.sample_s, faults=tuple(args.faults))  # fmt: skip
     result = run(config, progress=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True))
     summary = {"start": start, "config": {**asdict(config), "directory": str(directory)},
                "result": {k: v for k, v in asdict(result).items() if k != "spec"}}  # fmt: skip
@@ -80,8 +83,8 @@ def analyze(directory: Path) -> dict[str, Any]:
     config, result = summary["config"], summary["result"]
     payload: dict[str, Any] = {
         "seed": config["seed"], "soak": config["soak"], "minutes": config["minutes"],
-        "parameters": {k: config[k] for k in ("rate_per_s", "gap_s", "drain_timeout_s", "quiet_s", "sample_s",
-                                               "broker_config")},
+        "parameters": {k: config.get(k) for k in ("rate_per_s", "gap_s", "drain_timeout_s", "quiet_s", "sample_s",
+                                                   "broker_config", "faults")},
         "workload": {"topics": spec.topics, "partitions": spec.partitions,
                      "subscriptions": [asdict(s) for s in spec.subscriptions],
                      "consumers": [asdict(c) for c in spec.consumers], "producers": [asdict(p) for p in spec.producers],

@@ -19,7 +19,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ...errors import BrokerError
 from ..cluster import PulsarCluster
@@ -60,16 +60,19 @@ class Nemesis:
     seed : int
     gap_s : (float, float)
         Bounds of the uniform pause after each fault.
+    kinds : sequence of Fault, optional
+        The kinds to choose from (default: every kind, weighted by :data:`WEIGHTS`).
     """
 
     def __init__(self, cluster: PulsarCluster, fleet: Fleet, spec: WorkloadSpec, writer: HistoryWriter, seed: int,
-                 gap_s: tuple[float, float] = (5.0, 30.0)) -> None:  # fmt: skip
+                 gap_s: tuple[float, float] = (5.0, 30.0), kinds: Sequence[Fault] | None = None) -> None:  # fmt: skip
         self.cluster = cluster
         self.fleet = fleet
         self.spec = spec
         self.writer = writer
         self.rng = random.Random(seed)
         self.gap_s = gap_s
+        self.kinds = list(kinds or WEIGHTS)
         self.counts: Counter[str] = Counter()
         self._apply: dict[Fault, Callable[[], str]] = {
             Fault.TOPIC_UNLOAD: self._topic_unload, Fault.BUNDLE_UNLOAD: self._bundle_unload,
@@ -83,8 +86,7 @@ class Nemesis:
 
     def step(self) -> Fault:
         """Choose a fault, throw it, wait for its end; return its kind."""
-        kinds = list(WEIGHTS)
-        fault = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
+        fault = self.rng.choices(self.kinds, [WEIGHTS[k] for k in self.kinds])[0]
         try:
             self._apply[fault]()
         except (BrokerError, OSError) as error:  # the admin API of a broker that just moved, for example

@@ -25,7 +25,7 @@ from ..admin import topic_path
 from ..cluster import PulsarCluster
 from .fleet import Fleet
 from .history import Ev, HistoryTail, HistoryWriter
-from .nemesis import Nemesis
+from .nemesis import Fault, Nemesis
 from .workload import WorkloadSpec, default_workload
 
 __all__ = ["RunConfig", "RunResult", "Settlement", "run"]
@@ -53,6 +53,8 @@ class RunConfig:
         The nemesis's pause between faults.
     drain_timeout_s, quiet_s : float
     sample_s : float
+    faults : tuple of str
+        The nemesis's fault kinds (:class:`~.nemesis.Fault` values; empty: every kind).
     """
 
     directory: Path
@@ -64,6 +66,7 @@ class RunConfig:
     drain_timeout_s: float = 240.0
     quiet_s: float = 5.0
     sample_s: float = 10.0
+    faults: tuple[str, ...] = ()
     broker_config: dict[str, str] = field(default_factory=lambda: {"delayedDeliveryTickTimeMillis": "100"})
 
 
@@ -148,7 +151,8 @@ def _load_phase(config: RunConfig, cluster: PulsarCluster, fleet: Fleet, spec: W
                 writer: HistoryWriter) -> dict[str, int]:  # fmt: skip
     """Load (and faults, unless a soak) for ``config.minutes``; return the faults thrown by kind."""
     end = time.monotonic() + config.minutes * 60
-    nemesis = None if config.soak else Nemesis(cluster, fleet, spec, writer, config.seed, config.gap_s)
+    kinds = [Fault(kind) for kind in config.faults] or None
+    nemesis = None if config.soak else Nemesis(cluster, fleet, spec, writer, config.seed, config.gap_s, kinds)
     next_fault = time.monotonic() + (nemesis.next_gap_s() if nemesis else 0)
     while time.monotonic() < end:
         _supervise(fleet, writer)
