@@ -10,6 +10,7 @@ is fixed, so that the mark gets removed.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -140,3 +141,70 @@ def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broke
     assert len(seen) == COPIES, f"{len(seen)} of {COPIES} copies came back"
     twice = {f"{p.decode()} rc {rc}": n for (p, rc), n in seen.items() if n > 1}
     assert not twice, f"retry copies delivered more than once: {twice}"
+
+
+ENTRIES = 20
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    "consumers",
+    [
+        pytest.param(1, id="one-consumer"),
+        pytest.param(2, id="two-consumers", marks=pytest.mark.xfail(strict=True, reason=(
+            "a batch entry handed off for one member's nack may be dispatched to the subscription's other consumer, "
+            "which knows nothing of the first one's pending nacks and delivers the other nacked members at once "
+            "(found by bench.chaos, seed 34034)"))),
+    ],
+)  # fmt: skip
+def test_a_nacked_batch_member_is_never_early_on_a_shared_subscription(apache_broker: Any, topic: str, consumers: int) -> None:
+    """20 entries of 10: member 0 nacked for 300 ms, member 1 for 4 s, the rest acked, by whichever consumer gets the
+    entry; member 1 comes back no earlier than its bucket allows (8 bits: 255 ms), also when member 0's handoff
+    brings the entry back first."""
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    due: dict[bytes, float] = {}
+    arrived: dict[bytes, float] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        group = [pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared, consumer_name=f"c{i}")
+                 for i in range(consumers)]  # fmt: skip
+
+        def pump(consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                payload, now = message.data(), time.monotonic()
+                index = int(payload) % 10
+                with lock:
+                    first = payload not in due and payload not in arrived
+                    if not first:
+                        arrived.setdefault(payload, now)
+                    elif index == 1:
+                        due[payload] = now + 4.0 - 0.255
+                if first and index < 2:
+                    consumer.negative_acknowledge(message, 300 if index == 0 else 4_000)
+                else:
+                    consumer.acknowledge(message)
+
+        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in group]
+        for thread in threads:
+            thread.start()
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                          batching_max_publish_delay_ms=100)  # fmt: skip
+        for i in range(ENTRIES * 10):
+            producer.send_async(f"{i:04d}".encode(), None)
+        producer.flush()
+        assert wait_until(lambda: len(due) == ENTRIES and all(p in arrived for p in due), 60), "not every retry came back"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    early = {p.decode(): round((due[p] - arrived[p]) * 1000) for p in due if arrived[p] < due[p] - 0.010}
+    assert not early, f"ms before due: {early}"

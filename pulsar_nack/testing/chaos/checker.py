@@ -406,10 +406,9 @@ class _Checker:
             ended = self._ended_at(who)
             if ended is not None and t <= ended <= r["t"]:
                 return Cause.IN_FLIGHT
-        if state.last_settle is not None:
-            who, t = state.last_settle
-            if who != _incarnation(r):
-                return self._lost_ack_cause(who, t, r)
+        last = state.settle_of.get(r["copy"] or "") or state.last_settle
+        if last is not None and last[0] != _incarnation(r):
+            return self._lost_ack_cause(last[0], last[1], r)
         return None
 
     def _stored_twice(self, message_id: str, r: dict[str, Any], state: _State) -> bool:
@@ -446,9 +445,10 @@ class _Checker:
         if settler is None:  # dead-lettered: the consumer that sent it is the last to have received it
             settler = next((_incarnation(x) for x in reversed(self.messages[(sub, message_id)].records)
                             if x["ev"] == Ev.DELIVER.value and x["t"] <= settled_at), None)  # fmt: skip
+        acker, acked = state.settle_of.get(r["copy"] or "") or (settler, settled_at)
         cause = None
-        if settler is not None and settler != _incarnation(r):
-            cause = self._lost_ack_cause(settler, settled_at, r)
+        if acker is not None and acker != _incarnation(r):
+            cause = self._lost_ack_cause(acker, acked, r)
         if self._stored_twice(message_id, r, state):
             cause = Cause.STORED_TWICE
         if cause is None:
@@ -523,6 +523,10 @@ class _State:
     """Token -> the entry of the first delivery of that retry copy."""
     unsettled: dict[tuple[str, int, int], tuple[float, bool]] = field(default_factory=dict)
     last_settle: tuple[tuple[str, int, int], float] | None = None
+    settle_of: dict[str, tuple[tuple[str, int, int], float]] = field(default_factory=dict)
+    """The last settlement of each stored message: the original (``""``) and each retry copy (its token)."""
+    delivered_last: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    """Per consumer: which stored message it received last (``""`` or a token)."""
     duplicate_of: dict[tuple[str, int, int], str | None] = field(default_factory=dict)
     """Per consumer: the cause of the duplicate it received last (None: an expected delivery)."""
 
@@ -530,6 +534,7 @@ class _State:
         self.first_seen = True
         self.unsettled[_incarnation(r)] = (r["t"], False)
         self.duplicate_of[_incarnation(r)] = duplicate
+        self.delivered_last[_incarnation(r)] = r["copy"] or ""
         if r["copy"] is not None:
             self.copy_entries.setdefault(r["copy"], _entry(r["mid"]))
 
@@ -540,6 +545,7 @@ class _State:
             return
         self.unsettled.pop(who, None)
         self.last_settle = (who, t)
+        self.settle_of[self.delivered_last.get(who, "")] = (who, t)
 
 
 def check(history: Sequence[dict[str, Any]], spec: WorkloadSpec) -> Report:
