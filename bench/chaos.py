@@ -101,6 +101,59 @@ def analyze(directory: Path) -> dict[str, Any]:
     return payload
 
 
+def chaos_table(result: dict[str, Any] | None = None) -> str:
+    """docs/benchmarks.md: what the checker found in the committed chaos run (``bench/results/chaos.json``)."""
+    from ._common import load, md_table
+
+    data = result or load("chaos")
+    check, totals = data["check"], data["check"]["totals"]
+    faults = totals["faults"]
+    rows = [
+        ["faults", f"{sum(faults.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items()))],
+        ["messages produced / deliveries", f"{totals['produced']:,} / {totals['deliveries']:,}"],
+        ["lost (never acked nor dead-lettered)", f"{totals['lost']}"],
+        ["left unacknowledged after the drain", f"{totals['left_unacked']}"],
+        ["early (a violation)", f"{totals['early']}"],
+        ["early, by a documented cause", _causes(check["early_documented_by_cause"])],
+        ["delivered after an ack (a violation)", f"{totals['after_ack']}"],
+        ["dead letters", _causes(check["dead_letters"])],
+        ["dead letter before the count / past it unexplained", f"{totals['dead_letter_early']} / {totals['past_count']}"],
+        ["duplicates without a documented cause", f"{totals['unexplained_duplicate']}"],
+        [f"duplicates with a documented cause ({totals['duplicate_rate'] * 100:.2f} % of messages x subscriptions)",
+         _causes(check["duplicates_by_cause"])],
+    ]  # fmt: skip
+    run = data["run"]
+    note = (f"\n\n{data['minutes']:g} minutes of faults, seed {data['seed']} (`python -m bench.chaos --minutes "
+            f"{data['minutes']:g} --seed {data['seed']}`, `bench/results/chaos.json`), on {data['cluster']}; the drain "
+            f"without faults took {run['drain_s']:.0f} s.")  # fmt: skip
+    return md_table(["what the checker counts", "chaos run"], rows) + note
+
+
+def soak_table(result: dict[str, Any] | None = None) -> str:
+    """docs/benchmarks.md: each consumer process's memory over the committed soak (``bench/results/soak.json``)."""
+    from ._common import load, md_table
+
+    data = result or load("soak")
+    memory = data["memory"]
+    rows = [[name.rsplit(".", 1)[0], f"{p['rss_mib_after_warmup']:.1f}", f"{p['rss_mib_last']:.1f}",
+             f"{p['rss_slope_mib_per_h']:+.3f}", f"{p['tracker_bytes_min']:,.0f}–{p['tracker_bytes_max']:,.0f}",
+             f"{p['tracker_slope_bytes_per_h']:+,.0f}"] for name, p in memory["processes"].items()]  # fmt: skip
+    totals = data["check"]["totals"]
+    note = (f"\n\n{data['minutes']:g} minutes of the chaos workload without faults (`python -m bench.chaos --soak "
+            f"--minutes {data['minutes']:g} --seed {data['seed']}`, `bench/results/soak.json`), a sample every "
+            f"{data['parameters']['sample_s']:g} s; slopes fitted by least squares after the first "
+            f"{memory['warmup_s'] / 60:.0f} minutes (warm-up). {totals['produced']:,} messages, {totals['deliveries']:,} "
+            f"deliveries; the checker: {totals['lost']} lost, {totals['early']} early, {totals['after_ack']} after an "
+            f"ack, {totals['past_count']} dead letters past the count.")  # fmt: skip
+    headers = ["consumer process", "RSS after warm-up (MiB)", "RSS at the end (MiB)", "RSS slope (MiB/h)",
+               "tracker bytes (min–max)", "tracker slope (bytes/h)"]  # fmt: skip
+    return md_table(headers, rows) + note
+
+
+def _causes(counts: dict[str, int]) -> str:
+    return "; ".join(f"{cause}: {n:,}" for cause, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     directory = args.analyze or execute(args)

@@ -109,7 +109,12 @@ class Finding:
     t: float
     detail: str
     processes: tuple[str, ...] = ()
-    """The consumer processes involved, where the promise says (a dead letter past the count)."""
+    """The consumer processes involved: the nacker and the receiver of an early delivery, those that
+    received a message dead-lettered past the count, the settler and the receiver of a copy after an ack."""
+    mid: str | None = None
+    """The id of the delivery that broke the promise, as the client prints it."""
+    copy: bool = False
+    """That delivery was a reconsumed copy."""
 
 
 @dataclass
@@ -291,8 +296,11 @@ class _Checker:
         self.report.totals["stored_twice"] = len(twice)
 
     def _violate(self, promise: Promise, sub: str, message_id: str, t: float, detail: str,
-                 processes: tuple[str, ...] = ()) -> None:  # fmt: skip
-        self.report.findings.append(Finding(promise, sub, message_id, t, f"{detail}; {self.faults.before(t)}", processes))
+                 processes: tuple[str, ...] = (), delivery: dict[str, Any] | None = None) -> None:  # fmt: skip
+        mid = None if delivery is None else delivery["mid"]
+        copy = delivery is not None and delivery["copy"] is not None
+        self.report.findings.append(Finding(promise, sub, message_id, t, f"{detail}; {self.faults.before(t)}", processes,
+                                            mid, copy))  # fmt: skip
 
     def _check_lost(self) -> None:
         for message_id, produced in self.produced.items():
@@ -347,7 +355,8 @@ class _Checker:
             if r["t"] < due - SLACK_S:
                 self._violate(Promise.EARLY, sub, message_id, r["t"],
                               f"reconsumed copy {reconsume['token']} delivered {(due - r['t']) * 1000:.0f} ms before due "
-                              f"(reconsumed by {reconsume['proc']}, delivered by {r['proc']})")  # fmt: skip
+                              f"(reconsumed by {reconsume['proc']}, delivered by {r['proc']})",
+                              (reconsume["proc"], r["proc"]), r)  # fmt: skip
             return answer
         if not state.first_seen:
             return _FIRST
@@ -371,13 +380,14 @@ class _Checker:
             found = self._duplicate_cause(message_id, r, state)
             if found is None:
                 self._violate(Promise.UNEXPLAINED_DUPLICATE, sub, message_id, r["t"],
-                              f"delivery to {r['proc']}.{r['pid']} answers no nack or reconsume (rc {r['rc']}, {r['mid']})")
+                              f"delivery to {r['proc']}.{r['pid']} answers no nack or reconsume (rc {r['rc']}, {r['mid']})",
+                              (r["proc"],), r)  # fmt: skip
                 return None
             self.report.duplicates[found.value] += 1
             return found.value
         if isinstance(answered, tuple) and answered[0]["t"] > settled_at:
             self._violate(Promise.AFTER_ACK, sub, message_id, r["t"],
-                          f"delivered to {r['proc']}.{r['pid']}, a retry of a copy delivered after an ack")
+                          f"delivered to {r['proc']}.{r['pid']}, a retry of a copy delivered after an ack", (r["proc"],), r)
             return None
         return self._after_settled(sub, message_id, r, state, settled_at, settler)
 
@@ -395,7 +405,8 @@ class _Checker:
             return
         self._violate(Promise.EARLY, sub, message_id, r["t"],
                       f"delivered {(due - r['t']) * 1000:.0f} ms before due (nacked {nack['delay_ms']} ms by "
-                      f"{nack['proc']}.{nack['pid']}, delivered to {r['proc']}.{r['pid']})")  # fmt: skip
+                      f"{nack['proc']}.{nack['pid']}, delivered to {r['proc']}.{r['pid']}, {r['mid']})",
+                      (nack["proc"], r["proc"]), r)  # fmt: skip
 
     def _duplicate_cause(self, message_id: str, r: dict[str, Any], state: _State) -> Cause | None:
         if self._stored_twice(message_id, r, state):
@@ -453,8 +464,9 @@ class _Checker:
             cause = Cause.STORED_TWICE
         if cause is None:
             self._violate(Promise.AFTER_ACK, sub, message_id, r["t"],
-                          f"delivered to {r['proc']}.{r['pid']} {r['t'] - settled_at:.3f} s after it was settled by "
-                          f"{settler[0] if settler else '?'}.{settler[1] if settler else '?'} ({r['mid']}, rc {r['rc']})")  # fmt: skip
+                          f"delivered to {r['proc']}.{r['pid']} {r['t'] - acked:.3f} s after it was settled by "
+                          f"{acker[0] if acker else '?'}.{acker[1] if acker else '?'} ({r['mid']}, rc {r['rc']})",
+                          (acker[0] if acker else "?", r["proc"]), r)  # fmt: skip
             return None
         self.report.duplicates[cause.value] += 1
         return cause.value
