@@ -150,6 +150,40 @@ def soak_table(result: dict[str, Any] | None = None) -> str:
     return md_table(headers, rows) + note
 
 
+BREAKS = {
+    "chaos-break-copyfilter": ("the copy filter disabled: a copy of an acked message is delivered",
+                               "`NackingCore.admit`: the `ACKED` verdict turned into `DELIVER`"),
+    "chaos-break-neverearly": ("the never-early rule disabled: a copy of a pending nack is delivered",
+                               "`NackingCore.admit`: the `NACKED` verdict turned into `DELIVER`"),
+    "chaos-break-ackdrop": ("an ack dropped: one in 25 recorded but never sent",
+                            "`NackingConsumer._acknowledge_guarded`, `AsyncNackingConsumer.acknowledge`"),
+}
+"""The short runs with a promise broken on purpose in a copy of the code (never committed): result name ->
+(what was broken, where)."""
+
+
+def breaks_table() -> str:
+    """docs/benchmarks.md: what the checker reported on each run with a promise broken on purpose."""
+    from ._common import load, md_table
+
+    rows = []
+    for name, (broken, where) in BREAKS.items():
+        data = load(name)
+        totals = data["check"]["totals"]
+        found = ", ".join(f"{key.replace('_', ' ')} {totals[key]}" for key in
+                          ("lost", "left_unacked", "early", "after_ack", "dead_letter_early", "past_count",
+                           "unexplained_duplicate") if totals[key]) or "nothing"  # fmt: skip
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(totals["faults"].items()))
+        first = next((line for line in data["violations"] if "past the dead-letter count" not in line), "")
+        rows.append([broken, where, f"{data['minutes']:g} min, seed {data['seed']}: {faults}", found,
+                     f"`{first[:220]}`" if first else ""])  # fmt: skip
+    note = ("\n\nEach a short run (`python -m bench.chaos --minutes 2 --seed S --faults ...`) on a copy of the code with "
+            "the change in *where*, restored afterwards; `bench/results/<name>.json` (the `meta` lists the changed "
+            "files). *Caught*: the violations the checker counted; dead letters past the count are the known finding "
+            "below and appear in every run.")  # fmt: skip
+    return md_table(["broken on purpose", "where", "run and faults", "caught", "first line printed"], rows) + note
+
+
 def _causes(counts: dict[str, int]) -> str:
     return "; ".join(f"{cause}: {n:,}" for cause, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 

@@ -61,6 +61,8 @@ SLACK_S = 0.010
 GROUPED_ACK_S = 1.0
 """An ack this long before a connection dropped may have been grouped and never sent (the
 client sends them every 100 ms; the window allows for a busy machine)."""
+SETTLE_CALL_S = 5.0
+"""A reconsume waits for a produce (its copy or its dead letter): a kill this soon after it may have stopped it."""
 RECONNECT_S = 5.0
 """A consumer's reconnect may complete this long after the fault that dropped its connection ended."""
 _MAX_LINES_PER_PROMISE = 25
@@ -85,6 +87,7 @@ class Cause(str, enum.Enum):
     ACK_LOST_CONSUMER_KILL = "ack lost: consumer process killed with grouped acks"
     IN_FLIGHT = "in flight when its consumer was killed or closed"
     SETTLE_FAILED = "its ack, nack or reconsume failed"
+    SETTLE_IN_FLIGHT = "its reconsume (a produce, or a dead letter's) still in flight when its consumer was killed"
     OTHER_CONSUMER_AFTER_RECONNECT = "a pending nack's copy delivered by another consumer after a reconnect"
     SCHEDULE_LOST = "nacking consumer killed or closed (its schedule is lost)"
     STORED_TWICE = "stored twice by the producer (a send retried across a broker fault)"
@@ -443,6 +446,8 @@ class _Checker:
         killed = self._killed_at(acker[0], acker[1])
         if killed is not None and acked <= killed <= min(delivered, acked + GROUPED_ACK_S):
             return Cause.ACK_LOST_CONSUMER_KILL
+        if killed is not None and acked <= killed <= min(delivered, acked + SETTLE_CALL_S):
+            return Cause.SETTLE_IN_FLIGHT
         ended = self.ended.get(acker)
         if ended is not None and acked <= ended <= delivered:
             return Cause.IN_FLIGHT
@@ -492,8 +497,10 @@ class _Checker:
             return
         seen = [r for r in before if r["ev"] == Ev.DELIVER.value]
         if len(seen) < max_count + 1:
+            consumers = ", ".join(f"{r['proc']} rc {r['rc']}" for r in seen)
             self._violate(Promise.DEAD_LETTER_EARLY, sub, message_id, first,
-                          f"dead-lettered after {len(seen)} deliveries (count {max_count}: {max_count + 1} deliveries)")
+                          f"dead-lettered after {len(seen)} deliveries (count {max_count}: {max_count + 1} deliveries): "
+                          f"{consumers}", tuple(sorted({r["proc"] for r in seen})), seen[-1] if seen else None)  # fmt: skip
         elif len(seen) == max_count + 1:
             self.report.dead_letters["at the count"] += 1
         elif self.faults.overlapping(seen[0]["t"], first, COUNT_RESETS):

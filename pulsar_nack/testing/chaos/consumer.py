@@ -18,6 +18,7 @@ import enum
 import os
 import signal
 import time
+import tracemalloc
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -132,8 +133,9 @@ class _Context:
         with open("/proc/self/statm", encoding="ascii") as f:
             rss = int(f.read().split()[1]) * _PAGE
         tracker = stats["tracker"]
+        traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
         self.writer.write(Ev.SAMPLE, rss=rss, tracker_bytes=tracker["memory_bytes"], pending=tracker["pending_messages"],
-                          held=stats.get("held"), delivered=stats["delivered"], gen=self.gen)  # fmt: skip
+                          held=stats.get("held"), delivered=stats["delivered"], gen=self.gen, python_bytes=traced)  # fmt: skip
 
     def error(self, op: str, error: BaseException, message_id: str | None = None) -> None:
         """Record an error; a failed settlement names its message (its ack, nack or reconsume did not happen)."""
@@ -301,7 +303,11 @@ async def _run_async(ctx: _Context, signals: _Signals) -> None:
 
 
 def run_consumer(spec: WorkloadSpec, name: str) -> None:
-    """Run consumer *name* of *spec* until SIGTERM."""
+    """Run consumer *name* of *spec* until SIGTERM.
+
+    With ``PYTHONTRACEMALLOC`` set, each sample also records the bytes Python itself holds
+    (``python_bytes``), which tells growth of Python objects from native growth.
+    """
     ctx = _Context(spec, spec.consumer(name))
     signals = _Signals()
     ctx.writer.write(Ev.START, role="consumer", mode=ctx.me.mode, sub=ctx.sub.name)
