@@ -31,6 +31,8 @@ from .workload import DLQ_SUBSCRIPTION, PRECISION_BITS, TOKEN, ConsumerSpec, Wor
 __all__ = ["Action", "Request", "Settle", "decide", "run_consumer"]
 
 _SUBSCRIBE_TIMEOUT_S = 180.0
+_TRACE_AFTER_S = 120.0
+"""With tracemalloc on, the Python allocations that grew since this moment are recorded at the end."""
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -85,6 +87,8 @@ class _Context:
         self.writer = HistoryWriter(spec.history, me.name)
         self.gen = 0
         self.next_sample = 0.0
+        self.started = time.monotonic()
+        self.trace_base: tracemalloc.Snapshot | None = None
 
     def subscribe_kwargs(self) -> dict[str, Any]:
         import pulsar
@@ -134,6 +138,8 @@ class _Context:
             rss = int(f.read().split()[1]) * _PAGE
         tracker = stats["tracker"]
         traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
+        if traced is not None and self.trace_base is None and now - self.started >= _TRACE_AFTER_S:
+            self.trace_base = tracemalloc.take_snapshot()
         self.writer.write(Ev.SAMPLE, rss=rss, tracker_bytes=tracker["memory_bytes"], pending=tracker["pending_messages"],
                           held=stats.get("held"), delivered=stats["delivered"], gen=self.gen, python_bytes=traced)  # fmt: skip
 
@@ -315,5 +321,8 @@ def run_consumer(spec: WorkloadSpec, name: str) -> None:
         asyncio.run(_run_async(ctx, signals))
     else:
         _run_blocking(ctx, signals)
+    if ctx.trace_base is not None:
+        grown = tracemalloc.take_snapshot().compare_to(ctx.trace_base, "lineno")[:15]
+        ctx.writer.write(Ev.SAMPLE, python_growth=[[str(stat.traceback), stat.size_diff, stat.count_diff] for stat in grown])
     ctx.writer.write(Ev.STOP)
     ctx.writer.close()
