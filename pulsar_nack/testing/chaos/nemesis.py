@@ -77,8 +77,9 @@ class Nemesis:
         self._apply: dict[Fault, Callable[[], str]] = {
             Fault.TOPIC_UNLOAD: self._topic_unload, Fault.BUNDLE_UNLOAD: self._bundle_unload,
             Fault.BROKER_KILL: self._broker_kill, Fault.BROKER_FREEZE: self._broker_freeze,
-            Fault.CONSUMER_KILL: self._consumer_kill, Fault.RESUBSCRIBE: self._resubscribe,
-            Fault.PRODUCER_BURST: self._producer_burst,
+            Fault.CONSUMER_KILL: self._consumer_kill,
+            Fault.RESUBSCRIBE: lambda: self._usr1(Fault.RESUBSCRIBE, "consumer"),
+            Fault.PRODUCER_BURST: lambda: self._usr1(Fault.PRODUCER_BURST, "producer"),
         }  # fmt: skip
 
     def next_gap_s(self) -> float:
@@ -166,18 +167,12 @@ class Nemesis:
         self._end(Fault.CONSUMER_KILL, name)
         return name
 
-    def _resubscribe(self) -> str:
-        name = self.rng.choice(self.fleet.names("consumer"))
-        self._begin(Fault.RESUBSCRIBE, name)
+    def _usr1(self, fault: Fault, role: str) -> str:
+        """SIGUSR1 to one worker of *role*: a consumer closes and resubscribes, a producer sends a burst."""
+        name = self.rng.choice(self.fleet.names(role))
+        self._begin(fault, name)
         self.fleet.signal(name, signal.SIGUSR1)
-        self._end(Fault.RESUBSCRIBE, name)
-        return name
-
-    def _producer_burst(self) -> str:
-        name = self.rng.choice(self.fleet.names("producer"))
-        self._begin(Fault.PRODUCER_BURST, name)
-        self.fleet.signal(name, signal.SIGUSR1)
-        self._end(Fault.PRODUCER_BURST, name)
+        self._end(fault, name)
         return name
 
     def heal(self) -> None:
