@@ -195,6 +195,10 @@ class Report:
             "duplicates_by_cause": dict(self.duplicates),
             "early_documented_by_cause": dict(self.early_documented),
             "dead_letters": dict(self.dead_letters),
+            "by_promise_one_consumer": dict(Counter(f.promise.name.lower() for f in self.findings
+                                                    if len(set(f.processes)) <= 1)),
+            "by_promise_two_consumers": dict(Counter(f.promise.name.lower() for f in self.findings
+                                                     if len(set(f.processes)) > 1)),
             "excused_stored_twice": [f"{f.promise.value}: {f.sub} {f.message_id}: {f.detail}" for f in self.excused],
         }  # fmt: skip
 
