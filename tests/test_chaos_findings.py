@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from typing import Any
 
@@ -208,3 +209,74 @@ def test_a_nacked_batch_member_is_never_early_on_a_shared_subscription(apache_br
         client.close()
     early = {p.decode(): round((due[p] - arrived[p]) * 1000) for p in due if arrived[p] < due[p] - 0.010}
     assert not early, f"ms before due: {early}"
+
+
+LEAK_MESSAGES = 1_000
+
+
+@pytest.mark.broker
+@pytest.mark.xfail(strict=True, reason=(
+    "a consumer forgets a message's delivery counts only when it settles the message itself: one nacked here and "
+    "acked by the other consumer stays in its count maps for good (the soak's RSS slope, found by bench.chaos --soak)"))
+def test_two_consumers_hold_no_more_per_message_than_one(apache_broker: Any, topic: str) -> None:
+    """1,000 messages, each nacked once (100 ms) and acked on its return, with a dead-letter policy (so the consumers
+    count deliveries): the Python memory the consumer code keeps afterwards is no larger with two consumers sharing
+    the work than with one (what one consumer keeps is its bounded memory of settled messages)."""
+    one = _kept_bytes(apache_broker.url, f"{topic}-one", 1)
+    two = _kept_bytes(apache_broker.url, f"{topic}-two", 2)
+    assert two <= 1.3 * one + 10_000, f"kept by pulsar_nack/consumer: {one} bytes with one consumer, {two} with two"
+
+
+def _kept_bytes(url: str, topic: str, consumers: int) -> int:
+    """Bytes of Python objects allocated by pulsar_nack/consumer/ during LEAK_MESSAGES messages and still alive."""
+    import pulsar
+
+    client = quiet_client(url)
+    acked: set[bytes] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=5, dead_letter_topic=f"{topic}-DLQ")
+    try:
+        group = [pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                       consumer_name=f"c{i}", dead_letter_policy=policy) for i in range(consumers)]  # fmt: skip
+
+        def pump(consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                if message.redelivery_count() == 0:
+                    consumer.negative_acknowledge(message, 100)
+                    continue
+                consumer.acknowledge(message)
+                with lock:
+                    acked.add(message.data())
+
+        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in group]
+        for thread in threads:
+            thread.start()
+        producer = client.create_producer(topic, batching_enabled=False)
+
+        def send(start: int, count: int) -> None:
+            for chunk in range(start, start + count, 100):  # in steps, so that retries do not queue behind fresh messages
+                for i in range(chunk, chunk + 100):
+                    producer.send_async(f"{i:05d}".encode(), None)
+                producer.flush()
+                assert wait_until(lambda: len(acked) == chunk + 100, 60), f"{len(acked)} of {chunk + 100} acked"  # noqa: B023
+
+        send(0, 200)  # warm-up: the consumers' tables and the client's buffers reach their size
+        tracemalloc.start()
+        try:
+            send(200, LEAK_MESSAGES)
+            snapshot = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    kept = snapshot.filter_traces([tracemalloc.Filter(True, "*pulsar_nack/consumer/*")])
+    return sum(stat.size for stat in kept.statistics("filename"))

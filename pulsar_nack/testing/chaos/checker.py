@@ -386,7 +386,7 @@ class _Checker:
                 return None
             found = self._duplicate_cause(message_id, r, state)
             if found is None:
-                first = state.first_receiver.get(r["mid"], r["proc"])  # the same stored message at another consumer
+                first = state.first_receiver.get((r["mid"], r["rc"]), r["proc"])  # the same delivery at another consumer
                 self._violate(Promise.UNEXPLAINED_DUPLICATE, sub, message_id, r["t"],
                               f"delivery to {r['proc']}.{r['pid']} answers no nack or reconsume (rc {r['rc']}, {r['mid']}; "
                               f"first received by {first})", (first, r["proc"]), r)  # fmt: skip
@@ -543,8 +543,8 @@ class _State:
     first_seen: bool = False
     nacks: list[_Answer] = field(default_factory=list)
     tokens: dict[str, _Answer] = field(default_factory=dict)
-    first_receiver: dict[str, str] = field(default_factory=dict)
-    """Stored message id -> the consumer process that received it first."""
+    first_receiver: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(Stored message id, redelivery count) -> the consumer process that received that delivery first."""
     copy_entries: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Token -> the entry of the first delivery of that retry copy."""
     unsettled: dict[tuple[str, int, int], tuple[float, bool]] = field(default_factory=dict)
@@ -561,7 +561,7 @@ class _State:
         self.unsettled[_incarnation(r)] = (r["t"], False)
         self.duplicate_of[_incarnation(r)] = duplicate
         self.delivered_last[_incarnation(r)] = r["copy"] or ""
-        self.first_receiver.setdefault(r["mid"], r["proc"])
+        self.first_receiver.setdefault((r["mid"], r["rc"]), r["proc"])
         if r["copy"] is not None:
             self.copy_entries.setdefault(r["copy"], _entry(r["mid"]))
 
