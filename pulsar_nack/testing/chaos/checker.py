@@ -229,35 +229,49 @@ class _Checker:
     # ------------------------------------------------------------------ indexing
 
     def _index(self, history: Sequence[dict[str, Any]]) -> None:
-        kills: dict[str, list[float]] = defaultdict(list)
-        last_settle: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for r in history:
-            ev = r["ev"]
-            if ev == Ev.PRODUCE.value:
-                if r["id"] in self.produced:
-                    self.produced_twice.add(r["id"])
-                self.produced.setdefault(r["id"], r)
-            elif ev in (Ev.DELIVER.value, Ev.ACK.value, Ev.NACK.value, Ev.RECONSUME.value):
-                self.messages[(r["sub"], r["id"])].records.append(r)
-                if ev != Ev.DELIVER.value:
-                    last_settle[(r["proc"], r["pid"], r["id"])] = r
-            elif ev == Ev.DEAD_LETTER.value:
-                # publish times are whole ms, truncated: the dead letter was stored up to 1 ms after it
-                self.messages[(r["sub"], r["id"])].dead_letters.setdefault(r["dlq_mid"], r["published"] + 0.001)
-            elif ev == Ev.ERROR.value and r.get("op") == "settle" and (r["proc"], r["pid"], r.get("id")) in last_settle:
-                last_settle[(r["proc"], r["pid"], r["id"])]["failed"] = True  # the call after the record raised
-            elif ev == Ev.LEFTOVER.value:
-                self._violate(Promise.LEFT_UNACKED, r["sub"], r["id"], r["t"],
-                              f"{r['mid']} on {r['topic']} still unacknowledged after the drain (rc {r['rc']})")
-            elif ev == Ev.CLOSE.value:
-                self.ended[_incarnation(r)] = r["t"]
-            elif ev == Ev.FAULT.value and r["kind"] == "consumer-kill" and r["phase"] == "begin":
-                kills[r["target"]].append(r["t"])
-        self._kills = kills
+        self._kills: dict[str, list[float]] = defaultdict(list)
         self._pids: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        self._last_settle: dict[tuple[str, int, str], dict[str, Any]] = {}
+        handlers = {
+            Ev.PRODUCE.value: self._on_produce, Ev.DELIVER.value: self._on_record, Ev.ACK.value: self._on_settle,
+            Ev.NACK.value: self._on_settle, Ev.RECONSUME.value: self._on_settle, Ev.DEAD_LETTER.value: self._on_dead_letter,
+            Ev.ERROR.value: self._on_error, Ev.LEFTOVER.value: self._on_leftover, Ev.FAULT.value: self._on_fault,
+            Ev.CLOSE.value: lambda r: self.ended.__setitem__(_incarnation(r), r["t"]),
+            Ev.START.value: lambda r: self._pids[r["proc"]].append((r["t"], r["pid"])),
+        }  # fmt: skip
         for r in history:
-            if r["ev"] == Ev.START.value:
-                self._pids[r["proc"]].append((r["t"], r["pid"]))
+            handler = handlers.get(r["ev"])
+            if handler is not None:
+                handler(r)
+
+    def _on_produce(self, r: dict[str, Any]) -> None:
+        if r["id"] in self.produced:
+            self.produced_twice.add(r["id"])
+        self.produced.setdefault(r["id"], r)
+
+    def _on_record(self, r: dict[str, Any]) -> None:
+        self.messages[(r["sub"], r["id"])].records.append(r)
+
+    def _on_settle(self, r: dict[str, Any]) -> None:
+        self._on_record(r)
+        self._last_settle[(r["proc"], r["pid"], r["id"])] = r
+
+    def _on_dead_letter(self, r: dict[str, Any]) -> None:
+        # publish times are whole ms, truncated: the dead letter was stored up to 1 ms after it
+        self.messages[(r["sub"], r["id"])].dead_letters.setdefault(r["dlq_mid"], r["published"] + 0.001)
+
+    def _on_error(self, r: dict[str, Any]) -> None:
+        settle = self._last_settle.get((r["proc"], r["pid"], r.get("id") or ""))
+        if r.get("op") == "settle" and settle is not None:
+            settle["failed"] = True  # the call after the record raised
+
+    def _on_leftover(self, r: dict[str, Any]) -> None:
+        self._violate(Promise.LEFT_UNACKED, r["sub"], r["id"], r["t"],
+                      f"{r['mid']} on {r['topic']} still unacknowledged after the drain (rc {r['rc']})")
+
+    def _on_fault(self, r: dict[str, Any]) -> None:
+        if r["kind"] == "consumer-kill" and r["phase"] == "begin":
+            self._kills[r["target"]].append(r["t"])
 
     def _killed_at(self, proc: str, pid: int) -> float | None:
         """When incarnation *pid* of *proc* was killed by the nemesis (the first kill after it started)."""
