@@ -8,7 +8,9 @@
 * ``docs/img/scaling.png``: log-log memory and add cost against pending messages
   (bench/scaling.py);
 * ``docs/img/jitter.png``: arrivals of 10,000 simultaneous failures per 256 ms, with and
-  without jitter, on the tracker and on Apache Pulsar (bench/jitter.py).
+  without jitter, on the tracker and on Apache Pulsar (bench/jitter.py);
+* ``docs/img/soak_rss.png``: RSS and tracker bytes of each consumer process over a soak
+  (bench/chaos.py --soak).
 
 Run: ``python -m bench.plot`` (or ``pulsar-nack bench --plot``).
 """
@@ -149,6 +151,28 @@ def jitter(data: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def soak_rss(data: dict[str, Any], out: Path) -> None:
+    """RSS and tracker bytes of each consumer process over a soak (bench/chaos.py --soak), warm-up shaded."""
+    memory = data["memory"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.4), sharex=True)
+    for name, proc in memory["processes"].items():
+        minutes = [row[0] / 60 for row in proc["series"]]
+        label = f"{name.rsplit('.', 1)[0]} (slope {proc['rss_slope_mib_per_h']:+.2f} MiB/h)"
+        top.plot(minutes, [row[1] / (1 << 20) for row in proc["series"]], label=label)
+        bottom.plot(minutes, [row[2] for row in proc["series"]], label=name.rsplit(".", 1)[0])
+    for ax in (top, bottom):
+        ax.axvspan(0, memory["warmup_s"] / 60, color="grey", alpha=0.15, label="warm-up (not fitted)" if ax is top else None)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    top.set_ylabel("RSS (MiB)")
+    bottom.set_ylabel("tracker bytes (its own estimate)")
+    bottom.set_xlabel("minutes since the load started")
+    top.set_title(f"Soak: {data['minutes']:g} min of the chaos workload without faults, {data['cluster']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     argparse.ArgumentParser(prog="python -m bench.plot", description=__doc__.split("\n\n")[0]).parse_args(argv)
     IMG.mkdir(parents=True, exist_ok=True)
@@ -166,6 +190,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if jit:
         jitter(jit, IMG / "jitter.png")
         written.append(IMG / "jitter.png")
+    soak = _load("soak")
+    if soak:
+        soak_rss(soak, IMG / "soak_rss.png")
+        written.append(IMG / "soak_rss.png")
     for path in written:
         print(f"wrote {path.relative_to(REPO)}")
     return written

@@ -15,12 +15,13 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from . import chaos
 from ._common import MISSED, REPO, RESULTS, load, md_table
 
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
-                           "consumer-profile"],
+                           "consumer-profile", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
     "docs/spark.md": ["demo", "replay", "demo-retries"],
     "docs/metrics.md": ["metrics-cost"],
@@ -1103,6 +1104,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retry-receive": retry_receive_table, "demo-retries": demo_retries_table,
     "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates, "jitter": jitter_table,
     "chunks": chunks_table,
+    "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
 }
 
 

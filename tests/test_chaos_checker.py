@@ -1,0 +1,304 @@
+"""The chaos checker on synthetic histories: each promise, a history that keeps it and one that breaks it.
+
+No broker: the histories are written by hand, record by record, as the chaos workers write
+them (pulsar_nack/testing/chaos/history.py). Each breaking history must be caught with the
+promise it breaks, and each documented cause must be attributed instead of reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pulsar_nack.testing.chaos.checker import Cause, Promise, check
+from pulsar_nack.testing.chaos.fate import Mechanism, fate_of
+from pulsar_nack.testing.chaos.history import Ev, HistoryWriter, read_history
+from pulsar_nack.testing.chaos.workload import WorkloadSpec, default_workload
+
+SEED = 5
+NACK_SUB = "nack-shared"  # Shared, nacks only, max_redeliver_count 3
+RETRY_SUB = "retry-keyshared"
+
+
+def _spec() -> WorkloadSpec:
+    return default_workload("pulsar://127.0.0.1:1", SEED, "/nonexistent", "test")
+
+
+def _id_with(mechanism: Mechanism) -> str:
+    """An id of the retry subscription whose fate uses *mechanism*."""
+    spec = _spec()
+    mechanisms = spec.subscription(RETRY_SUB).mechanisms
+    return next(f"e.{i}" for i in itertools.count() if fate_of(SEED, f"e.{i}", mechanisms).mechanism is mechanism)
+
+
+class History:
+    """Records as the workers write them, at given times."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def add(self, ev: Ev, t: float, proc: str = "nack-blocking", pid: int = 100, **fields: Any) -> History:
+        self.records.append({"ev": ev.value, "t": t, "proc": proc, "pid": pid, **fields})
+        return self
+
+    def produce(self, t: float, message_id: str, topic: str = "orders", mid: str = "(1,1,0,-1)") -> History:
+        return self.add(Ev.PRODUCE, t, "orders-single", 1, id=message_id, topic=topic, mid=mid, batched=False)
+
+    def deliver(self, t: float, message_id: str, *, rc: int = 0, sub: str = NACK_SUB, proc: str = "nack-blocking",
+                pid: int = 100, mid: str = "(1,1,0,-1)", copy: str | None = None, gen: int = 1) -> History:  # fmt: skip
+        return self.add(Ev.DELIVER, t, proc, pid, id=message_id, sub=sub, gen=gen, rc=rc, mid=mid, copy=copy)
+
+    def ack(self, t: float, message_id: str, *, sub: str = NACK_SUB, proc: str = "nack-blocking", pid: int = 100,
+            rc: int = 0, gen: int = 1) -> History:  # fmt: skip
+        return self.add(Ev.ACK, t, proc, pid, id=message_id, sub=sub, gen=gen, rc=rc)
+
+    def nack(self, t: float, message_id: str, delay_ms: int, *, floor_ms: int = 0, sub: str = NACK_SUB,
+             proc: str = "nack-blocking", pid: int = 100, rc: int = 0, gen: int = 1) -> History:  # fmt: skip
+        return self.add(Ev.NACK, t, proc, pid, id=message_id, sub=sub, gen=gen, rc=rc, delay_ms=delay_ms, floor_ms=floor_ms)
+
+    def reconsume(self, t: float, message_id: str, delay_ms: int, token: str, *, rc: int = 0,
+                  proc: str = "retry-blocking", pid: int = 200) -> History:  # fmt: skip
+        return self.add(Ev.RECONSUME, t, proc, pid, id=message_id, sub=RETRY_SUB, gen=1, rc=rc, delay_ms=delay_ms,
+                        token=token)  # fmt: skip
+
+    def dead_letter(self, t: float, message_id: str, sub: str = NACK_SUB, dlq_mid: str = "(9,1,-1,-1)") -> History:
+        return self.add(Ev.DEAD_LETTER, t + 0.01, "dead-letters", 300, id=message_id, sub=sub, dlq_mid=dlq_mid,
+                        published=t)  # fmt: skip
+
+    def fault(self, t: float, kind: str, target: str, duration_s: float = 0.1) -> History:
+        self.add(Ev.FAULT, t, "run", 1, kind=kind, target=target, phase="begin")
+        return self.add(Ev.FAULT, t + duration_s, "run", 1, kind=kind, target=target, phase="end")
+
+    def start(self, t: float, proc: str, pid: int) -> History:
+        return self.add(Ev.START, t, proc, pid, role="consumer")
+
+    def check(self) -> Any:
+        return check(sorted(self.records, key=lambda r: r["t"]), _spec())
+
+
+def _promises(report: Any) -> list[Promise]:
+    return [f.promise for f in report.findings]
+
+
+def test_a_clean_history_keeps_every_promise() -> None:
+    report = (History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 500).deliver(1.6, "m1", rc=1).ack(1.6, "m1", rc=1)
+              .check())  # fmt: skip
+    assert report.findings == []
+    assert report.summary()["totals"]["produced"] == 1
+    assert not report.duplicates
+
+
+def test_a_message_never_settled_is_lost() -> None:
+    report = History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 500).check()
+    assert _promises(report) == [Promise.LOST]
+    assert "m1" in report.lines()[0]
+
+
+def test_a_delivery_after_an_ack_by_the_same_consumer_is_caught() -> None:
+    report = History().produce(0, "m1").deliver(1, "m1").ack(1, "m1").deliver(2, "m1").check()
+    assert _promises(report) == [Promise.AFTER_ACK]
+    assert "no fault before it" in report.lines()[0]
+
+
+def test_an_ack_lost_with_a_broker_kill_reaching_another_consumer_is_a_duplicate() -> None:
+    history = (History().produce(0, "m1").deliver(1, "m1").ack(1, "m1").fault(5, "broker-kill", "broker-0", 8)
+               .deliver(15, "m1", proc="nack-asyncio", pid=101))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.ACK_LOST_BROKER_KILL.value: 1}
+    # the same copy to the consumer that acked it is not excused: it knows its own acks
+    same = (History().produce(0, "m1").deliver(1, "m1").ack(1, "m1").fault(5, "broker-kill", "broker-0", 8)
+            .deliver(15, "m1").check())  # fmt: skip
+    assert _promises(same) == [Promise.AFTER_ACK]
+    assert "broker-kill broker-0" in same.lines()[0]
+
+
+def test_an_ack_lost_with_a_killed_consumer_reaches_the_next_incarnation() -> None:
+    history = (History().start(0, "nack-blocking", 100).produce(0, "m1").deliver(1, "m1").ack(1, "m1")
+               .fault(1.05, "consumer-kill", "nack-blocking", 1).start(3, "nack-blocking", 102)
+               .deliver(4, "m1", pid=102))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.ACK_LOST_CONSUMER_KILL.value: 1}
+
+
+def test_a_nacked_message_delivered_before_its_due_time_is_early() -> None:
+    report = History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 1000).deliver(1.5, "m1", rc=1).ack(1.5, "m1").check()
+    assert _promises(report) == [Promise.EARLY]
+    assert "500 ms before due" in report.lines()[0]
+
+
+def test_the_bucket_floor_is_allowed_and_nothing_more() -> None:
+    on_time = History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 1000, floor_ms=255)
+    assert on_time.deliver(1.75, "m1", rc=1).ack(1.75, "m1").check().findings == []
+    early = History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 1000, floor_ms=255)
+    assert _promises(early.deliver(1.73, "m1", rc=1).ack(1.73, "m1").check()) == [Promise.EARLY]
+
+
+def test_an_early_nack_after_its_consumer_was_killed_is_documented() -> None:
+    history = (History().start(0, "nack-blocking", 100).produce(0, "m1").deliver(1, "m1").nack(1, "m1", 5000)
+               .fault(2, "consumer-kill", "nack-blocking", 1).deliver(2.5, "m1", rc=1, proc="nack-asyncio", pid=101)
+               .ack(2.5, "m1", proc="nack-asyncio", pid=101))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.early_documented == {Cause.SCHEDULE_LOST.value: 1}
+
+
+def test_an_early_nack_at_another_consumer_after_an_unload_is_documented_but_not_at_the_same() -> None:
+    other = (History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 5000).fault(2, "topic-unload", "orders")
+             .deliver(2.5, "m1", rc=1, proc="nack-asyncio", pid=101).ack(2.5, "m1", proc="nack-asyncio", pid=101))  # fmt: skip
+    report = other.check()
+    assert report.findings == []
+    assert report.early_documented == {Cause.OTHER_CONSUMER_AFTER_RECONNECT.value: 1}
+    same = (History().produce(0, "m1").deliver(1, "m1").nack(1, "m1", 5000).fault(2, "topic-unload", "orders")
+            .deliver(2.5, "m1", rc=1).ack(2.5, "m1").check())  # fmt: skip
+    assert _promises(same) == [Promise.EARLY]
+    assert "topic-unload orders" in same.lines()[0]
+
+
+def test_a_reconsumed_copy_is_never_early_whatever_the_fault() -> None:
+    message = _id_with(Mechanism.RECONSUME)
+    history = (History().start(0, "retry-blocking", 200).produce(0, message, topic="events")
+               .deliver(1, message, sub=RETRY_SUB, proc="retry-blocking", pid=200).reconsume(1, message, 3000, "tok")
+               .fault(1.5, "consumer-kill", "retry-blocking", 1)
+               .deliver(2, message, sub=RETRY_SUB, rc=1, copy="tok", proc="retry-asyncio", pid=201)
+               .ack(2, message, sub=RETRY_SUB, rc=1, proc="retry-asyncio", pid=201))  # fmt: skip
+    assert _promises(history.check()) == [Promise.EARLY]
+    on_time = (History().produce(0, message, topic="events").deliver(1, message, sub=RETRY_SUB, proc="retry-blocking", pid=200)
+               .reconsume(1, message, 3000, "tok").deliver(4.01, message, sub=RETRY_SUB, rc=1, copy="tok", proc="retry-asyncio",
+                                                          pid=201)
+               .ack(4.01, message, sub=RETRY_SUB, rc=1, proc="retry-asyncio", pid=201))  # fmt: skip
+    assert on_time.check().findings == []
+
+
+def _poison(history: History, deliveries: int, message: str = "m1") -> History:
+    history.produce(0, message)
+    for n in range(deliveries):
+        history.deliver(1 + n, message, rc=n).nack(1 + n, message, 100, rc=n)
+    return history.dead_letter(deliveries + 0.5, message)
+
+
+def test_a_dead_letter_exactly_at_the_count_and_before_it() -> None:
+    exact = _poison(History(), 4).check()
+    assert exact.findings == []
+    assert exact.dead_letters == {"at the count": 1}
+    early = _poison(History(), 3).check()
+    assert _promises(early) == [Promise.DEAD_LETTER_EARLY]
+    assert "after 3 deliveries" in early.lines()[0]
+
+
+def test_a_dead_letter_past_the_count_needs_a_count_reset() -> None:
+    late = _poison(History(), 5).check()
+    assert _promises(late) == [Promise.PAST_COUNT]
+    reset = _poison(History().fault(2.5, "topic-unload", "orders"), 5).check()
+    assert reset.findings == []
+    assert reset.dead_letters == {f"past the count: {Cause.COUNT_RESET.value}": 1}
+
+
+def test_a_reconsumed_message_is_dead_lettered_only_from_the_last_reconsume() -> None:
+    message = _id_with(Mechanism.RECONSUME)
+    history = History().produce(0, message, topic="events")
+    for n in range(3):
+        history.deliver(1 + n * 10, message, sub=RETRY_SUB, rc=n, copy=f"t{n}" if n else None, proc="retry-blocking", pid=200)
+        history.reconsume(1 + n * 10, message, 200, f"t{n + 1}", rc=n)
+    early = History()
+    early.records = list(history.records)
+    assert _promises(early.dead_letter(25, message, sub=RETRY_SUB).check()) == [Promise.DEAD_LETTER_EARLY]
+    history.deliver(31, message, sub=RETRY_SUB, rc=3, copy="t3", proc="retry-blocking", pid=200)
+    history.reconsume(31, message, 200, "t4", rc=3)
+    exact = history.dead_letter(31.1, message, sub=RETRY_SUB).check()
+    assert exact.findings == []
+    assert exact.dead_letters == {"at the count": 1}
+
+
+def test_a_copy_past_the_dead_letter_count_is_caught() -> None:
+    message = _id_with(Mechanism.RECONSUME)
+    history = History().produce(0, message, topic="events")
+    for n in range(5):
+        history.deliver(1 + n * 10, message, sub=RETRY_SUB, rc=n, copy=f"t{n}" if n else None, proc="retry-blocking", pid=200)
+        history.reconsume(1 + n * 10, message, 200, f"t{n + 1}", rc=n)
+    history.deliver(60, message, sub=RETRY_SUB, rc=5, copy="t5", proc="retry-blocking", pid=200)
+    history.ack(60, message, sub=RETRY_SUB, rc=5, proc="retry-blocking", pid=200)
+    assert Promise.PAST_COUNT in _promises(history.check())
+
+
+def test_a_duplicate_without_a_cause_is_caught_and_one_in_flight_at_a_kill_is_not() -> None:
+    report = History().produce(0, "m1").deliver(1, "m1").deliver(2, "m1", proc="nack-asyncio", pid=101).ack(2, "m1").check()
+    assert _promises(report) == [Promise.UNEXPLAINED_DUPLICATE]
+    killed = (History().start(0, "nack-blocking", 100).produce(0, "m1").deliver(1, "m1")
+              .fault(1.5, "consumer-kill", "nack-blocking", 1).deliver(2, "m1", proc="nack-asyncio", pid=101)
+              .ack(2, "m1", proc="nack-asyncio", pid=101).check())  # fmt: skip
+    assert killed.findings == []
+    assert killed.duplicates == {Cause.IN_FLIGHT.value: 1}
+
+
+def test_a_message_stored_twice_by_the_producer_is_attributed() -> None:
+    history = (History().produce(0, "m1", mid="(1,1,0,-1)").deliver(1, "m1", mid="(1,1,0,-1)").ack(1, "m1")
+               .deliver(2, "m1", mid="(1,7,0,-1)", proc="nack-asyncio", pid=101).ack(2, "m1", proc="nack-asyncio", pid=101))
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.STORED_TWICE.value: 1}
+
+
+def test_a_failed_settlement_is_not_an_ack() -> None:
+    history = History().produce(0, "m1").deliver(1, "m1").ack(1, "m1")
+    history.add(Ev.ERROR, 1.01, "nack-blocking", 100, op="settle", id="m1", sub=NACK_SUB, gen=1, error="Timeout")
+    report = history.check()
+    assert _promises(report) == [Promise.LOST]
+
+
+def test_the_history_files_survive_a_cut_line(tmp_path: Any) -> None:
+    writer = HistoryWriter(tmp_path, "w")
+    writer.write(Ev.START, role="consumer")
+    writer.write(Ev.ACK, id="m1", sub=NACK_SUB)
+    writer.close()
+    with open(writer.path, "a", encoding="utf-8") as f:
+        f.write('{"ev":"ack","t":')  # a SIGKILL in the middle of a line
+    records = read_history(tmp_path)
+    assert [r["ev"] for r in records] == ["start", "ack"]
+
+
+def test_a_message_left_unacknowledged_in_the_subscription_is_caught() -> None:
+    """An ack the application made that never reached the broker: the history says acked, the broker holds it."""
+    history = History().produce(0, "m1").deliver(1, "m1").ack(1, "m1")
+    assert history.check().findings == []
+    history.add(Ev.LEFTOVER, 9, "run", 1, id="m1", sub=NACK_SUB, mid="(1,1,0,-1)", rc=0, topic="orders")
+    report = history.check()
+    assert _promises(report) == [Promise.LEFT_UNACKED]
+    assert "m1" in report.lines()[0]
+
+
+def test_the_retries_of_a_duplicate_are_duplicates_with_its_cause() -> None:
+    """A copy redelivered after an ack lost with a broker kill, nacked by the consumer that got it: its retry
+    is a duplicate with the same cause, not a delivery after an ack."""
+    history = (History().produce(0, "m1").deliver(1, "m1").ack(1, "m1").fault(5, "broker-kill", "broker-0", 8)
+               .deliver(15, "m1", proc="nack-asyncio", pid=101).nack(15, "m1", 500, proc="nack-asyncio", pid=101)
+               .deliver(15.6, "m1", rc=1).ack(15.6, "m1", rc=1))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.ACK_LOST_BROKER_KILL.value: 1,
+                                 f"retry of a duplicate ({Cause.ACK_LOST_BROKER_KILL.value})": 1}  # fmt: skip
+
+
+def test_a_batched_copy_at_another_consumer_just_after_an_ack_is_the_entry_limit() -> None:
+    """A batch entry redelivered to another consumer within the grouped-ack window: the documented limit;
+    a second later it is a delivery after an ack."""
+    soon = (History().produce(0, "m1", mid="(1,1,0,3)").deliver(1, "m1", mid="(1,1,0,3)").ack(1, "m1")
+            .deliver(1.05, "m1", mid="(1,1,0,3)", proc="nack-asyncio", pid=101).check())  # fmt: skip
+    assert soon.findings == []
+    assert soon.duplicates == {Cause.ENTRY_TO_OTHER_CONSUMER.value: 1}
+    late = (History().produce(0, "m1", mid="(1,1,0,3)").deliver(1, "m1", mid="(1,1,0,3)").ack(1, "m1")
+            .deliver(3, "m1", mid="(1,1,0,3)", proc="nack-asyncio", pid=101).check())  # fmt: skip
+    assert _promises(late) == [Promise.AFTER_ACK]
+
+
+def test_a_retry_copy_stored_twice_is_attributed() -> None:
+    message = _id_with(Mechanism.RECONSUME)
+    history = (History().produce(0, message, topic="events").deliver(1, message, sub=RETRY_SUB, proc="retry-blocking", pid=200)
+               .reconsume(1, message, 200, "tok")
+               .deliver(1.3, message, sub=RETRY_SUB, rc=1, copy="tok", mid="(5,1,-1,-1)", proc="retry-blocking", pid=200)
+               .ack(1.3, message, sub=RETRY_SUB, rc=1, proc="retry-blocking", pid=200)
+               .deliver(4, message, sub=RETRY_SUB, rc=1, copy="tok", mid="(6,1,-1,-1)", proc="retry-blocking", pid=200))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    assert report.duplicates == {Cause.STORED_TWICE.value: 1}

@@ -1,0 +1,282 @@
+"""Regression tests for what the chaos runs found (bench/chaos.py, docs/benchmarks.md "Chaos and soak").
+
+Each test reproduces one violation of a documented promise outside the chaos harness, on
+the session's Apache Pulsar standalone, with the plain client as the control where the
+promise is "as the plain client does". A test of a violation that is not fixed yet is a
+strict xfail: it fails while the bug is there, and turns into an XPASS (a failure) once it
+is fixed, so that the mark gets removed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import pulsar_nack
+from pulsar_nack.testing import quiet_client
+from pulsar_nack.testing.waits import wait_until
+
+MAX_REDELIVER = 2
+MESSAGES = 40
+
+
+def _consumers(kind: str, client: Any, topic: str, dlq: str) -> list[Any]:
+    import pulsar
+
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=MAX_REDELIVER, dead_letter_topic=dlq,
+                                             initial_subscription_name="check")  # fmt: skip
+    options = {"consumer_type": pulsar.ConsumerType.Shared, "dead_letter_policy": policy,
+               "negative_ack_redelivery_delay_ms": 100}  # fmt: skip
+    subscribe = client.subscribe if kind == "plain" else lambda *a, **k: pulsar_nack.subscribe(client, *a, **k)
+    return [subscribe(topic, "two", consumer_name=f"c{i}", **options) for i in range(2)]
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "plain",
+        pytest.param("ours", marks=pytest.mark.xfail(strict=True, reason=(
+            "each consumer's tally counts only its own deliveries, so on a subscription with two consumers a message "
+            "is dead-lettered after more than max_redeliver_count + 1 deliveries (found by bench.chaos, seed 11)"))),
+    ],
+)  # fmt: skip
+def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apache_broker: Any, topic: str, kind: str) -> None:
+    """Every message nacked at every delivery, by whichever of two consumers gets it: each goes to the
+    dead-letter topic after exactly max_redeliver_count + 1 deliveries in all, as with the plain client."""
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    dlq = f"{topic}-DLQ"
+    deliveries: Counter[bytes] = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        reader = client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest,
+                                  consumer_type=pulsar.ConsumerType.Shared)  # the dead-letter sender subscribes too
+        consumers = _consumers(kind, client, topic, dlq)
+
+        def pump(consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                with lock:
+                    deliveries[message.data()] += 1
+                consumer.negative_acknowledge(message)
+
+        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in consumers]
+        for thread in threads:
+            thread.start()
+        producer = client.create_producer(topic, batching_enabled=False)
+        payloads = [f"m{i:03d}".encode() for i in range(MESSAGES)]
+        for payload in payloads:
+            producer.send(payload)
+        dead: set[bytes] = set()
+
+        def all_dead() -> bool:
+            try:
+                message = reader.receive(200)
+            except pulsar.Timeout:
+                return False
+            dead.add(message.data())
+            reader.acknowledge(message)
+            return len(dead) == MESSAGES
+
+        assert wait_until(all_dead, 90), f"{len(dead)} of {MESSAGES} dead-lettered"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    wrong = {p.decode(): n for p in payloads if (n := deliveries[p]) != MAX_REDELIVER + 1}
+    assert not wrong, f"deliveries before the dead letter (expected {MAX_REDELIVER + 1}): {wrong}"
+
+
+COPIES = 30
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    "hold_ms",
+    [
+        pytest.param(0, id="copies-held-by-the-broker"),
+        pytest.param(5_000, id="copies-held-by-the-consumer", marks=pytest.mark.xfail(strict=True, reason=(
+            "a copy the consumer holds (retry_hold_ms) is unacked, so a reconnect of the retry topic's consumer "
+            "brings it again, and the consumer holds and delivers it a second time (found by bench.chaos, seed 12)"))),
+    ],
+)  # fmt: skip
+def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broker: Any, topic: str, hold_ms: int) -> None:
+    """30 retries pending (due 3 s later) when the retry topic is unloaded: each copy reaches the application
+    once, whether the broker holds it until due or the consumer does (``retry_hold_ms``)."""
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    seen: Counter[tuple[bytes, int]] = Counter()
+    try:
+        consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared, retry_enable=True,
+                                         retry_hold_ms=hold_ms)  # fmt: skip
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(COPIES):
+            producer.send(f"r{i:02d}".encode())
+        for _ in range(COPIES):
+            consumer.reconsume_later(consumer.receive(10_000), 3_000)
+        apache_broker.admin.unload_topic(f"{topic}-s-RETRY")  # every copy pending, some held in the consumer
+        while True:
+            try:
+                message = consumer.receive(5_000)  # a second copy would come within the retry's 3 s
+            except pulsar.Timeout:
+                break
+            seen[(message.data(), message.redelivery_count())] += 1
+            consumer.acknowledge(message)
+        consumer.close()
+    finally:
+        client.close()
+    assert len(seen) == COPIES, f"{len(seen)} of {COPIES} copies came back"
+    twice = {f"{p.decode()} rc {rc}": n for (p, rc), n in seen.items() if n > 1}
+    assert not twice, f"retry copies delivered more than once: {twice}"
+
+
+ENTRIES = 20
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    "consumers",
+    [
+        pytest.param(1, id="one-consumer"),
+        pytest.param(2, id="two-consumers", marks=pytest.mark.xfail(strict=True, reason=(
+            "a batch entry handed off for one member's nack may be dispatched to the subscription's other consumer, "
+            "which knows nothing of the first one's pending nacks and delivers the other nacked members at once "
+            "(found by bench.chaos, seed 34034)"))),
+    ],
+)  # fmt: skip
+def test_a_nacked_batch_member_is_never_early_on_a_shared_subscription(apache_broker: Any, topic: str, consumers: int) -> None:
+    """20 entries of 10: member 0 nacked for 300 ms, member 1 for 4 s, the rest acked, by whichever consumer gets the
+    entry; member 1 comes back no earlier than its bucket allows (8 bits: 255 ms), also when member 0's handoff
+    brings the entry back first."""
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    due: dict[bytes, float] = {}
+    arrived: dict[bytes, float] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        group = [pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared, consumer_name=f"c{i}")
+                 for i in range(consumers)]  # fmt: skip
+
+        def pump(consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                payload, now = message.data(), time.monotonic()
+                index = int(payload) % 10
+                with lock:
+                    first = payload not in due and payload not in arrived
+                    if not first:
+                        arrived.setdefault(payload, now)
+                    elif index == 1:
+                        due[payload] = now + 4.0 - 0.255
+                if first and index < 2:
+                    consumer.negative_acknowledge(message, 300 if index == 0 else 4_000)
+                else:
+                    consumer.acknowledge(message)
+
+        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in group]
+        for thread in threads:
+            thread.start()
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                          batching_max_publish_delay_ms=100)  # fmt: skip
+        for i in range(ENTRIES * 10):
+            producer.send_async(f"{i:04d}".encode(), None)
+        producer.flush()
+        assert wait_until(lambda: len(due) == ENTRIES and all(p in arrived for p in due), 60), "not every retry came back"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    early = {p.decode(): round((due[p] - arrived[p]) * 1000) for p in due if arrived[p] < due[p] - 0.010}
+    assert not early, f"ms before due: {early}"
+
+
+LEAK_MESSAGES = 1_000
+
+
+@pytest.mark.broker
+@pytest.mark.xfail(strict=True, reason=(
+    "a consumer forgets a message's delivery counts only when it settles the message itself: one nacked here and "
+    "acked by the other consumer stays in its count maps for good (the soak's RSS slope, found by bench.chaos --soak)"))
+def test_two_consumers_hold_no_more_per_message_than_one(apache_broker: Any, topic: str) -> None:
+    """1,000 messages, each nacked once (100 ms) and acked on its return, with a dead-letter policy (so the consumers
+    count deliveries): the Python memory the consumer code keeps afterwards is no larger with two consumers sharing
+    the work than with one (what one consumer keeps is its bounded memory of settled messages)."""
+    one = _kept_bytes(apache_broker.url, f"{topic}-one", 1)
+    two = _kept_bytes(apache_broker.url, f"{topic}-two", 2)
+    assert two <= 1.3 * one + 10_000, f"kept by pulsar_nack/consumer: {one} bytes with one consumer, {two} with two"
+
+
+def _kept_bytes(url: str, topic: str, consumers: int) -> int:
+    """Bytes of Python objects allocated by pulsar_nack/consumer/ during LEAK_MESSAGES messages and still alive."""
+    import pulsar
+
+    client = quiet_client(url)
+    acked: set[bytes] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=5, dead_letter_topic=f"{topic}-DLQ")
+    try:
+        group = [pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                       consumer_name=f"c{i}", dead_letter_policy=policy) for i in range(consumers)]  # fmt: skip
+
+        def pump(consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                if message.redelivery_count() == 0:
+                    consumer.negative_acknowledge(message, 100)
+                    continue
+                consumer.acknowledge(message)
+                with lock:
+                    acked.add(message.data())
+
+        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in group]
+        for thread in threads:
+            thread.start()
+        producer = client.create_producer(topic, batching_enabled=False)
+
+        def send(start: int, count: int) -> None:
+            for chunk in range(start, start + count, 100):  # in steps, so that retries do not queue behind fresh messages
+                for i in range(chunk, chunk + 100):
+                    producer.send_async(f"{i:05d}".encode(), None)
+                producer.flush()
+                assert wait_until(lambda: len(acked) == chunk + 100, 60), f"{len(acked)} of {chunk + 100} acked"  # noqa: B023
+
+        send(0, 200)  # warm-up: the consumers' tables and the client's buffers reach their size
+        tracemalloc.start()
+        try:
+            send(200, LEAK_MESSAGES)
+            snapshot = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    kept = snapshot.filter_traces([tracemalloc.Filter(True, "*pulsar_nack/consumer/*")])
+    return sum(stat.size for stat in kept.statistics("filename"))
