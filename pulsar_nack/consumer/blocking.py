@@ -189,10 +189,7 @@ class NackingConsumer(ConsumerBase):
         """
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
-            self._check_open()
-            if self._retry is not None and self._receiver is not None:
-                return self._receive_retrying(self._receiver, self._retry, timeout_millis)
-            return self._receive_wrapped(timeout_millis)
+            return self._receive_other(timeout_millis)
         if timeout_millis is None:
             message = receive()
         else:
@@ -219,6 +216,13 @@ class NackingConsumer(ConsumerBase):
             else:
                 left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
                 message = receive(max(left, 0))
+
+    def _receive_other(self, timeout_millis: int | None) -> pulsar.Message:
+        """receive() off the common path: refused once closed, else with a retry letter topic or a stand-in consumer."""
+        self._check_open()
+        if self._retry is not None and self._receiver is not None:
+            return self._receive_retrying(self._receiver, self._retry, timeout_millis)
+        return self._receive_wrapped(timeout_millis)
 
     def _receive_retrying(
         self, receive: Callable[..., pulsar.Message], retry: RetryLetter, timeout_millis: int | None
