@@ -54,9 +54,7 @@ except ImportError:  # pragma: no cover (every pulsar-client has it; check_clien
 __all__ = [
     "MESSAGE_ID_TYPES",
     "MESSAGE_TYPE",
-    "MIN_VERSION",
     "NEXT_MAJOR",
-    "RECEIVED_TYPES",
     "SUPPORTED",
     "RawClient",
     "RawMessage",

@@ -32,6 +32,7 @@ __all__ = [
     "ROUTE",
     "ROUTE_STORED",
     "SETTLED_FOREIGN",
+    "STASH",
     "EntryTable",
     "Outcome",
     "PyEntryTable",
@@ -41,7 +42,6 @@ __all__ = [
     "parse_id",
     "py_message_key",
     "py_parse_id",
-    "py_received_key",
     "read_id",
     "received_key",
 ]
