@@ -22,7 +22,7 @@ from .core.tracker import NegativeAcksTracker, TrackerStats
 from .errors import ClosedError, ConsumerClosedError, PulsarNackError, TrackerClosedError
 
 # The one place the version is written: pyproject.toml reads this literal (a dynamic version).
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 # Public names of the consumer layer, which imports pulsar: loaded on first use.
 _LAZY = {
