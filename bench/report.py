@@ -28,7 +28,8 @@ DOCS = {
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
     "docs/consumer.md": ["retry-lateness", "retry-durable", "retry-cost", "retry-receive", "faults", "client-matrix",
-                         "demo-kill-duplicates", "jitter", "chunks"],
+                         "demo-kill-duplicates", "jitter", "chunks",
+                         "ack-timeout"],
 }
 
 
@@ -1094,6 +1095,19 @@ def chunks_table(result: dict[str, Any] | None = None) -> str:
     return md_table(["broker", "consumer", "300 KB chunked back (ms after the nack)", "small back", "back twice",
                      "whole", "backlog left"], rows, "llllrlr")
 
+def ack_timeout_table(result: dict[str, Any] | None = None) -> str:
+    """The consumer's own ack timeout beside the plain client's (bench/ack_timeout.py)."""
+    data = result or load("ack_timeout")
+    cost, memory = data["cost"], data["memory"]
+    names = {"plain": "pulsar-client, its ack timeout", "pulsar-nack": "pulsar-nack, its own ack timeout"}
+    rows = [[names[s], _mmm(cost["cases"][s]), f"{memory[s]['bytes_per_unacked']:.1f}"] for s in ("plain", "pulsar-nack")]
+    ours = memory["pulsar-nack"].get("structures_bytes_per_unacked")
+    table = md_table(["consumer", "receive + ack µs (min / median / max)", "bytes per unacked message (RSS)"], rows, "lrr")
+    note = (f"{data['broker']}; {cost['messages']:,} messages per repetition, {memory['messages']:,} unacked per memory run. "
+            f"Receive + ack: ours {cost['ratio_median']:.2f}x the plain client's (medians)"
+            + (f"; our structures' own estimate {ours:.1f} bytes per unacked message." if ours is not None else "."))
+    return f"{table}\n\n{note}"
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
@@ -1105,6 +1119,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates, "jitter": jitter_table,
     "chunks": chunks_table,
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
+    "ack-timeout": ack_timeout_table,
 }
 
 

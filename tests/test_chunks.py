@@ -197,3 +197,36 @@ def test_chunked_dead_letters_are_stored_whole(client, chunk_broker, how):
     assert deliveries == dict.fromkeys(messages, 1 if how == "reject" else 2)
     dead = {m.data()[:8]: m.data() for m in read_all(client, f"{topic}-sub-DLQ", wait_ms=2_000)}
     assert dead == messages
+
+
+def test_a_chunked_message_left_to_the_ack_timeout_comes_back_whole(client, chunk_broker):
+    """``unacked_messages_timeout_ms`` 10 s, nothing settled: ours brings the 300 KB message back whole
+    at the timeout (its handoff names every chunk); the plain client (control) brings the small one
+    back and never the chunked one (its tracker redelivers the last chunk's entry alone)."""
+    messages = payloads(1, 1)
+    back: dict[str, dict[bytes, list[float]]] = {}
+    for kind in ("plain", "ours"):
+        topic = new_topic()
+        options = {"consumer_type": Shared, "unacked_messages_timeout_ms": 10_000}
+        consumer = (client.subscribe(topic, "sub", **options) if kind == "plain"
+                    else pulsar_nack.subscribe(client, topic, "sub", **options))
+        produce(client, topic, messages)
+        first: dict[bytes, float] = {}
+        back[kind] = {name: [] for name in messages}
+        end = time.monotonic() + 25
+        while time.monotonic() < end and not all(back[kind].values()):
+            message = receive(consumer, 200)
+            if message is None:
+                continue
+            name = message.data()[:8]
+            assert message.data() == messages[name], f"{name!r} not whole"
+            if name not in first:
+                first[name] = time.monotonic()  # left unsettled
+            else:
+                back[kind][name].append((time.monotonic() - first[name]) * 1000)
+                consumer.acknowledge(message)
+        consumer.close()
+    assert all(len(v) == 1 and 10_000 <= v[0] <= 11_500 for v in back["ours"].values()), back
+    assert len(back["plain"][b"sml-0000"]) == 1 and not back["plain"][b"big-0000"], (
+        "the plain client's ack timeout brought a chunked message back: update docs/consumer.md"
+    )

@@ -426,6 +426,25 @@ class NackingConsumer(ConsumerBase):
         if ack_after:
             self.acknowledge(message)
 
+    def in_progress(self, message: Any) -> bool:
+        """Say the application is still working on *message*: push its ack timeout to
+        ``unacked_messages_timeout_ms`` from now; False if it is not in flight (settled, or
+        already redelivered). O(1).
+
+        Named after NATS JetStream's "in progress" acknowledgement (``AckProgress``); Kafka
+        share groups call it ``RENEW``, SQS ``ChangeMessageVisibility``. The plain client has
+        none: a message worked on longer than the timeout is redelivered.
+
+        Raises
+        ------
+        RuntimeError
+            Without ``unacked_messages_timeout_ms`` (:class:`~pulsar_nack.errors.ConsumerClosedError` after :meth:`close`).
+        TypeError, ValueError
+            As :meth:`acknowledge`.
+        """
+        self._check_open()
+        return self._core.in_progress(message)
+
     # ------------------------------------------------------------------ the rest of the API
 
     def redeliver_unacknowledged_messages(self) -> None:

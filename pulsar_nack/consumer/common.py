@@ -54,9 +54,13 @@ class ConsumerStats(_ConsumerCounts, total=False):
     With retry letter topics (``retry_enable=True``) also ``reconsumed`` (retry copies
     stored by ``reconsume_later``), ``retry_dead_lettered`` (reconsumes past
     ``max_redeliver_count``, stored in the DLQ) and ``held`` (retry copies the broker
-    delivered early, held until due; not counted as received or delivered).
+    delivered early, held until due; not counted as received or delivered). With
+    ``unacked_messages_timeout_ms`` also ``ack_timeout_in_flight`` (received messages not
+    settled yet, under the consumer's ack timeout) and ``ack_timeout_memory_bytes``.
     """
 
+    ack_timeout_in_flight: int
+    ack_timeout_memory_bytes: int
     reconsumed: int
     retry_dead_lettered: int
     held: int

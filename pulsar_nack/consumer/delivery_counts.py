@@ -14,7 +14,6 @@ Not thread-safe: the ledger holds its lock around every call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .message_sets import Item, PendingNacks
@@ -36,7 +35,7 @@ class DeliveryCounts:
     False
     """
 
-    __slots__ = ("_copies", "_last", "_nacks", "_on_last", "_sending", "_shown", "limit", "stored")
+    __slots__ = ("_copies", "_last", "_nacks", "_sending", "_shown", "limit", "stored")
 
     limit: int
     """The policy's ``max_redeliver_count``."""
@@ -47,12 +46,9 @@ class DeliveryCounts:
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
     _sending: set[Item]
-    _on_last: Callable[[Any, Item], None] | None
 
-    def __init__(self, limit: int, on_last: Callable[[Any, Item], None] | None = None) -> None:
-        """*on_last(raw, item)*: called when a message reaches its last delivery (the ack timeout starts)."""
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._on_last = on_last
         self.stored = PendingNacks()
         self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
         self._sending = set()
@@ -107,8 +103,6 @@ class DeliveryCounts:
             return True
         if seen == self.limit:  # its last delivery: a nack or a redelivery sends it
             self._last[item] = raw
-            if self._on_last is not None:
-                self._on_last(raw, item)
         self._shown[item] = seen + 1
         return False
 

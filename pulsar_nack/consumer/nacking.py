@@ -234,16 +234,18 @@ class NackingCore:
         limit = settings.max_redeliver_count
         lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
         timeout = settings.ack_timeout_ms
-        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if limit is not None and timeout else None
-        on_last = None if self._ack_timeout is None else self._start_ack_timeout
+        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if timeout else None
         self.ledger = ledger = AdmissionLedger(
-            None if limit is None else DeliveryCounts(limit, on_last),  # counts exist only with a dead-letter policy
+            None if limit is None else DeliveryCounts(limit),  # counts exist only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
-            start_guard=min(guard_messages, START_GUARD_MESSAGES),
+            start_guard=min(guard_messages, START_GUARD_MESSAGES), watch_all=bool(timeout),
         )
         # The receive path reads the table's verdict without the lock when one C call reads
         # it, and screens under the lock only what the table does not settle (everything with counts).
         self._screen_all = ledger.counts is not None
+        if self._ack_timeout is not None:  # every delivery starts a deadline, every ack ends one
+            self.admit = self._admit_timed  # type: ignore[method-assign]  # (per instance, on purpose: no cost without it)
+            self.before_ack = self._before_ack_timed  # type: ignore[method-assign]
         # Lock-free counters: any thread steps one with next() (one C call). counts() reads
         # one with next() too and takes off the reads it made before (_reads, under its lock).
         self.received = itertools.count()
@@ -350,21 +352,63 @@ class NackingCore:
         if self._acknowledge is not None:
             self._acknowledge(message)
 
-    def _start_ack_timeout(self, raw: Any, item: Item) -> None:
-        """Delivery counts' callback (ledger lock held): *raw* is at its last delivery; its ack timeout starts."""
-        assert self._ack_timeout is not None
-        self._ack_timeout.start((raw.topic_name(), *item))
+    def _ack_timed_out(self, keys: list[tuple[MessageKey, tuple[int, int] | None]]) -> None:
+        """AckTimeout callback: messages unsettled at their timeout are redelivered now, as by a nack due now.
 
-    def _ack_timed_out(self, keys: list[MessageKey]) -> None:
-        """AckTimeout callback: messages at their last delivery still unsettled go to the dead-letter topic now.
-
-        What the C++ client does when its ack timeout redelivers such a message: it sends
-        the copy it kept, without a further receive.
+        One at its last delivery goes to the dead-letter topic instead, from the copy kept,
+        as the C++ client sends it when its ack timeout redelivers it, without a further receive.
         """
-        for key in keys:
-            last = self.ledger.take_last((key[1], key[2], key[3]))
+        for key, first_chunk in keys:
+            item = (key[1], key[2], key[3])
+            last = self.ledger.take_last(item)
             if last is not None:
                 self._send_dead_letter(last, False)
+                continue
+            size = self.ledger.size_of(key[1], key[2]) if key[3] >= 0 else 0
+            if self.ledger.note_nack(item, size, None, first_chunk):  # else a nack of it is pending already
+                try:
+                    self.tracker.add(key, 0)
+                except ClosedError:
+                    return  # closing: the broker redelivers it when this consumer is gone
+
+    def in_progress(self, message: Any) -> bool:
+        """Push the ack timeout of *message* to ``ack_timeout_ms`` from now; False if it is not in flight.
+
+        Raises RuntimeError without an ack timeout; TypeError or ValueError as :meth:`key_of`. O(1).
+        """
+        key = self.key_of(message)[0]
+        if self._ack_timeout is None:
+            raise RuntimeError("in_progress needs a consumer subscribed with unacked_messages_timeout_ms")
+        return self._ack_timeout.extend(key)
+
+    def _admit_timed(self, message: Any, wrapper: Any = None) -> bool:
+        """:meth:`admit` with the consumer's ack timeout: a delivered copy starts its deadline."""
+        if not NackingCore.admit(self, message, wrapper):
+            return False
+        raw = message if wrapper is not None else _inner_message(message)
+        data = _stashed(wrapper if wrapper is not None else message) or raw.message_id().serialize()
+        ledger_id, entry_id, _, index, _ = _msgid.parse_id(data)
+        assert self._ack_timeout is not None
+        self._ack_timeout.start((raw.topic_name(), ledger_id, entry_id, index), _msgid.first_chunk(data))
+        return True
+
+    def _before_ack_timed(self, message: Any) -> Any:
+        """:meth:`before_ack` with the consumer's ack timeout: the acked message's deadline ends."""
+        result = NackingCore.before_ack(self, message)
+        data = _stashed(message)
+        if data is not None:
+            fields = _msgid.parse_id(data)
+            item = (fields[0], fields[1], fields[3])
+        else:
+            item = self.key_of(message)[0][1:]
+        assert self._ack_timeout is not None
+        self._ack_timeout.settle(item)
+        return result
+
+    def _settle_timeout(self, key: MessageKey) -> None:
+        """*key* was settled (acked, nacked, rejected): its ack timeout stops."""
+        if self._ack_timeout is not None:
+            self._ack_timeout.settle((key[1], key[2], key[3]))
 
     def _send_dead_letter(self, message: Any, stored: bool) -> None:
         route = self._route
@@ -401,6 +445,7 @@ class NackingCore:
         key, _ = self.key_of(message)
         if not self.ledger.reject((key[1], key[2], key[3])):
             raise ValueError(f"message {key} is NACKED (its nack is pending): it cannot be rejected")
+        self._settle_timeout(key)
 
     def reject_failed(self, message: Any) -> None:
         """The dead letter of a rejected *message* was not stored: it is the application's again. O(1)."""
@@ -482,6 +527,7 @@ class NackingCore:
         if counts is not None and counts.has_last():
             last = self.ledger.take_last(item)
             if last is not None:  # at its last delivery: to the dead-letter topic
+                self._settle_timeout(key)
                 self._send_dead_letter(last, False)
                 next(self._nacked)
                 return
@@ -496,6 +542,7 @@ class NackingCore:
         except BaseException:
             self.ledger.undo_nack(item)
             raise
+        self._settle_timeout(key)
         next(self._nacked)
 
     def before_ack(self, message: Any) -> Any:
@@ -595,7 +642,15 @@ class NackingCore:
             "nacked": steps["nacked"],
             **counts,
             "pending_guarded": pending,
+            **self._ack_timeout_counts(),
         }
+
+    def _ack_timeout_counts(self) -> dict[str, int]:
+        """With an ack timeout: the messages in flight under it and its structures' bytes (an estimate)."""
+        timeout = self._ack_timeout
+        if timeout is None:
+            return {}
+        return {"ack_timeout_in_flight": len(timeout), "ack_timeout_memory_bytes": timeout.memory_bytes()}
 
     def memory_bytes(self) -> int:
         """Bytes of the admission structures (nack sets, complete entries, entry table): an estimate."""

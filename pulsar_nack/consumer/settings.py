@@ -66,10 +66,10 @@ class ConsumerSettings:
     retry_letter_topic : str, optional
         The retry letter topic (with ``retry_enable``); else named as the Java client names it.
     ack_timeout_ms : int
-        The consumer's ``unacked_messages_timeout_ms`` (0: none). With a dead-letter
-        policy, a message at its last delivery goes to the dead-letter topic this long
-        after its delivery if still unsettled, as the client's ack timeout sends it
-        (:mod:`~pulsar_nack.consumer.ack_timeout`). ``subscribe`` sets it.
+        The consumer's ``unacked_messages_timeout_ms`` (0: none), kept by the consumer
+        instead of the client (:mod:`~pulsar_nack.consumer.ack_timeout`): a message not
+        settled this long after its delivery (or its last ``in_progress``) is redelivered,
+        or dead-lettered at its last delivery. ``subscribe`` sets it.
     retry_hold_ms : int
         With ``retry_enable``: a reconsume whose delay is at most this many ms is held by
         the consumers instead of the broker (default 0: none, every retry copy carries its
@@ -175,6 +175,7 @@ def subscribe_settings(
         retry_hold_ms=retry_hold_ms,
     )
     subscribe_kwargs.pop("dead_letter_policy", None)
+    subscribe_kwargs.pop("unacked_messages_timeout_ms", None)  # kept by the consumer (ack_timeout_ms)
     subscribe_kwargs.setdefault("batch_index_ack_enabled", True)
     return settings
 

@@ -1,0 +1,173 @@
+"""The ack timeout kept by the consumer beside the plain client's: memory per unacked message, receive + ack cost.
+
+Both on one Apache Pulsar standalone (batch-index acks on), one run, ``unacked_messages_timeout_ms``
+of ten minutes (nothing times out during the measurement):
+
+* **receive + acknowledge**: µs per message (wall time) over ``--messages`` non-batched
+  messages already in the receive queue (``receiver_queue_size`` = all of them), for the
+  plain ``client.subscribe`` with its ack timeout and ``pulsar_nack.subscribe`` with the
+  same; repetitions alternate the two, the first is a warmup; min / median / max.
+* **bytes per unacked message**: a fresh worker process per run receives
+  ``--unacked`` messages and keeps them unacked (the message objects dropped: only what
+  each consumer keeps per id remains); the process RSS delta (after ``gc.collect`` and
+  ``malloc_trim``) of the system with the ack timeout minus that of the same system
+  without it, per message. Ours also reports its structures' own estimate
+  (``AckTimeout.memory_bytes``). Three runs of each, medians.
+
+Run: ``python -m bench.ack_timeout [--quick]``; writes ``bench/results/ack_timeout.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+from ._common import finish, parser, rss_bytes, run_worker, start_context, summarize, trim_heap
+
+TIMEOUT_MS = 600_000
+SYSTEMS = ("plain", "pulsar-nack")
+
+
+def _subscribe(client: Any, system: str, topic: str, queue: int, timeout: bool) -> Any:
+    import pulsar
+
+    import pulsar_nack
+
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared, "receiver_queue_size": queue,
+                               "initial_position": pulsar.InitialPosition.Earliest}
+    if timeout:
+        options["unacked_messages_timeout_ms"] = TIMEOUT_MS
+    if system == "plain":
+        return client.subscribe(topic, f"sub-{system}", **options)
+    return pulsar_nack.subscribe(client, topic, f"sub-{system}", **options)
+
+
+def _produce(client: Any, topic: str, n: int) -> None:
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    for i in range(n):
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    producer.close()
+
+
+def _receive_ack_us(client: Any, admin: Any, system: str, topic: str, n: int) -> float:
+    """µs per receive + acknowledge over *n* messages, the queue filled first."""
+    from pulsar_nack.testing.waits import wait_until
+
+    consumer = _subscribe(client, system, topic, n, timeout=True)
+    first = consumer.receive(30_000)
+    consumer.acknowledge(first)
+    sub = f"sub-{system}"
+    # Until the broker has dispatched them all into the queue: no network inside the timed loop.
+    wait_until(lambda: admin.topic_stats(topic)["subscriptions"][sub]["msgOutCounter"] >= n, 60, 0.1)
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        consumer.acknowledge(consumer.receive(30_000))
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return elapsed / (n - 1) * 1e6
+
+
+def run_cost(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
+    import pulsar
+
+    from pulsar_nack.testing.admin import PulsarAdmin
+
+    admin = PulsarAdmin(admin_url)
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    topic = f"persistent://public/default/bench-ackt-{uuid.uuid4().hex[:8]}"
+    samples: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+    for rep in range(reps + 1):  # the first is the warmup
+        for system in SYSTEMS if rep % 2 == 0 else reversed(SYSTEMS):
+            sub_topic = f"{topic}-{rep}-{system}"
+            _produce(client, sub_topic, n)
+            us = _receive_ack_us(client, admin, system, sub_topic, n)
+            if rep:
+                samples[system].append(us)
+    client.close()
+    cases = {system: summarize(values) for system, values in samples.items()}
+    return {"messages": n, "repetitions": reps, "cases": cases,
+            "ratio_median": cases["pulsar-nack"]["median"] / cases["plain"]["median"]}
+
+
+def _memory_worker(url: str, system: str, topic: str, n: int, timeout: bool) -> dict[str, Any]:
+    """Fresh process: receive *n* messages, keep them unacked, drop the objects; the RSS delta."""
+    import gc
+
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    consumer = _subscribe(client, system, topic, 1000, timeout)
+    consumer.acknowledge(consumer.receive(30_000))  # one-off structures before the first read
+    gc.collect()
+    trim_heap()
+    before = rss_bytes()
+    for _ in range(n):
+        consumer.receive(30_000)
+    gc.collect()
+    trim_heap()
+    after = rss_bytes()
+    result: dict[str, Any] = {"system": system, "timeout": timeout, "messages": n, "rss_delta_bytes": after - before}
+    if system == "pulsar-nack" and timeout:  # its structures' own estimate
+        stats = consumer.stats()
+        result["structures_bytes"] = stats["ack_timeout_memory_bytes"]
+        result["in_flight"] = stats["ack_timeout_in_flight"]
+    consumer.close()
+    client.close()
+    return result
+
+
+def run_memory(url: str, n: int, reps: int) -> dict[str, Any]:
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    runs: list[dict[str, Any]] = []
+    for _ in range(reps):
+        for system in SYSTEMS:
+            for timeout in (True, False):
+                topic = f"persistent://public/default/bench-ackt-mem-{uuid.uuid4().hex[:8]}"
+                _produce(client, topic, n + 1)
+                runs.append(run_worker("bench.ack_timeout", url, system, topic, str(n), str(int(timeout))))
+    client.close()
+    out: dict[str, Any] = {"messages": n, "runs": runs}
+    for system in SYSTEMS:
+        with_t = statistics.median(r["rss_delta_bytes"] for r in runs if r["system"] == system and r["timeout"])
+        without = statistics.median(r["rss_delta_bytes"] for r in runs if r["system"] == system and not r["timeout"])
+        out[system] = {"rss_delta_with_timeout": with_t, "rss_delta_without": without,
+                       "bytes_per_unacked": (with_t - without) / n}
+    ours = [r["structures_bytes"] / r["in_flight"] for r in runs if "structures_bytes" in r and r["in_flight"]]
+    out["pulsar-nack"]["structures_bytes_per_unacked"] = statistics.median(ours) if ours else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        url, system, topic, count, timeout = argv[1:6]
+        print(json.dumps(_memory_worker(url, system, topic, int(count), bool(int(timeout)))))
+        return None
+    made = parser(__doc__ or "", "bench.ack_timeout", quick="5,000 messages, 2 repetitions")
+    made.add_argument("--messages", type=int, default=None, help="receive + ack messages per repetition (20,000)")
+    made.add_argument("--unacked", type=int, default=None, help="unacked messages per memory run (40,000)")
+    args = made.parse_args(argv)
+    from pulsar_nack.testing import PulsarStandalone
+
+    start = start_context()
+    n = args.messages or (5_000 if args.quick else 20_000)
+    unacked = args.unacked or (5_000 if args.quick else 40_000)
+    reps = 2 if args.quick else 3
+    with PulsarStandalone(batch_index_ack=True) as broker:
+        payload = {"broker": f"Apache Pulsar {broker.version} standalone", "timeout_ms": TIMEOUT_MS,
+                   "cost": run_cost(broker.url, broker.admin_url, n, reps), "memory": run_memory(broker.url, unacked, reps)}
+    from .report import ack_timeout_table
+
+    finish(args, "ack_timeout", payload, start, table=ack_timeout_table)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
