@@ -235,13 +235,13 @@ class AdmissionLedger:
         watch_all: bool = False,
     ) -> None:
         self.counts = counts
-        self._watch_all = watch_all or counts is not None
         self._always_guard, self._guard_messages = always_guard, guard_messages
         self._lock = threading.Lock()
         self.pending, self._handed, self._returned = PendingNacks(), AgingSet(), AgingSet()
         self._complete = EntrySet()
         self.entries = _msgid.EntryTable(SETTLED_CAPACITY)
-        self.entries.watch_all = self._watch_all  # with delivery counts (or the consumer's ack timeout), every copy and ack is the ledger's
+        # With delivery counts (or the consumer's ack timeout), every copy and ack is the ledger's.
+        self.entries.watch_all = watch_all or counts is not None
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self.admit_kept = self.entries.admit_message
         self.record_ack = self.entries.ack_message if self.atomic_table else _records_nothing
@@ -713,7 +713,7 @@ class AdmissionLedger:
         """Set ``quiet``, and ``unguarded`` and ``table_screens`` with it."""
         self.quiet = quiet
         self.unguarded = quiet and self.counts is None
-        self.table_screens = not quiet and not self._watch_all and self.atomic_table
+        self.table_screens = not quiet and not self.entries.watch_all and self.atomic_table
 
     def _guard(self) -> None:
         """Start guarding (under the lock): a nack state begins. On every nack: no call it can spare."""

@@ -251,20 +251,9 @@ class AsyncNackingConsumer(ConsumerBase):
             await self.acknowledge(message)
 
     async def in_progress(self, message: Any) -> bool:
-        """Say the application is still working on *message*: push its ack timeout to
-        ``unacked_messages_timeout_ms`` from now; False if it is not in flight (settled, or
-        already redelivered). O(1).
-
-        Named after NATS JetStream's "in progress" acknowledgement (``AckProgress``); Kafka
-        share groups call it ``RENEW``, SQS ``ChangeMessageVisibility``. The plain client has
-        none: a message worked on longer than the timeout is redelivered.
-
-        Raises
-        ------
-        RuntimeError
-            Without ``unacked_messages_timeout_ms`` (:class:`~pulsar_nack.errors.ConsumerClosedError` after :meth:`close`).
-        TypeError, ValueError
-            As :meth:`acknowledge`. Does no I/O.
+        """Push the ack timeout of *message* to ``unacked_messages_timeout_ms`` from now; False if it is
+        not in flight. As :meth:`NackingConsumer.in_progress <pulsar_nack.consumer.NackingConsumer.in_progress>`;
+        does no I/O.
         """
         self._check_open()
         return self._core.in_progress(message)
