@@ -175,7 +175,7 @@ def breaks_table() -> str:
                      _promises(check["by_promise_one_consumer"]), _promises(check["by_promise_two_consumers"])])  # fmt: skip
     note = ("\n\nEach a short run (`python -m bench.chaos --minutes 2 --seed S --faults ...`) on a copy of the code with "
             "the change in *where*, restored afterwards; `bench/results/<name>.json` (its `meta` lists the changed "
-            "files; its `violations`, the lines the checker printed). The last column is the known findings below "
+            "files; its `violations`, the lines the checker printed). The last column is the known findings above "
             "(two consumers of one subscription involved), which appear without any break too.")  # fmt: skip
     headers = ["broken on purpose", "where", "run and faults", "caught (one consumer involved)",
                "also reported (two consumers involved)"]  # fmt: skip

@@ -22,7 +22,7 @@ from pulsar_nack.testing import quiet_client
 from pulsar_nack.testing.waits import wait_until
 
 MAX_REDELIVER = 2
-MESSAGES = 40
+MESSAGES = 100
 
 
 def _consumers(kind: str, client: Any, topic: str, dlq: str) -> list[Any]:
@@ -31,7 +31,7 @@ def _consumers(kind: str, client: Any, topic: str, dlq: str) -> list[Any]:
     policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=MAX_REDELIVER, dead_letter_topic=dlq,
                                              initial_subscription_name="check")  # fmt: skip
     options = {"consumer_type": pulsar.ConsumerType.Shared, "dead_letter_policy": policy,
-               "negative_ack_redelivery_delay_ms": 100}  # fmt: skip
+               "negative_ack_redelivery_delay_ms": 100, "receiver_queue_size": 10}  # fmt: skip  (both get messages)
     subscribe = client.subscribe if kind == "plain" else lambda *a, **k: pulsar_nack.subscribe(client, *a, **k)
     return [subscribe(topic, "two", consumer_name=f"c{i}", **options) for i in range(2)]
 
