@@ -234,8 +234,8 @@ def test_the_guarding_path_swallows_a_pending_nacks_copy_and_leaves_fresh_entrie
     assert not core.admit(Stub(T, 5, 1), Wrapper()), "a reconnect's copy of a pending nack reached the application"
     later, kept = Stub(T, 5, 2), Wrapper()
     assert core.admit(later, kept), "a fresh message above the nacked entry"
-    assert core.ledger.record_ack(kept) == core.ledger.atomic_table, "its ack is the table's (with the C table)"
-    assert not core.ledger.record_ack(wrapper), "the nacked entry's ack is the ledger's"
+    assert core.ledger.entries.ack_message(kept), "its ack is the table's"
+    assert not core.ledger.entries.ack_message(wrapper), "the nacked entry's ack is the ledger's"
     assert core.counts()["swallowed"] == 1
     core._check()
     core.close(redeliver_pending=False)

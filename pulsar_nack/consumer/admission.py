@@ -45,7 +45,7 @@ Guarding
     the consumer *guards* (reads the id of every received message and records every ack)
     only from the start, while any nack state exists, and for ``guard_messages``
     deliveries after the last one; then the ledger is *quiet* and receive and
-    acknowledge keep no books until the next nack (``unguarded``: quiet, and no
+    acknowledge keep no books until the next nack (``screening`` is ``Screening.NONE``: quiet, and no
     delivery counts).
 
 Watched entries
@@ -53,9 +53,9 @@ Watched entries
     *watches* its entry in the table first (a per-ledger mark: the highest nacked entry id
     of its ledger), and the marks are dropped only when no nack state is left. A copy of
     an entry above its ledger's mark is decided by the C table alone, without the lock
-    (:attr:`AdmissionLedger.admit_kept`: delivered, the record of a batch entry opened),
-    and its ack recorded there from the id kept on the message
-    (:attr:`AdmissionLedger.record_ack`); a watched entry's copies and acks are the
+    (``entries.admit_message``: delivered, the record of a batch entry opened), and its
+    ack recorded there from the id kept on the message (``entries.ack_message``, with the
+    C table only: :attr:`AdmissionLedger.atomic_table`); a watched entry's copies and acks are the
     ledger's, one atomic step under its lock, as above. Each C call is atomic under the
     GIL, so it is ordered before or after any step of the ledger.
 """
@@ -83,6 +83,7 @@ __all__ = [
     "UNTITLED",
     "AdmissionLedger",
     "MessageState",
+    "Screening",
 ]
 
 SETTLED_CAPACITY = 8192
@@ -97,9 +98,17 @@ _DELIVER, _ACKED, _NACKED, _FRESH = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED,
 _ROUTE, _ROUTE_STORED, _COMPLETE = _msgid.ROUTE, _msgid.ROUTE_STORED, _msgid.COMPLETE
 
 
-def _records_nothing(message: Any) -> bool:
-    """``record_ack`` with the pure-Python table (it needs the lock): the ledger records every ack."""
-    return False
+class Screening(enum.Enum):
+    """How a consumer's receive and acknowledge treat a copy (:attr:`AdmissionLedger.screening`)."""
+
+    NONE = "none"
+    """Quiet without delivery counts: receive and acknowledge keep no books (the common path)."""
+    TABLE = "table"
+    """Guarding, with the C table and without delivery counts or an ack timeout: each received copy goes to
+    ``entries.admit_message(raw, wrapper)`` and, unless it returns DELIVER (decided), to the core's screen;
+    an ack to ``entries.ack_message``, else to the core."""
+    LEDGER = "ledger"
+    """Every copy through the core's ``admit`` (delivery counts, an ack timeout, or the pure-Python table)."""
 
 
 class MessageState(enum.Enum):
@@ -198,19 +207,8 @@ class AdmissionLedger:
     atomic_table: bool
     """True if a table read is one C call (atomic under the GIL): a verdict may be read without the lock."""
     quiet: bool
-    unguarded: bool
-    """True while quiet without delivery counts: receive and ack keep no books (the common path)."""
-    table_screens: bool
-    """True while guarding without delivery counts, with the C table: a consumer passes each received copy to
-    :attr:`admit_kept` and, unless it returns DELIVER (decided), to the core's screen."""
-    admit_kept: Callable[[Any, Any], int]
-    """``admit_kept(raw, wrapper)``: the table's lock-free screen of a received copy (``EntryTable.admit_message``),
-    keeping its id on *wrapper* (its ``pulsar.Message``): DELIVER, decided; DELIVER_LAST, deliver and see
-    :meth:`maybe_quiet`; else the table's verdict, for :meth:`screen`."""
-    record_ack: Callable[[Any], bool]
-    """``record_ack(message)``: True if the C table recorded the ack of a received ``pulsar.Message`` (acknowledge
-    it on the client, nothing else: its id was kept on admission and its entry holds no nack state); False,
-    nothing recorded, otherwise. O(1)."""
+    screening: Screening
+    """How a consumer's receive and acknowledge treat a copy now (set with ``quiet``)."""
     to_ack_again: list[Any]
     """Copies and ids to acknowledge on the client after the last acks (held copies, whole entries)."""
     stats: dict[str, int]
@@ -243,15 +241,13 @@ class AdmissionLedger:
         # With delivery counts (or the consumer's ack timeout), every copy and ack is the ledger's.
         self.entries.watch_all = watch_all or counts is not None
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
-        self.admit_kept = self.entries.admit_message
-        self.record_ack = self.entries.ack_message if self.atomic_table else _records_nothing
         self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
         self._recent = RecentHandoffs(lead_ms)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
         self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
         self._set_quiet(False)
-        self.guard_left = start_guard
+        self.entries.guard_left = start_guard
 
     @property
     def guard_left(self) -> int:
@@ -361,7 +357,7 @@ class AdmissionLedger:
         if handed:  # the delivery its handoff brought: now returned
             self._handed.discard(*item)
             self._returned.add(*item)
-            self.guard_left = self._guard_messages
+            self.entries.guard_left = self._guard_messages
         return _DELIVER
 
     def _screen_dead_letters(self, item: Item) -> int | None:
@@ -436,7 +432,7 @@ class AdmissionLedger:
             if first_chunk is not None:
                 self._chunks[item[:2]] = first_chunk
             self._set_quiet(False)  # a nack state begins: guard
-            self.guard_left = self._guard_messages
+            self.entries.guard_left = self._guard_messages
             return True
 
     def undo_nack(self, item: Item) -> None:
@@ -699,7 +695,7 @@ class AdmissionLedger:
         """
         with self._lock:
             self._expire(monotonic_ms())
-            self.guard_left = self._guard_messages
+            self.entries.guard_left = self._guard_messages
             if self._always_guard or self.has_nack_state() or self._held:
                 return
             self.entries.forget_settled()
@@ -710,10 +706,14 @@ class AdmissionLedger:
             self._set_quiet(True)
 
     def _set_quiet(self, quiet: bool) -> None:
-        """Set ``quiet``, and ``unguarded`` and ``table_screens`` with it."""
+        """Set ``quiet``, and ``screening`` with it."""
         self.quiet = quiet
-        self.unguarded = quiet and self.counts is None
-        self.table_screens = not quiet and not self.entries.watch_all and self.atomic_table
+        if quiet and self.counts is None:
+            self.screening = Screening.NONE
+        elif not quiet and not self.entries.watch_all and self.atomic_table:
+            self.screening = Screening.TABLE
+        else:
+            self.screening = Screening.LEDGER
 
     def _guard(self) -> None:
         """Start guarding (under the lock): a nack state begins. On every nack: no call it can spare."""

@@ -39,6 +39,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS
 from ._client import async_get_last_message_id, async_redeliver_unacknowledged, consumer_schema, raw_id
+from .admission import Screening
 from .common import ConsumerBase
 from .keywords import AsyncSubscribeKeywords
 from .nacking import TopicMatcher
@@ -114,7 +115,7 @@ class AsyncNackingConsumer(ConsumerBase):
         core = self._core
         while True:
             message = await self._plain.receive()
-            if core.ledger.unguarded:
+            if core.ledger.screening is Screening.NONE:
                 next(core.received)
                 return message
             if core.admit(message):

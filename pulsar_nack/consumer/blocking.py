@@ -61,6 +61,7 @@ from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
 from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id, unwrap_message
+from .admission import Screening
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
 from .nacking import TopicMatcher
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
+_NO_SCREEN, _TABLE_SCREEN = Screening.NONE, Screening.TABLE
 
 
 class NackingConsumer(ConsumerBase):
@@ -200,13 +202,14 @@ class NackingConsumer(ConsumerBase):
         core = self._core
         ledger = core.ledger
         while True:
-            if ledger.unguarded:  # the common path: nothing to compare with
+            screening = ledger.screening
+            if screening is _NO_SCREEN:  # the common path: nothing to compare with
                 next(core.received)
                 return message
             raw = unwrap_message(message)
-            if ledger.table_screens:  # guarding: the C table decides the copies of entries without nack state
+            if screening is _TABLE_SCREEN:  # guarding: the C table decides the copies of entries without nack state
                 next(core.received)
-                verdict = ledger.admit_kept(raw, message)
+                verdict = ledger.entries.admit_message(raw, message)
                 if not verdict or core.screen_kept(raw, message, verdict):  # 0: delivered
                     return message
             elif core.admit(raw, message):
@@ -291,7 +294,7 @@ class NackingConsumer(ConsumerBase):
         """
         core = self._core
         ledger = core.ledger
-        if type(message) is _Message and (ledger.unguarded or ledger.record_ack(message)):
+        if type(message) is _Message and (ledger.screening is _NO_SCREEN or (ledger.atomic_table and ledger.entries.ack_message(message))):
             self._acknowledge_message(message)  # the common paths: nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)

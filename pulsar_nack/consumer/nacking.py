@@ -45,7 +45,7 @@ from ..timing import DEAD_LETTER_RETRY_MS, handoff_lead_ms
 from . import msgid as _msgid
 from ._client import MESSAGE_TYPE, RawMessageId, inner_message, is_raw_message_id, raw_id, unwrap_message
 from .ack_timeout import AckTimeout
-from .admission import UNTITLED, AdmissionLedger
+from .admission import UNTITLED, AdmissionLedger, Screening
 from .delivery_counts import DeliveryCounts
 from .message_sets import Item
 from .settings import ConsumerSettings
@@ -298,7 +298,7 @@ class NackingCore:
         """
         next(self.received)
         ledger = self.ledger
-        if ledger.unguarded:
+        if ledger.screening is Screening.NONE:
             return True
         raw = message if wrapper is not None else _inner_message(message)
         if ledger.quiet and ledger.idle_for(raw):
@@ -310,13 +310,13 @@ class NackingCore:
             if wrapper is not None and verdict == _DELIVER:
                 _stash(wrapper, data)
             return self._settle_verdict(raw, verdict)
-        verdict = ledger.admit_kept(raw, wrapper)  # one C call, atomic under the GIL: unwatched entries decided
+        verdict = ledger.entries.admit_message(raw, wrapper)  # one C call, atomic under the GIL: unwatched entries decided
         if verdict == _DELIVER and not self._screen_all:
             return True
         return self.screen_kept(raw, wrapper, verdict)
 
     def screen_kept(self, raw: Any, wrapper: Any, verdict: int) -> bool:
-        """admit() for a copy the table's ``admit_message`` (the ledger's ``admit_kept``) did not decide.
+        """admit() for a copy the table's ``admit_message`` (``ledger.entries``) did not decide.
 
         The id is the one kept on *wrapper*; the ledger reads the verdict again under its
         lock and decides (:meth:`AdmissionLedger.screen`). False if the application must not
@@ -559,7 +559,7 @@ class NackingCore:
         index outside its entry's batch. O(1).
         """
         ledger = self.ledger
-        if ledger.record_ack(message):
+        if ledger.atomic_table and ledger.entries.ack_message(message):
             return unwrap_message(message)  # recorded by the C table: its entry holds no nack state
         data = _stashed(message)
         if data is not None:
