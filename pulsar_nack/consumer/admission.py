@@ -670,7 +670,8 @@ class AdmissionLedger:
         return [handoff_id(topic, *e) for e in chunk_entries(first, last)]
 
     def _expire(self, now: int) -> None:
-        """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation.
+        """Under the lock: every ``STALE_MS``, forget handed-off and returned messages of the old generation,
+        and the delivery counts of messages not counted for a generation.
 
         Their entries leave the complete set: copies of their siblings are then delivered
         (the knowledge is incomplete), never filtered.
@@ -684,6 +685,8 @@ class AdmissionLedger:
                 self._complete.discard(item[0], item[1])
                 if self.pending.count and self.pending.has_entry(item[0], item[1]):
                     self._orphans.add(item[:2])  # its next table record must carry their nacks
+        if self.counts is not None:
+            self.counts.age()
 
     # ------------------------------------------------------------------ guarding
 

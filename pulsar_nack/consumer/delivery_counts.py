@@ -7,7 +7,9 @@ then, or None, and that is the one place the policy is checked. It owns:
 * per message, the copies of it the consumer swallowed, its own tally of deliveries, the
   application's nacks of it, and its copy at its last delivery (so that a redelivery
   request dead-letters it at once, as the C++ client does);
-* the messages whose dead letter is on its way, and those whose dead letter is stored.
+* the messages whose dead letter is on its way, and those whose dead letter is stored;
+* two generations of the messages counted lately (:meth:`age`), so that the counts of one
+  another consumer settled go, as the ledger forgets handed-off and returned messages.
 
 Not thread-safe: the ledger holds its lock around every call.
 """
@@ -35,7 +37,7 @@ class DeliveryCounts:
     False
     """
 
-    __slots__ = ("_copies", "_last", "_nacks", "_sending", "_shown", "limit", "stored")
+    __slots__ = ("_copies", "_last", "_nacks", "_old", "_sending", "_shown", "_young", "limit", "stored")
 
     limit: int
     """The policy's ``max_redeliver_count``."""
@@ -46,12 +48,16 @@ class DeliveryCounts:
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
     _sending: set[Item]
+    _young: set[Item]
+    """Messages counted since the last :meth:`age`."""
+    _old: set[Item]
+    """Messages counted in the generation before, not since: :meth:`age` forgets their counts."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.stored = PendingNacks()
         self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
-        self._sending = set()
+        self._sending, self._young, self._old = set(), set(), set()
 
     # ------------------------------------------------------------------ reading
 
@@ -104,15 +110,24 @@ class DeliveryCounts:
         if seen == self.limit:  # its last delivery: a nack or a redelivery sends it
             self._last[item] = raw
         self._shown[item] = seen + 1
+        self._touch(item)
         return False
 
     def note_swallowed(self, item: Item) -> None:
         """A copy of *item* was swallowed (the broker counted it; the application did not see it)."""
         self._copies[item] = self._copies.get(item, 0) + 1
+        self._touch(item)
 
     def note_nack(self, item: Item) -> None:
         """The application nacked *item*."""
         self._nacks[item] = self._nacks.get(item, 0) + 1
+        self._touch(item)
+
+    def _touch(self, item: Item) -> None:
+        """*item* was counted: it joins the young generation. O(1)."""
+        self._young.add(item)
+        if self._old:
+            self._old.discard(item)
 
     def undo_nack(self, item: Item) -> None:
         """The nack of *item* failed after :meth:`note_nack`."""
@@ -151,16 +166,38 @@ class DeliveryCounts:
         """The dead letter of *item* could not be stored: its next arrival is routed, whatever the broker counts."""
         self._sending.discard(item)
         self._nacks[item] = max(self._nacks.get(item, 0), self.limit + 1)
+        self._touch(item)
 
     def forget(self, item: Item) -> None:
         """Drop the counts of a settled message (acked or dead-lettered)."""
         for counts in (self._copies, self._shown, self._nacks, self._last):
             counts.pop(item, None)
+        self._young.discard(item)
+        self._old.discard(item)
+
+    def age(self) -> None:
+        """Forget the counts of the messages not counted for a generation; the young one becomes old. O(old).
+
+        Called every ``STALE_MS`` by the ledger. A message another consumer of the
+        subscription settled is never settled here, so only this forgets its counts. One
+        at its last delivery or whose dead letter is on its way stays: it is in flight here.
+        """
+        for item in self._old:
+            if item in self._last or item in self._sending:
+                self._young.add(item)  # in flight here: aged again later
+                continue
+            # Forgotten: if it comes back here, its tally restarts from the broker's
+            # redelivery count, which is what the plain client counts anyway.
+            for counts in (self._copies, self._shown, self._nacks):
+                counts.pop(item, None)
+        self._old, self._young = self._young, set()
 
     def clear(self) -> None:
         """Forget every count and every stored dead letter (a seek, a close)."""
         for counts in (self._copies, self._shown, self._nacks, self._last):
             counts.clear()
+        self._young.clear()
+        self._old.clear()
         self.stored.clear()
 
     def _check(self) -> None:
@@ -168,3 +205,6 @@ class DeliveryCounts:
         self.stored._check()
         # A message is at most one of: at its last delivery, on its way to the DLQ.
         assert not (set(self._last) & self._sending)
+        # A message is in at most one generation, and only while it has counts.
+        assert not (self._young & self._old)
+        assert (self._young | self._old) <= (self._copies.keys() | self._shown.keys() | self._nacks.keys())
