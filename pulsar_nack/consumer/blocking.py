@@ -8,15 +8,15 @@ surface around it.
 
 Handoff to the client
     The Python client can redeliver specific messages in one way only:
-    ``negative_acknowledge(MessageId)``, into the C++ tracker (min delay 100 ms, a timer
-    every delay/3). So the consumer is subscribed with
-    ``negative_ack_redelivery_delay_ms=handoff_delay_ms`` (100). The client's timer
-    ticks every ``delay // 3`` (33 ms) and releases only entries strictly past due, so a
-    handoff comes back 100 to 133 ms later
-    (:func:`~pulsar_nack.timing.client_handoff_latency_ms`: 132 ms into an idle
-    tracker). Our buckets fire early by the client's delay less a 5 ms margin
-    (:func:`~pulsar_nack.timing.handoff_lead_ms`, 95 ms), in every mode: a message
-    arrives 5 to about 38 ms after its bucket deadline, never before it, and a copy that
+    ``negative_acknowledge(MessageId)``, into the C++ tracker (a minimum delay, and a
+    timer every delay/3). So the consumer is subscribed with
+    ``negative_ack_redelivery_delay_ms`` set to :data:`~pulsar_nack.timing.HANDOFF_DELAY_MS`.
+    The client's timer ticks every ``delay // 3`` and releases only entries strictly past
+    due, so a handoff comes back between one delay and one delay plus a tick later
+    (:func:`~pulsar_nack.timing.client_handoff_latency_ms`). Our buckets fire early by the
+    client's delay less :data:`~pulsar_nack.timing.HANDOFF_MARGIN_MS`
+    (:func:`~pulsar_nack.timing.handoff_lead_ms`), in every mode: a message arrives at
+    least that margin after its bucket deadline, never before it, and a copy that
     comes before that deadline (a reconnect's) is swallowed. Each due entry is handed over as
     ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic name set (the
     multi-topic consumer routes by it and silently drops ids without one).
@@ -24,7 +24,7 @@ Handoff to the client
 Bursts, not a trickle
     Every ``negative_acknowledge`` into the C++ client re-arms its ~33 ms timer, so
     handoffs closer together than that starve it. The tracker coalesces: one burst per
-    due bucket, never two bursts less than ``coalesce_ms`` (50) apart.
+    due bucket, never two bursts less than ``coalesce_ms`` apart.
 
 Copies
     The broker redelivers whole entries, and every unacked message after a reconnect.
