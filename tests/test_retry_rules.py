@@ -151,6 +151,7 @@ def test_explicit_names_and_policy_win_without_lookups():
         ({"retry_enable": True, "consumer_type": pulsar.ConsumerType.Failover}, ValueError, "Failover"),
         ({"retry_letter_topic": "r"}, ValueError, "retry_enable=True"),
         ({"retry_enable": True, "retry_letter_topic": 5, "consumer_type": pulsar.ConsumerType.Shared}, TypeError, "retry_letter_topic"),
+        ({"retry_enable": True, "retry_letter_topic": "", "consumer_type": pulsar.ConsumerType.Shared}, ValueError, "retry_letter_topic must not be empty"),
         ({"retry_enable": True, "retry_hold_ms": 1.5, "consumer_type": pulsar.ConsumerType.Shared}, TypeError, "retry_hold_ms"),
         ({"retry_enable": True, "retry_hold_ms": -1, "consumer_type": pulsar.ConsumerType.Shared}, ValueError, "retry_hold_ms"),
         ({"retry_hold_ms": 1_000}, ValueError, "retry_hold_ms needs retry_enable=True"),

@@ -313,25 +313,22 @@ def retry_topics_for(
     """
     if not settings.retry_enable:
         return None
-    check_retry_args(topics, settings.retry_letter_topic, subscribe_kwargs)
+    check_retry_args(topics, subscribe_kwargs)
     assert isinstance(topics, list)
     return resolve_retry_topics(
         raw_client(client), topics, subscription, settings.dead_letter_policy, settings.retry_letter_topic
     )
 
 
-def check_retry_args(topics: object, retry_letter_topic: object, subscribe_kwargs: Mapping[str, Any]) -> None:
-    """Validate what retries need of a ``subscribe`` call; changes nothing.
+def check_retry_args(topics: object, subscribe_kwargs: Mapping[str, Any]) -> None:
+    """Validate what retries need of a ``subscribe`` call beyond its settings; changes nothing.
 
     Topic names (the retry topic is named after the first one), and a Shared or
     Key_Shared subscription: the broker's delayed delivery works on no other type.
+    ``retry_letter_topic`` itself is :class:`~pulsar_nack.consumer.settings.ConsumerSettings`'s.
     """
     if not isinstance(topics, list):
         raise ValueError("retry_enable=True needs topic names, not a pattern (the retry topic is named after the first topic)")
-    if retry_letter_topic is not None and not isinstance(retry_letter_topic, str):
-        raise TypeError(f"retry_letter_topic must be a str or None, not {type(retry_letter_topic).__name__}")
-    if retry_letter_topic == "":
-        raise ValueError("retry_letter_topic must not be empty")
     kind = subscribe_kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive)
     name = getattr(kind, "name", kind)
     if name not in _CONSUMER_TYPES:
