@@ -19,12 +19,16 @@ Java client's) on the same tick, and that again on the stock 1 s tick
 (``durable-stock-tick``), to ``bench/results/demo-retries.json`` (docs/spark.md,
 "Durable retries").
 
-``--ab COMMIT`` (issue 36) runs the demo of an older commit beside the current code,
-alternating (A, B, B, A, ...), ``--repeats`` pairs, ``--tracker ours``: the older commit
-is checked out as a ``git worktree`` (under the system's temp directory, its C extensions
-built in place) and its demo runs from there, so a lateness regression shows in one run.
-Results go to ``bench/results/demo-ab.json``: per run the code (``a``: the commit, ``b``:
-the current), p50 / p99 lateness, duplicates and messages per second.
+``--ab COMMIT`` (issue 36) runs the demo of an older commit beside the current code and
+the built-in nack, rotating (A, B, built-in; B, built-in, A; ...), ``--repeats`` rounds,
+on each of ``--masters`` (``local``: ``local[2]``; ``cluster``: a Spark standalone
+cluster of two one-core workers started for the run). The older commit is checked out as a
+``git worktree`` (under the system's temp directory, its C extensions built in place) and
+its demo runs from there (``PYTHONPATH``, also given to the cluster's executors through
+``spark.executorEnv.PYTHONPATH``), so a lateness regression shows in one run. Results go
+to ``bench/results/demo-ab.json``: per run the code (``a``: the commit, ``b``: the current
+code, ``builtin``: the current code's ``--tracker builtin``), the master, p50 / p99
+lateness, duplicates and messages per second.
 """
 
 from __future__ import annotations
@@ -59,14 +63,17 @@ RETRY_MODES: dict[str, list[str]] = {
 
 def run_demo(
     size: str, tracker: str, receiver_queue_size: int | None = None, extra: list[str] | None = None,
-    code: Path = REPO,
+    code: Path = REPO, master: str | None = None,
 ) -> dict[str, Any]:
-    """One demo process (of the package in *code*); its summary, exit code, wall time and stderr line count."""
+    """One demo process (of the package in *code*, on *master*); its summary, exit code, wall time and stderr line count."""
     command = [sys.executable, "-m", "pulsar_nack.cli", "demo", *(extra or ["--tracker", tracker])]
     command += ["--messages", size, "--json"]
     if receiver_queue_size is not None:
         command += ["--receiver-queue-size", str(receiver_queue_size)]
     env = {**os.environ, "PYTHONPATH": str(code)}  # its package first, ahead of the installed (editable) one
+    if master is not None:  # a cluster's executors are the workers' children: they get the path through Spark
+        command += ["--master", master]
+        env["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.executorEnv.PYTHONPATH={code} pyspark-shell"
     start = time.monotonic()
     out = subprocess.run(command, cwd=code, capture_output=True, text=True, timeout=3600, env=env)
     return {"size": size, "broker": "apache", "tracker": tracker, "exit_code": out.returncode,
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args_parser.add_argument("--retries", action="store_true", help="the retry modes side by side (see the module notes)")
     args_parser.add_argument("--modes", default=None, help="with --retries: comma-separated modes (default: all five)")
     args_parser.add_argument("--ab", default=None, metavar="COMMIT", help="an older commit's demo beside this code's")
+    args_parser.add_argument("--masters", default="local", help="with --ab: local, cluster or both, comma-separated")
     args = args_parser.parse_args(argv)
     if args.retries:
         return retries_side_by_side(args)
@@ -139,22 +147,56 @@ def checkout(commit: str) -> Path:
     return path
 
 
+AB_SIDES = ("a", "b", "builtin")
+"""``--ab``: the older commit's demo, this code's, and this code's with the built-in nack."""
+
+
 def a_b(args: argparse.Namespace) -> dict[str, Any]:
-    """``--ab``: the older commit's demo (a) and this code's (b), alternating, ``--repeats`` pairs."""
+    """``--ab``: the sides of :data:`AB_SIDES` rotating, ``--repeats`` rounds, on each of ``--masters``."""
+    masters = args.masters.split(",")
+    if set(masters) - {"local", "cluster"}:
+        raise SystemExit(f"--masters takes local and cluster, got {args.masters!r}")
     older = checkout(args.ab)
+    older_args = _older_demo_args(older)
     start, runs = start_context(), []
-    codes = {"a": older, "b": REPO}
-    for repeat in range(args.repeats):
-        for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
-            for size in ["small"] if args.quick else args.sizes.split(","):
-                run = run_demo(size, "ours", args.receiver_queue_size, code=codes[side])
-                runs.append({**run, "code": side, "commit": args.ab if side == "a" else "current", "repeat": repeat})
-                s, late = run["summary"], run["summary"]["redelivery_lateness_ms"]
-                print(f"{side} {size} repeat {repeat}: p50 {late['p50']:.0f} ms, p99 {late['p99']:.0f} ms, "
-                      f"duplicates {s['duplicates']}, lost {s['lost']}, {s['messages_per_s']:,.0f} msg/s", flush=True)
-    finish(args, "demo-ab", {"a": args.ab, "a_worktree": str(older), "runs": runs}, start)
+    for master in masters:
+        if master == "cluster":
+            from pulsar_nack.testing.spark_cluster import SparkStandaloneCluster
+
+            with SparkStandaloneCluster(workers=2) as cluster:
+                runs += _ab_rounds(args, (older, older_args), master, cluster.master_url)
+        else:
+            runs += _ab_rounds(args, (older, older_args), master, None)
+    from .report import demo_ab_table
+
+    finish(args, "demo-ab", {"a": args.ab, "a_worktree": str(older), "runs": runs}, start, demo_ab_table)
     return {"runs": runs}
 
+
+def _older_demo_args(older: Path) -> list[str]:
+    """The older demo's options for what this one does: Apache Pulsar standalone (it once defaulted to another broker)."""
+    out = subprocess.run([sys.executable, "-m", "pulsar_nack.cli", "demo", "--help"], cwd=older, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": str(older)})  # fmt: skip
+    return ["--tracker", "ours", "--broker", "apache"] if "--broker" in out.stdout else ["--tracker", "ours"]
+
+
+def _ab_rounds(
+    args: argparse.Namespace, older: tuple[Path, list[str]], master: str, url: str | None
+) -> list[dict[str, Any]]:
+    """``--repeats`` rounds of the three sides on one master, the order rotating each round."""
+    runs = []
+    for repeat in range(args.repeats):
+        for side in AB_SIDES[repeat % 3:] + AB_SIDES[: repeat % 3]:
+            for size in ["small"] if args.quick else args.sizes.split(","):
+                tracker = "builtin" if side == "builtin" else "ours"
+                run = run_demo(size, tracker, args.receiver_queue_size, extra=older[1] if side == "a" else None,
+                               code=older[0] if side == "a" else REPO, master=url)  # fmt: skip
+                runs.append({**run, "code": side, "master": master,
+                             "commit": args.ab if side == "a" else "current", "repeat": repeat})  # fmt: skip
+                s, late = run["summary"], run["summary"]["redelivery_lateness_ms"]
+                print(f"{master} {side} {size} repeat {repeat}: p50 {late['p50']:.0f} ms, p99 {late['p99']:.0f} ms, "
+                      f"duplicates {s['duplicates']}, lost {s['lost']}, {s['messages_per_s']:,.0f} msg/s", flush=True)
+    return runs
 
 if __name__ == "__main__":
     main()

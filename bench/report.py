@@ -1153,3 +1153,30 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def demo_ab_table(result: dict[str, Any] | None = None) -> str:
+    """``python -m bench.demo --ab COMMIT``: medians per master and side, then the issue-36 goals checked from them."""
+    result = result or load("demo-ab")
+    runs = result["runs"]
+    rows, medians = [], {}
+    for master in dict.fromkeys(r["master"] for r in runs):
+        for side in ("a", "b", "builtin"):
+            mine = [r["summary"] for r in runs if r["master"] == master and r["code"] == side]
+            if not mine:
+                continue
+            m = {k: statistics.median(s["redelivery_lateness_ms"][k] for s in mine) for k in ("p50", "p99")}
+            m["rate"] = statistics.median(s["messages_per_s"] for s in mine)
+            medians[master, side] = m
+            rows.append([master, {"a": f"ours at {result['a']}", "b": "ours, current", "builtin": "built-in, current"}[side],
+                         len(mine), f"{m['p50']:,.0f} ms", f"{m['p99']:,.0f} ms", f"{m['rate']:,.0f}",
+                         sum(s["lost"] for s in mine), f"{max(s['duplicates_pct'] for s in mine):.2f} %"])
+    table = md_table(["master", "code", "runs", "p50 lateness (median)", "p99 lateness (median)", "messages/s (median)",
+                      "lost (all runs)", "duplicates (worst run)"], rows, "llrrrrrr")
+    notes = []
+    for master in dict.fromkeys(r["master"] for r in runs):
+        a, b, c = (medians.get((master, side)) for side in ("a", "b", "builtin"))
+        if a and b and c:
+            notes.append(f"{master}: current / {result['a']} p50 {b['p50'] - a['p50']:+,.0f} ms, p99 {b['p99'] - a['p99']:+,.0f} ms; "
+                         f"messages/s current / built-in {b['rate'] / c['rate']:.2f}×")
+    return "\n".join([table, "", *notes])
