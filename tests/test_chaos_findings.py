@@ -37,15 +37,7 @@ def _consumers(kind: str, client: Any, topic: str, dlq: str) -> list[Any]:
 
 
 @pytest.mark.broker
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "plain",
-        pytest.param("ours", marks=pytest.mark.xfail(strict=True, reason=(
-            "each consumer's tally counts only its own deliveries, so on a subscription with two consumers a message "
-            "is dead-lettered after more than max_redeliver_count + 1 deliveries (found by bench.chaos, seed 11)"))),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("kind", ["plain", "ours"])
 def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apache_broker: Any, topic: str, kind: str) -> None:
     """Every message nacked at every delivery, by whichever of two consumers gets it: each goes to the
     dead-letter topic after exactly max_redeliver_count + 1 deliveries in all, as with the plain client."""

@@ -4,7 +4,8 @@ A :class:`DeliveryCounts` exists only when the consumer has a dead-letter policy
 admission ledger (:class:`~pulsar_nack.consumer.admission.AdmissionLedger`) holds one
 then, or None, and that is the one place the policy is checked. It owns:
 
-* per message, the copies of it the consumer swallowed, its own tally of deliveries, the
+* per message, the copies of it the consumer swallowed, its own tally of deliveries (the
+  broker's count, which covers the other consumers, is its floor), the
   application's nacks of it, and its copy at its last delivery (so that a redelivery
   request dead-letters it at once, as the C++ client does);
 * the messages whose dead letter is on its way, and those whose dead letter is stored;
@@ -82,18 +83,16 @@ class DeliveryCounts:
     def seen(self, raw: Any, item: Item) -> int:
         """How often the application saw *item* before this copy *raw*.
 
-        At its first delivery here, the broker's count (``redelivery_count()``, per entry)
-        minus the copies of it this consumer swallowed; after that, this consumer's own
-        tally of its deliveries (that figure plus one per delivery since); never less than
-        the application's nacks of it.
+        The largest of: this consumer's own tally of its deliveries (after its first
+        delivery here), the application's nacks of it, and the broker's count
+        (``redelivery_count()``, per entry) minus the copies of it this consumer swallowed.
+        The broker's count is the floor: it also counts the deliveries to the
+        subscription's other consumers, which this tally never sees (as the plain client
+        counts); it never lowers the tally (a batch entry's count starts again when a
+        sibling is acked, a dead letter's ack say).
         """
-        shown = self._shown.get(item)
-        if shown is not None:
-            # Every delivery since the first is in the tally: the broker's count of a batch
-            # entry starts again when a sibling is acked (a dead letter's ack, say), and may
-            # count copies that never reached this consumer, so it neither lowers nor raises it.
-            return max(self._nacks.get(item, 0), shown)
-        return max(self._nacks.get(item, 0), raw.redelivery_count() - self._copies.get(item, 0))
+        shown = self._shown.get(item, 0)
+        return max(self._nacks.get(item, 0), shown, raw.redelivery_count() - self._copies.get(item, 0))
 
     # ------------------------------------------------------------------ counting
 
