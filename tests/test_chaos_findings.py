@@ -100,9 +100,7 @@ COPIES = 30
     "hold_ms",
     [
         pytest.param(0, id="copies-held-by-the-broker"),
-        pytest.param(5_000, id="copies-held-by-the-consumer", marks=pytest.mark.xfail(strict=True, reason=(
-            "a copy the consumer holds (retry_hold_ms) is unacked, so a reconnect of the retry topic's consumer "
-            "brings it again, and the consumer holds and delivers it a second time (found by bench.chaos, seed 12)"))),
+        pytest.param(5_000, id="copies-held-by-the-consumer"),
     ],
 )  # fmt: skip
 def test_a_retry_copy_is_delivered_once_across_a_retry_topic_unload(apache_broker: Any, topic: str, hold_ms: int) -> None:

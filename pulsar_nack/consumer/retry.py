@@ -50,7 +50,8 @@ Held by the consumer (``retry_hold_ms``, off by default)
     sent instead by a second, batching producer, without a delivery time and with
     :data:`DELIVER_AT_TIME` (when it is due, epoch ms); the consumer that receives it
     holds it, unacked and so still durable, in memory until due (up to
-    :data:`MEMORY_HOLD_MAX` copies, the rest in the hold tracker). Fewer entries for the
+    :data:`MEMORY_HOLD_MAX` copies, the rest in the hold tracker), one copy per message
+    (a reconnect brings every unacked copy again). Fewer entries for the
     broker, fewer sends for the client (``bench/results/demo-retries.json``). The cost:
     a consumer that does not hold copies (Java's) gets these at once, so use it only
     where every consumer of the subscription is this library's. A payload above
@@ -104,6 +105,7 @@ from ._client import (
 )
 from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
+from .msgid import message_key
 from .nacking import NackingCore, full_topic_name
 from .settings import ConsumerSettings
 
@@ -538,6 +540,7 @@ class RetryLetter:
         self._wake: Callable[[], None] | None = None
         self._producer_futures = {}
         self._in_memory: list[tuple[int, int, RawMessage, int]] = []  # (due epoch ms, sequence, copy, arrival)
+        self._in_memory_keys: set[tuple[str, int, int, int]] = set()  # the message keys of the copies in _in_memory
         self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
         self._sequence = itertools.count()
         self._lock = threading.Lock()
@@ -640,6 +643,7 @@ class RetryLetter:
         self._hold.reset()
         with self._lock:
             self._in_memory.clear()
+            self._in_memory_keys.clear()
             self._arrived.clear()
         if self._copies is not None:
             self._copies.redeliver_unacknowledged_messages()
@@ -809,7 +813,9 @@ class RetryLetter:
         otherwise it is nacked into this letter's never-early tracker with the time
         left, and comes back when due (at most about a handoff, 100-150 ms, late). A
         copy of a message whose hold is pending (a batch sibling's redelivery) is
-        swallowed the same way. O(1); O(log n) for a copy kept in memory.
+        swallowed the same way, and so is one of a message kept here already (a
+        reconnect redelivers every unacked copy): the hold keeps one copy per message.
+        O(1); O(log n) for a copy kept in memory.
         """
         return self._admit_copy(raw, in_memory, queue_due=False)
 
@@ -824,17 +830,31 @@ class RetryLetter:
                 self._counts["held"] += 1
         if left <= 0 and not (queue_due and in_memory):
             return True
-        if in_memory and (left <= MEMORY_HOLD_MS or (left <= self.hold_ms and len(self._in_memory) < MEMORY_HOLD_MAX)):
-            with self._lock:
-                if not self._closed:
-                    now = self._clock_ms()
-                    heapq.heappush(self._in_memory, (now + max(left, 0), next(self._sequence), raw, now))
+        if in_memory and self._keep(raw, left):
             wake = self._wake
             if wake is not None:
                 wake()
             return False
         self._hold.nack(raw, min(left, MAX_DELAY_MS))
         return False
+
+    def _keep(self, raw: RawMessage, left: int) -> bool:
+        """Keep *raw*, due in *left* ms, in memory if it fits there; False if it goes to the hold tracker.
+
+        True also for a copy of a message kept here already (a reconnect's): dropped, left
+        unacked, so that the message goes out once, when due. O(log n).
+        """
+        key = message_key(raw)
+        with self._lock:
+            if key in self._in_memory_keys:
+                return True
+            if not (left <= MEMORY_HOLD_MS or (left <= self.hold_ms and len(self._in_memory) < MEMORY_HOLD_MAX)):
+                return False
+            if not self._closed:
+                now = self._clock_ms()
+                self._in_memory_keys.add(key)
+                heapq.heappush(self._in_memory, (now + max(left, 0), next(self._sequence), raw, now))
+        return True
 
     def pop_due(self) -> RawMessage | None:
         """The earliest copy queued here if it is due now, else None; counted as delivered. O(log n)."""
@@ -860,6 +880,7 @@ class RetryLetter:
                 return None, queued[0][0] - now
             self._counts["retry_delivered"] += 1
             _due, _sequence, raw, arrived = heapq.heappop(queued)
+            self._in_memory_keys.discard(message_key(raw))
             self._arrived[id(raw)] = arrived
             return raw, 0
 
@@ -903,6 +924,7 @@ class RetryLetter:
             self._closed = True
             producers, self._producer_futures = list(self._producer_futures.values()), {}
             self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
+            self._in_memory_keys.clear()
             self._arrived.clear()
         self._hold.close(redeliver_pending)
         consumer, self._copies = self._copies, None
