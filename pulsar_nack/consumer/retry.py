@@ -74,7 +74,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import heapq
-import itertools
 import logging
 import threading
 import time
@@ -539,10 +538,10 @@ class RetryLetter:
         self._deliver: Callable[[RawMessage], None] | None = None
         self._wake: Callable[[], None] | None = None
         self._producer_futures = {}
-        self._in_memory: list[tuple[int, int, RawMessage, int]] = []  # (due epoch ms, sequence, copy, arrival)
+        # (due epoch ms, its message key: unique there, so the copies are never compared, copy, arrival)
+        self._in_memory: list[tuple[int, tuple[str, int, int, int], RawMessage, int]] = []
         self._in_memory_keys: set[tuple[str, int, int, int]] = set()  # the message keys of the copies in _in_memory
         self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
-        self._sequence = itertools.count()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held", "retry_delivered"), 0)
         self._closed = False
@@ -853,7 +852,7 @@ class RetryLetter:
             if not self._closed:
                 now = self._clock_ms()
                 self._in_memory_keys.add(key)
-                heapq.heappush(self._in_memory, (now + max(left, 0), next(self._sequence), raw, now))
+                heapq.heappush(self._in_memory, (now + max(left, 0), key, raw, now))
         return True
 
     def pop_due(self) -> RawMessage | None:
@@ -879,8 +878,8 @@ class RetryLetter:
             if queued[0][0] > now:
                 return None, queued[0][0] - now
             self._counts["retry_delivered"] += 1
-            _due, _sequence, raw, arrived = heapq.heappop(queued)
-            self._in_memory_keys.discard(message_key(raw))
+            _due, key, raw, arrived = heapq.heappop(queued)
+            self._in_memory_keys.discard(key)
             self._arrived[id(raw)] = arrived
             return raw, 0
 
