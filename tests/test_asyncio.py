@@ -120,7 +120,9 @@ async def test_batch_siblings_retry_on_their_own_and_metrics_count_them(aclient)
     from pulsar_nack.metrics import NACK_COUNTER, instrument
 
     topic = new_topic()
-    consumer = await subscribe(aclient, topic)
+    # One active consumer: each nacked member at its own time (on Shared, when the last is due:
+    # tests/test_consumer.py::test_batch_siblings_retry_by_the_subscriptions_rule).
+    consumer = await subscribe(aclient, topic, consumer_type=pulsar.ConsumerType.Exclusive)
     reader = InMemoryMetricReader()
     instrument(consumer, MeterProvider(metric_readers=[reader]).get_meter("test"))
     await produce(aclient, topic, [b"0", b"1", b"2", b"3"], batch=True)

@@ -142,10 +142,7 @@ ENTRIES = 20
     "consumers",
     [
         pytest.param(1, id="one-consumer"),
-        pytest.param(2, id="two-consumers", marks=pytest.mark.xfail(strict=True, reason=(
-            "a batch entry handed off for one member's nack may be dispatched to the subscription's other consumer, "
-            "which knows nothing of the first one's pending nacks and delivers the other nacked members at once "
-            "(found by bench.chaos, seed 34034)"))),
+        pytest.param(2, id="two-consumers"),
     ],
 )  # fmt: skip
 def test_a_nacked_batch_member_is_never_early_on_a_shared_subscription(apache_broker: Any, topic: str, consumers: int) -> None:

@@ -10,6 +10,8 @@
 - :mod:`~pulsar_nack.consumer.async_consumer`: the asyncio consumer
   (public door: :mod:`pulsar_nack.asyncio`);
 - :mod:`~pulsar_nack.consumer.dead_letter`: the one dead-letter sender;
+- :mod:`~pulsar_nack.consumer.subscription`: :class:`Sharing`, whether other consumers may
+  receive a consumer's messages (the batch handoff and the delivery counts depend on it);
 - :mod:`~pulsar_nack.consumer.msgid`: the reader of a message's id (C, or pure Python);
 - :mod:`~pulsar_nack.consumer._client`: the one seam to pulsar-client's private surface,
   which checks at import that the installed client has what the consumers use.
@@ -23,6 +25,7 @@ from .blocking import NackingConsumer, subscribe
 from .common import ConsumerStats
 from .dead_letter import DeadLetter
 from .settings import ConsumerSettings, SeekArgumentError
+from .subscription import Sharing
 
 __all__ = [
     "ConsumerClosedError",
@@ -31,5 +34,6 @@ __all__ = [
     "DeadLetter",
     "NackingConsumer",
     "SeekArgumentError",
+    "Sharing",
     "subscribe",
 ]

@@ -69,7 +69,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.base import DueKeys
-from ..core.keys import PARTITION_SUFFIX
+from ..core.keys import PARTITION_SUFFIX, MessageKey
 from ..core.timer import monotonic_ms
 from ..timing import STALE_MS
 from . import msgid as _msgid
@@ -77,6 +77,7 @@ from ._client import RawMessageId
 from ._client import entry_id as raw_entry_id
 from .chunks import chunk_entries
 from .delivery_counts import DeliveryCounts
+from .entry_handoff import EntryDeadlines
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
 __all__ = [
@@ -140,7 +141,8 @@ def handoff_id(topic: str, ledger_id: int, entry_id: int) -> RawMessageId:
 
 
 class RecentHandoffs:
-    """When each entry was last handed off, for as long as a copy of it could still be a reconnect's (the lead).
+    """When each entry was last handed off, for as long as a copy of it could still be a reconnect's (the lead),
+    and, on a shared subscription, until when each batch entry with pending nacks waits for its handoff.
 
     Not thread-safe: the ledger holds its lock.
 
@@ -149,14 +151,17 @@ class RecentHandoffs:
     (True, False)
     """
 
-    __slots__ = ("_at", "_log", "lead_ms")
+    __slots__ = ("_at", "_log", "deadlines", "lead_ms")
 
     lead_ms: int
+    deadlines: EntryDeadlines | None
+    """On a shared subscription: the latest deadline of each batch entry's pending members, else None."""
     _at: dict[tuple[int, int], int]
     _log: deque[tuple[int, list[tuple[int, int]]]]
 
-    def __init__(self, lead_ms: int) -> None:
+    def __init__(self, lead_ms: int, deadlines: EntryDeadlines | None = None) -> None:
         self.lead_ms = lead_ms
+        self.deadlines = deadlines
         self._at = {}  # (ledger, entry) -> ms of its last handoff
         self._log = deque()  # (ms, entries handed off then), oldest first
 
@@ -196,6 +201,12 @@ class AdmissionLedger:
         Deliveries to keep guarding after the last nack state ended.
     start_guard : int
         Deliveries to guard at the start.
+    watch_all : bool
+        Every copy and ack is the ledger's (an ack timeout), not only those of watched entries.
+    wait_for_last : bool
+        A batch entry with several pending members is handed off when the last is due
+        (a shared subscription: :mod:`~pulsar_nack.consumer.entry_handoff`, :meth:`hand_off`);
+        False: at each member's time.
     """
 
     pending: PendingNacks
@@ -230,7 +241,7 @@ class AdmissionLedger:
 
     def __init__(
         self, counts: DeliveryCounts | None, *, lead_ms: int, always_guard: bool, guard_messages: int, start_guard: int,
-        watch_all: bool = False,
+        watch_all: bool = False, wait_for_last: bool = False,
     ) -> None:
         self.counts = counts
         self._always_guard, self._guard_messages = always_guard, guard_messages
@@ -242,7 +253,7 @@ class AdmissionLedger:
         self.entries.watch_all = watch_all or counts is not None
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
-        self._recent = RecentHandoffs(lead_ms)
+        self._recent = RecentHandoffs(lead_ms, EntryDeadlines() if wait_for_last else None)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
         self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
@@ -439,10 +450,27 @@ class AdmissionLedger:
         """The tracker refused the nack :meth:`note_nack` noted: forget it."""
         with self._lock:
             self.pending.discard(*item)
+            self._left_pending(item)
             self._bare.pop(item[:2], None)
             self._chunks.pop(item[:2], None)
             if self.counts is not None:
                 self.counts.undo_nack(item)
+
+    def note_deadline(self, item: Item, deadline_ms: int) -> None:
+        """The tracker holds the nack of *item* until *deadline_ms* (what its ``add`` returned). O(1).
+
+        Kept only for batch members on a shared subscription (``wait_for_last``), for :meth:`hand_off`.
+        """
+        if self._recent.deadlines is not None and item[2] >= 0:
+            with self._lock:
+                if item in self.pending:  # else handed off or acked meanwhile: nothing waits for it
+                    self._recent.deadlines.note(item, deadline_ms)
+
+    def _left_pending(self, item: Item) -> None:
+        """Under the lock: *item* left the pending set; its entry's deadline goes with its last pending member."""
+        deadlines = self._recent.deadlines
+        if deadlines is not None and len(deadlines) and item[2] >= 0 and not self.pending.has_entry(item[0], item[1]):
+            deadlines.forget(item[:2])
 
     def take_last(self, item: Item) -> Any:
         """The copy of *item* at its last delivery, now on its way to the dead-letter topic; None if there is none."""
@@ -567,6 +595,7 @@ class AdmissionLedger:
         """Under the lock: an acked *item* leaves every nack set (its held copy is acked with it) and its counts go."""
         if self.pending.count or self._handed.count or self._returned.count:
             self.pending.discard(*item)
+            self._left_pending(item)
             held = self._held.get(item)
             if held is not None:
                 self.to_ack_again.append(held)
@@ -608,13 +637,20 @@ class AdmissionLedger:
 
     # ------------------------------------------------------------------ handoffs and expiry
 
-    def hand_off(self, due: DueKeys) -> tuple[list[RawMessageId], Callable[[], None]]:
+    def hand_off(
+        self, due: DueKeys, hold_back: Callable[[MessageKey, int], bool] | None = None
+    ) -> tuple[list[RawMessageId], Callable[[], None]]:
         """Due keys become one entry-level id per entry, in one atomic step; returns the ids and their undo.
 
         Their messages leave the pending set *before* the client has the ids: the copy the
         handoff brings can come back at once (the timer thread may wait for the GIL
         longer than the client's delay), and it must find them handed off, not pending.
         Call the undo if the client refused the ids: they are pending again.
+
+        With ``wait_for_last`` (a shared subscription), a batch entry with a pending member
+        not due yet waits for the latest deadline of its members: its due keys stay
+        pending and go to ``hold_back(key, deadline_ms)`` (the tracker's ``add_at``; False
+        if it refused them, and the entry is handed off now).
         """
         ids: list[RawMessageId] = []
         moved: list[Item] = []
@@ -623,9 +659,12 @@ class AdmissionLedger:
         entries: list[tuple[int, int]] = []
         with self._lock:
             now = monotonic_ms()  # before the client has any of the ids
+            waiting = self._waiting(due, now, hold_back) if hold_back is not None and self._recent.deadlines else ()
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()
                 for _, ledger_id, entry_id, batch_index in keys:
+                    if waiting and (ledger_id, entry_id) in waiting:
+                        continue  # its due members are pending still, tracked again for the entry's last deadline
                     item = (ledger_id, entry_id, batch_index)
                     if item in self.pending:
                         self.pending.discard(*item)
@@ -635,14 +674,9 @@ class AdmissionLedger:
                         continue
                     seen.add((ledger_id, entry_id))
                     entries.append((ledger_id, entry_id))
-                    if topic is UNTITLED or topic == UNTITLED:
-                        bare = self._bare.pop((ledger_id, entry_id), None)
-                        if bare is not None:
-                            ids.append(bare)
-                            bare_ids[(ledger_id, entry_id)] = bare
-                    else:
-                        ids.append(handoff_id(topic, ledger_id, entry_id))
-                        ids += self._chunk_ids(topic, (ledger_id, entry_id), chunked)
+                    ids += self._entry_ids(topic, (ledger_id, entry_id), bare_ids, chunked)
+            for item in moved:
+                self._left_pending(item)
             self.stats["handed_off_entries"] += len(ids)
             self.stats["handoff_bursts"] += bool(ids)
             self._recent.note(now, entries)
@@ -658,6 +692,46 @@ class AdmissionLedger:
                 self._chunks.update(chunked)
 
         return ids, undo
+
+    def _entry_ids(
+        self, topic: str, entry: tuple[int, int], bare_ids: dict[tuple[int, int], RawMessageId],
+        chunked: dict[tuple[int, int], tuple[int, int]],
+    ) -> list[RawMessageId]:
+        """Under the lock: the ids that hand *entry* off (noted in *bare_ids* and *chunked* for an undo)."""
+        if topic is UNTITLED or topic == UNTITLED:
+            bare = self._bare.pop(entry, None)
+            if bare is None:
+                return []
+            bare_ids[entry] = bare
+            return [bare]
+        return [handoff_id(topic, *entry), *self._chunk_ids(topic, entry, chunked)]
+
+    def _waiting(
+        self, due: DueKeys, now: int, hold_back: Callable[[MessageKey, int], bool]
+    ) -> set[tuple[int, int]]:
+        """Under the lock (``wait_for_last``): the batch entries of *due* that wait.
+
+        One waits if a member of it is pending and not due now, and a member's deadline is
+        later than this burst releases (now plus the lead); its due keys go to *hold_back*
+        with the latest deadline. O(due keys).
+        """
+        deadlines = self._recent.deadlines
+        assert deadlines is not None
+        due_members: dict[tuple[int, int], list[MessageKey]] = {}
+        for keys in due.values():
+            for key in keys:
+                if key[3] >= 0 and (key[1], key[2], key[3]) in self.pending:
+                    due_members.setdefault((key[1], key[2]), []).append(key)
+        waiting: set[tuple[int, int]] = set()
+        horizon = now + self._recent.lead_ms
+        for entry, keys in due_members.items():
+            if self.pending.entry_count(*entry) <= len(keys):
+                continue  # every pending member is due: the entry goes now
+            deadline = deadlines.wait_until(entry, horizon)
+            # All or none: an entry whose keys the tracker refused (closing) is handed off now.
+            if deadline is not None and all(hold_back(key, deadline) for key in keys):
+                waiting.add(entry)
+        return waiting
 
     def _chunk_ids(
         self, topic: str, last: tuple[int, int], chunked: dict[tuple[int, int], tuple[int, int]]
@@ -763,6 +837,8 @@ class AdmissionLedger:
         self._orphans.clear()
         self._bare.clear()
         self._chunks.clear()
+        if self._recent.deadlines is not None:
+            self._recent.deadlines.clear()
         self.entries.unwatch()
 
     # ------------------------------------------------------------------ counters

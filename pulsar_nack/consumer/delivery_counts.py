@@ -4,8 +4,8 @@ A :class:`DeliveryCounts` exists only when the consumer has a dead-letter policy
 admission ledger (:class:`~pulsar_nack.consumer.admission.AdmissionLedger`) holds one
 then, or None, and that is the one place the policy is checked. It owns:
 
-* per message, the copies of it the consumer swallowed, its own tally of deliveries (the
-  broker's count, which covers the other consumers, is its floor), the
+* per message, the copies of it the consumer swallowed, its own tally of deliveries (on a
+  shared subscription the broker's count, which covers the other consumers, is its floor), the
   application's nacks of it, and its copy at its last delivery (so that a redelivery
   request dead-letters it at once, as the C++ client does);
 * the messages whose dead letter is on its way, and those whose dead letter is stored;
@@ -20,12 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from .message_sets import Item, PendingNacks
+from .subscription import Sharing
 
 __all__ = ["DeliveryCounts"]
 
 
 class DeliveryCounts:
-    """The delivery counts of a consumer with a dead-letter policy of ``max_redeliver_count`` *limit*.
+    """The delivery counts of a consumer with a dead-letter policy of ``max_redeliver_count`` *limit*
+    on a subscription of *sharing* (default shared).
 
     A message seen ``limit + 1`` times (counts 0 … limit) goes to the dead-letter topic
     instead of being delivered again; at its last delivery (count *limit*) a nack or a
@@ -38,10 +40,12 @@ class DeliveryCounts:
     False
     """
 
-    __slots__ = ("_copies", "_last", "_nacks", "_old", "_sending", "_shown", "_young", "limit", "stored")
+    __slots__ = ("_copies", "_last", "_nacks", "_old", "_sending", "_shown", "_young", "limit", "shared", "stored")
 
     limit: int
     """The policy's ``max_redeliver_count``."""
+    shared: bool
+    """Other consumers may receive the messages: the broker's count is the floor of the tally."""
     stored: PendingNacks
     """Messages whose dead letter is stored: a copy of one is acknowledged again."""
     _copies: dict[Item, int]
@@ -54,8 +58,9 @@ class DeliveryCounts:
     _old: set[Item]
     """Messages counted in the generation before, not since: :meth:`age` forgets their counts."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, sharing: Sharing = Sharing.SHARED) -> None:
         self.limit = limit
+        self.shared = sharing is Sharing.SHARED
         self.stored = PendingNacks()
         self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
         self._sending, self._young, self._old = set(), set(), set()
@@ -83,16 +88,26 @@ class DeliveryCounts:
     def seen(self, raw: Any, item: Item) -> int:
         """How often the application saw *item* before this copy *raw*.
 
-        The largest of: this consumer's own tally of its deliveries (after its first
-        delivery here), the application's nacks of it, and the broker's count
-        (``redelivery_count()``, per entry) minus the copies of it this consumer swallowed.
-        The broker's count is the floor: it also counts the deliveries to the
-        subscription's other consumers, which this tally never sees (as the plain client
-        counts); it never lowers the tally (a batch entry's count starts again when a
-        sibling is acked, a dead letter's ack say).
+        At its first delivery here, the broker's count (``redelivery_count()``, per entry)
+        minus the copies of it this consumer swallowed; after that, this consumer's own
+        tally of its deliveries (that figure plus one per delivery since), and on a shared
+        subscription never less than the broker's figure again; never less than the
+        application's nacks of it.
         """
-        shown = self._shown.get(item, 0)
-        return max(self._nacks.get(item, 0), shown, raw.redelivery_count() - self._copies.get(item, 0))
+        shown = self._shown.get(item)
+        broker = raw.redelivery_count() - self._copies.get(item, 0)
+        if shown is None:
+            return max(self._nacks.get(item, 0), broker)
+        if self.shared:
+            # The broker's count is the floor: it also counts the deliveries to the
+            # subscription's other consumers, which this tally never sees (the plain client
+            # counts by it alone). It never lowers the tally (a batch entry's count starts
+            # again when a sibling is acked, a dead letter's ack say).
+            return max(self._nacks.get(item, 0), shown, broker)
+        # One active consumer: every delivery since the first is in the tally; the broker's
+        # count may count copies that never reached this consumer (issue 22), so it neither
+        # lowers nor raises it.
+        return max(self._nacks.get(item, 0), shown)
 
     # ------------------------------------------------------------------ counting
 

@@ -113,6 +113,18 @@ class PendingNacks:
             return True
         return bool(self._wide) and any(w[0] == ledger_id and w[1] == entry_id for w in self._wide)
 
+    def entry_count(self, ledger_id: int, entry_id: int) -> int:
+        """How many messages of the entry are in the set. O(log n) (O(n) for wide values).
+
+        >>> p = PendingNacks(); p.add(7, 100, 0), p.add(7, 100, 5), p.add(7, 101, 0), p.entry_count(7, 100)
+        (True, True, True, 2)
+        """
+        bitmap = self._by_ledger.get(ledger_id)
+        packed = 0
+        if bitmap is not None and entry_id < _PACK_LIMIT:
+            packed = bitmap.range_cardinality(entry_id << _BATCH_BITS, (entry_id + 1) << _BATCH_BITS)
+        return packed + (sum(w[0] == ledger_id and w[1] == entry_id for w in self._wide) if self._wide else 0)
+
     def items(self) -> list[tuple[int, int, int]]:
         """Every ``(ledger, entry, batch_index)`` in the set. O(n)."""
         found = [(ledger, v >> _BATCH_BITS, (v & (_BATCH_LIMIT - 1)) - 1)

@@ -49,6 +49,7 @@ from .admission import UNTITLED, AdmissionLedger, Screening
 from .delivery_counts import DeliveryCounts
 from .message_sets import Item
 from .settings import ConsumerSettings
+from .subscription import Sharing
 
 __all__ = [
     "START_GUARD_MESSAGES",
@@ -236,9 +237,10 @@ class NackingCore:
         timeout = settings.ack_timeout_ms
         self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if timeout else None
         self.ledger = ledger = AdmissionLedger(
-            None if limit is None else DeliveryCounts(limit),  # counts exist only with a dead-letter policy
+            None if limit is None else DeliveryCounts(limit, settings.sharing),  # only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
             start_guard=min(guard_messages, START_GUARD_MESSAGES), watch_all=bool(timeout),
+            wait_for_last=settings.sharing is Sharing.SHARED,
         )
         # The receive path reads the table's verdict without the lock when one C call reads
         # it, and screens under the lock only what the table does not settle (everything with counts).
@@ -367,7 +369,7 @@ class NackingCore:
             size = self.ledger.size_of(key[1], key[2]) if key[3] >= 0 else 0
             if self.ledger.note_nack(item, size, None, first_chunk):  # else a nack of it is pending already
                 try:
-                    self.tracker.add(key, 0)
+                    self._track(key, 0)
                 except ClosedError:
                     return  # closing: the broker redelivers it when this consumer is gone
 
@@ -430,7 +432,7 @@ class NackingCore:
         """
         self.ledger.dead_letter_failed(_item_of(raw_id(message)))
         try:
-            self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
+            self._track(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
         except ClosedError:
             pass  # closing: the broker redelivers it when this consumer is gone
 
@@ -538,12 +540,18 @@ class NackingCore:
         if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
-            self.tracker.add(key, delay_ms, count)
+            self._track(key, delay_ms, count)
         except BaseException:
             self.ledger.undo_nack(item)
             raise
         self._settle_timeout(key)
         next(self._nacked)
+
+    def _track(self, key: MessageKey, delay_ms: int | None, count: int | None = None) -> None:
+        """Add a noted nack's *key* to the tracker and tell the ledger its deadline (the batch handoff rule's)."""
+        deadline = self.tracker.add(key, delay_ms, count)
+        if key[3] >= 0:
+            self.ledger.note_deadline((key[1], key[2], key[3]), deadline)
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
@@ -592,7 +600,7 @@ class NackingCore:
         (:meth:`AdmissionLedger.hand_off`). If the handoff raises, they are pending again
         (the tracker retries the keys).
         """
-        ids, undo = self.ledger.hand_off(due)
+        ids, undo = self.ledger.hand_off(due, self._hold_back)
         if not ids:
             return
         try:
@@ -600,6 +608,14 @@ class NackingCore:
         except BaseException:
             undo()
             raise
+
+    def _hold_back(self, key: MessageKey, deadline_ms: int) -> bool:
+        """Track a due *key* again until *deadline_ms*, its entry's last (the ledger's hand_off); False once closed."""
+        try:
+            self.tracker.add_at(key, deadline_ms)
+        except ClosedError:
+            return False  # closing: everything pending is handed off now
+        return True
 
     # ------------------------------------------------------------------ resets
 

@@ -20,6 +20,7 @@ from ..core.backoff import RedeliveryBackoff
 from ..core.buckets import DEFAULT_PRECISION_BITS, MAX_PRECISION_BITS
 from ..timing import COALESCE_MS, HANDOFF_DELAY_MS
 from ._client import MESSAGE_ID_TYPES
+from .subscription import Sharing, sharing_of
 
 __all__ = [
     "ConsumerSettings",
@@ -77,6 +78,14 @@ class ConsumerSettings:
         time; the consumer that receives one holds it, unacked, until due (see
         :mod:`~pulsar_nack.consumer.retry`, "Held by the consumer"). Cheaper per retry;
         a Java consumer of the same retry topic would get them at once.
+    sharing : Sharing
+        Whether other consumers may receive this consumer's messages
+        (:mod:`~pulsar_nack.consumer.subscription`): ``SHARED`` (default; Shared,
+        Key_Shared) or ``ONE_ACTIVE`` (Exclusive, Failover). ``subscribe`` sets it from
+        ``consumer_type``. On ``SHARED``, a batch entry with nacked members goes back when
+        the last of them is due, and the broker's redelivery count is the floor of the
+        delivery counts; on ``ONE_ACTIVE``, each member at its own time, and the
+        consumer's own tally counts.
 
     >>> ConsumerSettings(negative_ack_redelivery_delay_ms=5_000).negative_ack_precision_bit_cnt
     8
@@ -98,6 +107,7 @@ class ConsumerSettings:
     retry_letter_topic: str | None = None
     retry_hold_ms: int = 0
     ack_timeout_ms: int = 0
+    sharing: Sharing = Sharing.SHARED
 
     def __post_init__(self) -> None:
         # The one validation of each setting: both consumers, both subscribe functions, the
@@ -114,6 +124,8 @@ class ConsumerSettings:
         check_ms("handoff_delay_ms", self.handoff_delay_ms)
         check_ms("coalesce_ms", self.coalesce_ms)
         check_bool("always_guard", self.always_guard)
+        if not isinstance(self.sharing, Sharing):
+            raise TypeError(f"sharing must be a Sharing, not {type(self.sharing).__name__}")
         self._check_retries()
 
     def _check_retries(self) -> None:
@@ -158,7 +170,7 @@ def subscribe_settings(
     Takes ``dead_letter_policy`` out of *subscribe_kwargs* (the wrapper sends dead
     letters itself, counting deliveries to the application), guards all the time when
     an ack timeout is set (``unacked_messages_timeout_ms``, 0 meaning none as in
-    pulsar), and defaults ``batch_index_ack_enabled`` to True. Validates everything it
+    pulsar), takes the sharing from ``consumer_type``, and defaults ``batch_index_ack_enabled`` to True. Validates everything it
     reads before changing anything.
     """
     check_bool("batch_index_ack_enabled", subscribe_kwargs.get("batch_index_ack_enabled", True))
@@ -173,6 +185,7 @@ def subscribe_settings(
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
         retry_hold_ms=retry_hold_ms,
+        sharing=sharing_of(subscribe_kwargs.get("consumer_type", pulsar.ConsumerType.Exclusive)),
     )
     subscribe_kwargs.pop("dead_letter_policy", None)
     subscribe_kwargs.pop("unacked_messages_timeout_ms", None)  # kept by the consumer (ack_timeout_ms)

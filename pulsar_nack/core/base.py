@@ -205,6 +205,21 @@ class BaseTracker(ABC):
         clock = self._clock
         return self._track(key, (_monotonic_ns() // 1_000_000 if clock is monotonic_ms else clock()) + delay)
 
+    def add_at(self, key: MessageKey, deadline_ms: int) -> int:
+        """Track *key* ``(topic, ledger_id, entry_id, batch_index)`` until the clock's *deadline_ms*; return it.
+
+        For a key that must come back with another one: pass the deadline :meth:`add`
+        returned for that one, and both fall into the same bucket.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a wrong type or bad value (a negative deadline included); nothing is stored then.
+        TrackerClosedError
+            After :meth:`close` (a ``RuntimeError``).
+        """
+        return self._track(key, check_int("deadline_ms", deadline_ms, 0))
+
     def _track(self, key: MessageKey, deadline_ms: int) -> int:
         """Store *key* due at *deadline_ms* (not yet validated) and arm the timer; return the deadline."""
         self._acquire()  # cheaper than `with self._lock` on this hot path
