@@ -725,7 +725,7 @@ class AdmissionLedger:
         waiting: set[tuple[int, int]] = set()
         horizon = now + self._recent.lead_ms
         for entry, keys in due_members.items():
-            if self.pending.entry_count(*entry) <= len(keys):
+            if self.pending.entry_count(*entry) <= len(set(keys)):  # (a key may be due twice)
                 continue  # every pending member is due: the entry goes now
             deadline = deadlines.wait_until(entry, horizon)
             # All or none: an entry whose keys the tracker refused (closing) is handed off now.
