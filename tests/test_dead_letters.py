@@ -50,6 +50,8 @@ import helpers
 import pulsar_nack
 import pulsar_nack.asyncio
 from helpers import wait_for
+from pulsar_nack.consumer import settings as consumer_settings
+from pulsar_nack.consumer.subscription import Sharing
 from pulsar_nack.testing import quiet_client
 from pulsar_nack.testing.admin import PulsarAdmin
 
@@ -507,12 +509,18 @@ def test_failover_and_exclusive_dead_letters(lab: Lab, kind: str, consumer_type:
 
 
 @pytest.mark.parametrize("kind", ["blocking", "asyncio"])
-def test_swallowed_batch_copies_do_not_count(lab: Lab, kind: str) -> None:
+def test_swallowed_batch_copies_do_not_count(lab: Lab, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch [a, b], ``max_redeliver_count=1``. b is nacked for 3 s, a for the fixed 100 ms:
     a's redelivery brings a copy of b, swallowed (b's nack is pending), and the broker counts
     it. When b's own handoff brings the entry back (count 2), the application has seen b
     once: it gets it a second time (its last), and its nack sends it. a, left unsettled after
-    its second delivery, comes with that same entry and goes to the dead-letter topic."""
+    its second delivery, comes with that same entry and goes to the dead-letter topic.
+
+    A Shared subscription (the broker counts there) whose one consumer is told it is the one
+    active consumer (``Sharing.ONE_ACTIVE``, as ``subscribe`` says for Exclusive and
+    Failover, where the broker counts nothing): with ``Sharing.SHARED`` the entry waits for
+    b's time, so a's redelivery never brings a copy of b (docs/consumer.md, "Batches")."""
+    monkeypatch.setattr(consumer_settings, "sharing_of", lambda _consumer_type: Sharing.ONE_ACTIVE)
     topic = new_topic(f"copies-{kind}")
     dlq = f"{topic}-dead"
     checker = lab.client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest)

@@ -8,6 +8,7 @@ message whose counts must age (tests/test_chaos_findings.py covers the effect en
 from __future__ import annotations
 
 from pulsar_nack.consumer.delivery_counts import DeliveryCounts
+from pulsar_nack.consumer.subscription import Sharing
 
 
 class Copy:
@@ -59,3 +60,23 @@ def test_a_settled_message_leaves_both_generations() -> None:
     counts.forget(C)
     assert not counts.keeps_counts()
     counts._check()  # no generation holds a message without counts
+
+
+def test_on_a_shared_subscription_the_brokers_count_less_the_swallowed_copies_is_the_floor() -> None:
+    """Another consumer's deliveries raise the broker's count: they count; this consumer's swallowed copies do not."""
+    counts = DeliveryCounts(3, Sharing.SHARED)
+    assert not counts.counted_over(Copy(0), A)
+    counts.note_nack(A)
+    counts.note_swallowed(A)  # a copy of A swallowed here: the broker counted it
+    assert counts.seen(Copy(2), A) == 1, "the swallowed copy does not count"
+    assert counts.seen(Copy(3), A) == 2, "a delivery elsewhere counts"
+    assert counts.counted_over(Copy(5), A), "the broker's 5 less 1 swallowed: 4 deliveries, over 3"
+    counts._check()
+
+
+def test_with_one_active_consumer_the_tally_alone_decides_after_the_first_delivery() -> None:
+    counts = DeliveryCounts(3, Sharing.ONE_ACTIVE)
+    assert not counts.counted_over(Copy(0), A)
+    counts.note_nack(A)
+    assert counts.seen(Copy(5), A) == 1, "a broker count that jumped does not raise the tally"
+    counts._check()
