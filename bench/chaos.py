@@ -144,7 +144,8 @@ def soak_table(result: dict[str, Any] | None = None) -> str:
             f"{data['parameters']['sample_s']:g} s; slopes fitted by least squares after the first "
             f"{memory['warmup_s'] / 60:.0f} minutes (warm-up). {totals['produced']:,} messages, {totals['deliveries']:,} "
             f"deliveries; the checker: {totals['lost']} lost, {totals['early']} early, {totals['after_ack']} after an "
-            f"ack, {totals['past_count']} dead letters past the count.")  # fmt: skip
+            f"ack, {totals['past_count']} dead letters past the count. Code: "
+            f"`{data['meta']['git']['commit'][:7]}`.")  # fmt: skip
     headers = ["consumer process", "RSS after warm-up (MiB)", "RSS at the end (MiB)", "RSS slope (MiB/h)",
                "tracker bytes (min–max)", "tracker slope (bytes/h)"]  # fmt: skip
     return md_table(headers, rows) + note
