@@ -136,6 +136,54 @@ bad:
     return -1;
 }
 
+/* The (ledger, entry) of field 7 (first_chunk_message_id) into chunk; 1 if there is one, 0 if
+ * not, -1 with ValueError set for malformed input. */
+static int
+parse_first_chunk(const unsigned char *pos, Py_ssize_t length, int64_t chunk[2])
+{
+    const unsigned char *end = pos + length;
+    while (pos < end) {
+        uint64_t tag, value;
+        if (read_varint(&pos, end, &tag) < 0)
+            goto bad;
+        switch (tag & 7) {
+        case 0:
+            if (read_varint(&pos, end, &value) < 0)
+                goto bad;
+            break;
+        case 1:
+            if (end - pos < 8)
+                goto bad;
+            pos += 8;
+            break;
+        case 2:
+            if (read_varint(&pos, end, &value) < 0 || value > (uint64_t)(end - pos))
+                goto bad;
+            if ((tag >> 3) == 7) {
+                int64_t f[5];
+                if (parse(pos, (Py_ssize_t)value, f) < 0)
+                    return -1;
+                chunk[0] = f[0];
+                chunk[1] = f[1];
+                return 1;
+            }
+            pos += value;
+            break;
+        case 5:
+            if (end - pos < 4)
+                goto bad;
+            pos += 4;
+            break;
+        default:
+            goto bad;
+        }
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "not a serialized Pulsar message id");
+    return -1;
+}
+
 PyDoc_STRVAR(parse_id_doc,
 "parse_id(data: bytes) -> tuple[int, int, int, int, int]\n\n"
 "(ledger, entry, partition, batch_index, batch_size) of MessageId.serialize() bytes.\n"
@@ -199,15 +247,16 @@ message_key(PyObject *module, PyObject *message)
 }
 
 PyDoc_STRVAR(received_key_doc,
-"received_key(message: _pulsar.Message, wrapper) -> tuple[str, int, int, int, int]\n\n"
-"(topic, ledger, entry, batch_index, batch_size) of a received message: the id from the\n"
-"serialized one its pulsar.Message wrapper keeps (attribute _pulsar_nack_id), else read\n"
-"once (message_id, serialize); the topic from topic_name().");
+"received_key(message: _pulsar.Message, wrapper) -> tuple[str, int, int, int, int, tuple[int, int] | None]\n\n"
+"(topic, ledger, entry, batch_index, batch_size, first_chunk) of a received message: the id\n"
+"from the serialized one its pulsar.Message wrapper keeps (attribute _pulsar_nack_id), else\n"
+"read once (message_id, serialize); the topic from topic_name(); first_chunk, the (ledger,\n"
+"entry) of the first chunk of a chunked message (from the same bytes), else None.");
 
 static PyObject *
 received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t f[5];
+    int64_t f[5], chunk[2];
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "received_key(message, wrapper) takes two arguments");
         return NULL;
@@ -215,23 +264,30 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *data = kept_id(args[1]);
     if (data == NULL && PyErr_Occurred())
         return NULL;
-    if (data != NULL && PyBytes_Check(data)) {
-        int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
-        Py_DECREF(data);
-        if (parsed < 0)
+    if (data != NULL && !PyBytes_Check(data))
+        Py_CLEAR(data);
+    if (data != NULL) {
+        if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
+            Py_DECREF(data);
             return NULL;
+        }
     }
     else {
-        Py_XDECREF(data);
         data = read_message_id(args[0], f);
         if (data == NULL)
             return NULL;
-        Py_DECREF(data);
     }
+    int chunked = parse_first_chunk((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), chunk);
+    Py_DECREF(data);
+    if (chunked < 0)
+        return NULL;
     PyObject *topic = PyObject_CallMethodNoArgs(args[0], str_topic_name);
     if (topic == NULL)
         return NULL;
-    return Py_BuildValue("(NLLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4]);
+    if (chunked)
+        return Py_BuildValue("(NLLLL(LL))", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4],
+                             (long long)chunk[0], (long long)chunk[1]);
+    return Py_BuildValue("(NLLLLO)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4], Py_None);
 }
 
 /* ------------------------------------------------------------------ EntryTable */
@@ -319,6 +375,20 @@ bit_set(Rec *r, int nacked, int32_t i)
     }
     int words = rec_words(r);
     r->wide[(nacked ? words : 0) + i / 64] |= 1ull << (i % 64);
+}
+
+static inline void
+bit_clear(Rec *r, int nacked, int32_t i)
+{
+    if (r->wide == NULL) {
+        if (nacked)
+            r->nacked &= ~(1ull << i);
+        else
+            r->acked &= ~(1ull << i);
+        return;
+    }
+    int words = rec_words(r);
+    r->wide[(nacked ? words : 0) + i / 64] &= ~(1ull << (i % 64));
 }
 
 /* 1 if A covers every member, 2 if only A | N does, 0 otherwise. */
@@ -677,12 +747,39 @@ EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(v);
 }
 
+/* The ack of member `index` of a watched entry, from record i: recorded here (1) only where the
+ * caller's books cannot change: an open record without a member acked through a made-up id, the
+ * member in neither bit set (every member of an open record in the caller's nack sets is marked
+ * nacked), and the ack not completing the entry (the caller then moves it to its complete set).
+ * Else 0, nothing recorded. */
+static int
+ack_watched_member(EntryTable *t, uint32_t i, int index)
+{
+    if (i == NIL || index < 0)
+        return 0;
+    Rec *r = &t->recs[i];
+    if ((r->flags & (F_SETTLED | F_FOREIGN)) || index >= r->size || bit_get(r, 0, index) || bit_get(r, 1, index))
+        return 0;
+    bit_set(r, 0, index);
+    switch (coverage(r)) {
+    case 0:
+        return 1;
+    case 1: /* every member acked (none nacked): settled, as ack() does */
+        table_settle(t, i);
+        return 1;
+    default: /* complete with nacked members: the caller's */
+        bit_clear(r, 0, index);
+        return 0;
+    }
+}
+
 PyDoc_STRVAR(ack_message_doc,
 "ack_message(wrapper) -> bool\n\n"
 "Record the ack of a received message from the id admit_message() kept on its wrapper:\n"
 "True (recorded, as ack()). False, and nothing recorded, when the caller must record it:\n"
-"no id kept, watch_all set, the entry watched, or its record holds a nacked member or one\n"
-"acked through a made-up id.");
+"no id kept, watch_all set, its record holds a nacked member or one acked through a made-up\n"
+"id; for a watched entry, unless the member's open record marks it neither acked nor nacked\n"
+"and the ack leaves a member unsettled or settles the entry (every member acked).");
 
 static PyObject *
 EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
@@ -704,9 +801,9 @@ EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
     Py_DECREF(data);
     if (parsed < 0)
         return NULL;
-    if (is_watched(t, f[0], f[1]))
-        Py_RETURN_FALSE;
     uint32_t i = table_find(t, f[0], f[1]);
+    if (is_watched(t, f[0], f[1]))
+        return PyBool_FromLong(ack_watched_member(t, i, (int)f[3]));
     if (i != NIL && !(t->recs[i].flags & F_SETTLED) && ((t->recs[i].flags & F_FOREIGN) || has_nacked(&t->recs[i])))
         Py_RETURN_FALSE;
     PyObject *outcome = record(t, f[0], f[1], (int)f[3], (int)f[4], 0, 1, 0);

@@ -442,7 +442,8 @@ class AdmissionLedger:
                 self._bare[item[:2]] = bare
             if first_chunk is not None:
                 self._chunks[item[:2]] = first_chunk
-            self._set_quiet(False)  # a nack state begins: guard
+            if self.quiet:  # a nack state begins: guard
+                self._set_quiet(False)
             self.entries.guard_left = self._guard_messages
             return True
 

@@ -512,8 +512,8 @@ class NackingCore:
             check_ms("delay_ms", delay_ms)
         # a received pulsar.Message (the common call: its exact type needs no checks), else None for an id
         inner = unwrap_message(message) if type(message) is MESSAGE_TYPE else inner_message(message)
-        if inner is not None:  # its key in one C call (the id kept on admission, or read once)
-            topic, ledger_id, entry, index, size = _msgid.received_key(inner, message)
+        if inner is not None:  # its key and first chunk in one C call (the id kept on admission, or read once)
+            topic, ledger_id, entry, index, size, first = _msgid.received_key(inner, message)
             if topic not in self.topics.names and topic not in self.topics:
                 raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
             key: MessageKey = (topic, ledger_id, entry, index)
@@ -522,6 +522,7 @@ class NackingCore:
             key, raw = self.key_of(message)
             index = key[3]
             size = batch_size_of(raw) if index >= 0 else 0
+            first = _first_chunk(message, raw) if index < 0 else None  # chunked: its handoff names every chunk
         if index >= 0 and not size:
             size = self.ledger.size_of(key[1], key[2])
         item = (key[1], key[2], key[3])
@@ -536,7 +537,6 @@ class NackingCore:
         count = None
         if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
-        first = _first_chunk(message, raw) if key[3] < 0 else None  # chunked: its handoff names every chunk
         if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
