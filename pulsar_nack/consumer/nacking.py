@@ -544,7 +544,8 @@ class NackingCore:
         except BaseException:
             self.ledger.undo_nack(item)
             raise
-        self._settle_timeout(key)
+        if self._ack_timeout is not None:
+            self._settle_timeout(key)
         next(self._nacked)
 
     def _track(self, key: MessageKey, delay_ms: int | None, count: int | None = None) -> None:
