@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import _varint
 from pulsar_nack.consumer import msgid
 
 TABLES = [pytest.param(msgid.PyEntryTable, id="python")]
@@ -31,15 +32,6 @@ _ops = st.one_of(
     st.tuples(st.just("watch"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("ack_message"), _keys, st.integers(-1, 130), _sizes, st.just(True), st.just(False)),
 )
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _kept(ledger: int, entry: int, index: int = -1, size: int = 0) -> object:

@@ -35,8 +35,11 @@
  * nack sets, as a per-ledger high mark (the highest watched entry id of each ledger). A
  * copy of an entry above its ledger's mark has no nack state, so admit_message() decides
  * it here (deliver it, opening the record of a batch entry) and ack_message() records its
- * ack here, without a call back into Python; a watched entry goes to the caller. The marks
- * only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
+ * ack here, without a call back into Python; a watched entry goes to the caller, but where
+ * its open record settles it: the caller marks every member of an open record that is in
+ * one of its nack sets as nacked, so a copy of a member in neither bit set is delivered
+ * here, and its ack recorded here unless it completes the entry with a nacked member. The
+ * marks only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -526,14 +526,8 @@ class NackingCore:
         if index >= 0 and not size:
             size = self.ledger.size_of(key[1], key[2])
         item = (key[1], key[2], key[3])
-        counts = self.ledger.counts
-        if counts is not None and counts.has_last():
-            last = self.ledger.take_last(item)
-            if last is not None:  # at its last delivery: to the dead-letter topic
-                self._settle_timeout(key)
-                self._send_dead_letter(last, False)
-                next(self._nacked)
-                return
+        if self.ledger.counts is not None and self._nacked_at_last(key, item):
+            return
         count = None
         if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
@@ -553,6 +547,17 @@ class NackingCore:
         deadline = self.tracker.add(key, delay_ms, count)
         if key[3] >= 0:
             self.ledger.note_deadline((key[1], key[2], key[3]), deadline)
+
+    def _nacked_at_last(self, key: MessageKey, item: Item) -> bool:
+        """With delivery counts: a nack of a message at its last delivery sends its dead letter instead; True if it did."""
+        counts = self.ledger.counts
+        last = self.ledger.take_last(item) if counts is not None and counts.has_last() else None
+        if last is None:
+            return False
+        self._settle_timeout(key)
+        self._send_dead_letter(last, False)
+        next(self._nacked)
+        return True
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
