@@ -523,20 +523,21 @@ class NackingCore:
             index = key[3]
             size = batch_size_of(raw) if index >= 0 else 0
             first = _first_chunk(message, raw) if index < 0 else None  # chunked: its handoff names every chunk
+        ledger = self.ledger
         if index >= 0 and not size:
-            size = self.ledger.size_of(key[1], key[2])
+            size = ledger.size_of(key[1], key[2])
         item = (key[1], key[2], key[3])
-        if self.ledger.counts is not None and self._nacked_at_last(key, item):
+        if ledger.counts is not None and self._nacked_at_last(key, item):
             return
         count = None
         if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
-        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
+        if not ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
             self._track(key, delay_ms, count)
         except BaseException:
-            self.ledger.undo_nack(item)
+            ledger.undo_nack(item)
             raise
         if self._ack_timeout is not None:
             self._settle_timeout(key)
