@@ -86,12 +86,16 @@ read_varint(const unsigned char **pos, const unsigned char *end, uint64_t *out)
     return -1;
 }
 
-/* Decode fields 1-4 and 6; -1 with ValueError set for malformed input. */
+/* Decode fields 1-4 and 6, and with chunk not NULL the (ledger, entry) of field 7
+ * (first_chunk_message_id) into chunk[0..1], chunk[2] = 1 if present (else 0); -1 with
+ * ValueError set for malformed input. */
 static int
-parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
+parse_chunked(const unsigned char *pos, Py_ssize_t length, int64_t fields[5], int64_t *chunk)
 {
     const unsigned char *end = pos + length;
     int seen = 0;
+    if (chunk != NULL)
+        chunk[2] = 0;
     fields[0] = fields[1] = 0;
     fields[2] = fields[3] = -1;
     fields[4] = 0;
@@ -121,6 +125,14 @@ parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
         case 2: /* length-delimited */
             if (read_varint(&pos, end, &value) < 0 || value > (uint64_t)(end - pos))
                 goto bad;
+            if (number == 7 && chunk != NULL) {
+                int64_t first[5];
+                if (parse_chunked(pos, (Py_ssize_t)value, first, NULL) < 0)
+                    return -1;
+                chunk[0] = first[0];
+                chunk[1] = first[1];
+                chunk[2] = 1;
+            }
             pos += value;
             break;
         case 5: /* 32-bit */
@@ -139,52 +151,11 @@ bad:
     return -1;
 }
 
-/* The (ledger, entry) of field 7 (first_chunk_message_id) into chunk; 1 if there is one, 0 if
- * not, -1 with ValueError set for malformed input. */
+/* Decode fields 1-4 and 6 (parse_chunked without the first chunk). */
 static int
-parse_first_chunk(const unsigned char *pos, Py_ssize_t length, int64_t chunk[2])
+parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
 {
-    const unsigned char *end = pos + length;
-    while (pos < end) {
-        uint64_t tag, value;
-        if (read_varint(&pos, end, &tag) < 0)
-            goto bad;
-        switch (tag & 7) {
-        case 0:
-            if (read_varint(&pos, end, &value) < 0)
-                goto bad;
-            break;
-        case 1:
-            if (end - pos < 8)
-                goto bad;
-            pos += 8;
-            break;
-        case 2:
-            if (read_varint(&pos, end, &value) < 0 || value > (uint64_t)(end - pos))
-                goto bad;
-            if ((tag >> 3) == 7) {
-                int64_t f[5];
-                if (parse(pos, (Py_ssize_t)value, f) < 0)
-                    return -1;
-                chunk[0] = f[0];
-                chunk[1] = f[1];
-                return 1;
-            }
-            pos += value;
-            break;
-        case 5:
-            if (end - pos < 4)
-                goto bad;
-            pos += 4;
-            break;
-        default:
-            goto bad;
-        }
-    }
-    return 0;
-bad:
-    PyErr_SetString(PyExc_ValueError, "not a serialized Pulsar message id");
-    return -1;
+    return parse_chunked(pos, length, fields, NULL);
 }
 
 PyDoc_STRVAR(parse_id_doc,
@@ -206,23 +177,31 @@ parse_id(PyObject *module, PyObject *data)
                          (long long)f[3], (long long)f[4]);
 }
 
-/* A received message's id as bytes (message_id().serialize()), parsed into f; a new
- * reference, or NULL with an exception set. */
+/* A received message's id as bytes (message_id().serialize()): a new reference, or NULL with
+ * an exception set. */
 static PyObject *
-read_message_id(PyObject *message, int64_t f[5])
+message_id_bytes(PyObject *message)
 {
     PyObject *id = PyObject_CallMethodNoArgs(message, str_message_id);
     if (id == NULL)
         return NULL;
     PyObject *data = PyObject_CallMethodNoArgs(id, str_serialize);
     Py_DECREF(id);
-    if (data == NULL)
-        return NULL;
-    if (!PyBytes_Check(data)) {
+    if (data != NULL && !PyBytes_Check(data)) {
         Py_DECREF(data);
         PyErr_SetString(PyExc_TypeError, "MessageId.serialize() did not return bytes");
         return NULL;
     }
+    return data;
+}
+
+/* message_id_bytes(), parsed into f; a new reference, or NULL with an exception set. */
+static PyObject *
+read_message_id(PyObject *message, int64_t f[5])
+{
+    PyObject *data = message_id_bytes(message);
+    if (data == NULL)
+        return NULL;
     if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
         Py_DECREF(data);
         return NULL;
@@ -259,7 +238,7 @@ PyDoc_STRVAR(received_key_doc,
 static PyObject *
 received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t f[5], chunk[2];
+    int64_t f[5], chunk[3];
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "received_key(message, wrapper) takes two arguments");
         return NULL;
@@ -269,25 +248,16 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (data != NULL && !PyBytes_Check(data))
         Py_CLEAR(data);
-    if (data != NULL) {
-        if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
-            Py_DECREF(data);
-            return NULL;
-        }
-    }
-    else {
-        data = read_message_id(args[0], f);
-        if (data == NULL)
-            return NULL;
-    }
-    int chunked = parse_first_chunk((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), chunk);
+    if (data == NULL && (data = message_id_bytes(args[0])) == NULL)
+        return NULL;
+    int parsed = parse_chunked((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f, chunk);
     Py_DECREF(data);
-    if (chunked < 0)
+    if (parsed < 0)
         return NULL;
     PyObject *topic = PyObject_CallMethodNoArgs(args[0], str_topic_name);
     if (topic == NULL)
         return NULL;
-    if (chunked)
+    if (chunk[2])
         return Py_BuildValue("(NLLLL(LL))", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4],
                              (long long)chunk[0], (long long)chunk[1]);
     return Py_BuildValue("(NLLLLO)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4], Py_None);
