@@ -42,6 +42,7 @@ __all__ = [
     "parse_id",
     "py_message_key",
     "py_parse_id",
+    "py_received_key",
     "read_id",
     "received_key",
 ]
