@@ -204,3 +204,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
 LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_the_ledger_keeps_its_promises = LedgerMachine.TestCase
+
+
+def test_a_record_opened_after_a_nack_by_an_id_without_batch_size_carries_that_nack() -> None:
+    """The table delivers a copy of a member its open record marks neither acked nor nacked, without the
+    lock: a member nacked by an id without a batch size, before its entry had a record, must be marked
+    nacked in the record a sibling's copy opens later."""
+    ledger = AdmissionLedger(None, lead_ms=LEAD_MS, always_guard=False, guard_messages=10, start_guard=10)
+    assert ledger.note_nack((LEDGER, 1, 1), 0, None)  # size 0: a made-up id, the entry not in flight yet
+    assert ledger.screen(Copy((LEDGER, 1, 0)), None)[0] == msgid.DELIVER  # a sibling's copy opens the record
+    assert ledger.entries.verdict(LEDGER, 1, 1) == msgid.NACKED
+    assert ledger.entries.admit_message(Copy((LEDGER, 1, 1)), _Kept()) != msgid.DELIVER, "the pending copy is the screen's"
+
+
+class _Kept:
+    """A ``pulsar.Message`` stand-in that keeps attributes."""

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import _varint
 from pulsar_nack.consumer import msgid
 
 TABLES = [pytest.param(msgid.PyEntryTable, id="python")]
@@ -26,13 +27,31 @@ _ops = st.one_of(
     st.tuples(st.just("nack"), _keys, st.integers(-1, 130), _sizes, st.booleans(), st.just(False)),
     st.tuples(st.just("open"), _keys, st.just(0), _sizes, st.just(True), st.just(False)),
     st.tuples(st.just("settle"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
-    st.tuples(st.sampled_from(["forget_settled", "sweep", "clear_nacks", "clear"]), _keys, st.just(0),
+    st.tuples(st.sampled_from(["forget_settled", "sweep", "clear_nacks", "clear", "unwatch"]), _keys, st.just(0),
               st.just(0), st.just(True), st.just(False)),
+    st.tuples(st.just("watch"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
+    st.tuples(st.just("ack_message"), _keys, st.integers(-1, 130), _sizes, st.just(True), st.just(False)),
 )
+
+
+def _kept(ledger: int, entry: int, index: int = -1, size: int = 0) -> object:
+    """A wrapper keeping the serialized id of member *index* of an entry of *size* members, as admit_message keeps it."""
+    data = b"\x08" + _varint(ledger) + b"\x10" + _varint(entry)
+    if index >= 0:
+        data += b"\x20" + _varint(index)
+    if size > 0:
+        data += b"\x30" + _varint(size)
+    wrapper = _Wrapper()
+    vars(wrapper)[msgid.STASH] = data
+    return wrapper
 
 
 def _apply(table: object, op: tuple) -> object:
     name, (ledger, entry), index, size, create, foreign = op
+    if name == "watch":
+        return table.watch(ledger, entry)
+    if name == "ack_message":
+        return table.ack_message(_kept(ledger, entry, index, size))
     if name == "ack":
         return table.ack(ledger, entry, index, size, create=create, foreign=foreign)
     if name == "nack":
@@ -196,3 +215,24 @@ def test_ack_message_records_the_acks_of_unwatched_entries_only(table_type) -> N
     assert table.ack_message(watched) is False and table.verdict(4, 21, -1) == msgid.FRESH, "nothing recorded"
     table.watch_all = True
     assert table.ack_message(kept) is False
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_ack_message_records_a_watched_member_only_where_the_callers_books_cannot_change(table_type) -> None:
+    table = table_type(8)
+    table.open(5, 1, 3)
+    table.nack(5, 1, 0, 3)
+    table.watch(5, 1)
+    assert table.ack_message(_kept(5, 1, 1, 3)) is True and table.verdict(5, 1, 1) == msgid.ACKED, "neither acked nor nacked"
+    assert table.ack_message(_kept(5, 1, 0, 3)) is False and table.verdict(5, 1, 0) == msgid.NACKED, "a nacked member"
+    assert table.ack_message(_kept(5, 1, 2, 3)) is False and table.verdict(5, 1, 2) == msgid.DELIVER, (
+        "the ack completing an entry with a nacked member: the caller's, nothing recorded")
+    table.watch(5, 2)
+    assert table.ack_message(_kept(5, 2, 0, 3)) is False, "a watched entry without an open record"
+    table.open(5, 0, 2)
+    assert table.ack_message(_kept(5, 0, 0, 2)) is True and table.ack_message(_kept(5, 0, 1, 2)) is True
+    assert table.verdict(5, 0, 0) == msgid.ACKED and table.counts() == (1, 1), "every member acked: settled"
+    table.ack(5, 3, 0, 2, foreign=True)
+    table.watch(5, 3)
+    assert table.ack_message(_kept(5, 3, 1, 2)) is False, "a member acked through a made-up id: the caller reports it"
+    table._check()

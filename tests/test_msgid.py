@@ -113,3 +113,40 @@ def test_message_key_reads_received_messages_as_the_getters_do(apache_broker, to
 
 def _message_id_data(fields: list[tuple[int, int]]) -> bytes:
     return b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
+
+
+KEY_READERS = [pytest.param(_msgid.py_received_key, id="python")]
+if _msgid.MSGID:
+    KEY_READERS.append(pytest.param(_msgid.received_key, id="c"))
+
+
+class _Received:
+    """A received ``_pulsar.Message`` stand-in: an id and a topic."""
+
+    def __init__(self, data: bytes) -> None:
+        self._id = _pulsar.MessageId.deserialize(data)
+
+    def message_id(self) -> _pulsar.MessageId:
+        return self._id
+
+    def topic_name(self) -> str:
+        return "persistent://public/default/t"
+
+
+class _Wrapper:
+    """A ``pulsar.Message`` stand-in that keeps attributes."""
+
+
+@pytest.mark.parametrize("received_key", KEY_READERS)
+@pytest.mark.parametrize("kept", [False, True], ids=["read", "kept"])
+def test_received_key_reads_the_first_chunk_from_the_same_bytes(received_key, kept) -> None:
+    """A nack reads a message's id once: the key and, for a chunked message, its first chunk's entry."""
+    first = _message_id_data([(1, 7), (2, 8)])
+    chunked = _message_id_data([(1, 7), (2, 10)]) + _varint(7 << 3 | 2) + _varint(len(first)) + first
+    plain = _message_id_data([(1, 7), (2, 11), (4, 2), (6, 5)])
+    for data, expected in ((chunked, ("persistent://public/default/t", 7, 10, -1, 0, (7, 8))),
+                           (plain, ("persistent://public/default/t", 7, 11, 2, 5, None))):
+        wrapper = _Wrapper()
+        if kept:
+            vars(wrapper)[_msgid.STASH] = data
+        assert received_key(_Received(data), wrapper) == expected

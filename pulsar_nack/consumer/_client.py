@@ -74,7 +74,6 @@ __all__ = [
     "is_raw_message",
     "is_raw_message_id",
     "load_asyncio",
-    "message_acknowledger",
     "message_receiver",
     "missing_names",
     "plain_producer_configuration",
@@ -371,18 +370,6 @@ def message_receiver(raw_consumer: Any, schema: Any) -> Callable[..., pulsar.Mes
         return message
 
     return receive_message
-
-
-def message_acknowledger(raw_consumer: Any) -> Callable[[pulsar.Message], None]:
-    """``acknowledge(message)`` of a ``pulsar.Message`` on *raw_consumer* (a
-    ``_pulsar.Consumer``), as ``pulsar.Consumer.acknowledge`` sends it: built once per
-    consumer for its ack path. O(1)."""
-    acknowledge = raw_consumer.acknowledge
-
-    def acknowledge_message(message: pulsar.Message) -> None:
-        acknowledge(message._message)
-
-    return acknowledge_message
 
 
 def wrap_message(raw: Any, schema: Any, cls: type[pulsar.Message] = pulsar.Message) -> pulsar.Message:

@@ -35,8 +35,11 @@
  * nack sets, as a per-ledger high mark (the highest watched entry id of each ledger). A
  * copy of an entry above its ledger's mark has no nack state, so admit_message() decides
  * it here (deliver it, opening the record of a batch entry) and ack_message() records its
- * ack here, without a call back into Python; a watched entry goes to the caller. The marks
- * only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
+ * ack here, without a call back into Python; a watched entry goes to the caller, but where
+ * its open record settles it: the caller marks every member of an open record that is in
+ * one of its nack sets as nacked, so a copy of a member in neither bit set is delivered
+ * here, and its ack recorded here unless it completes the entry with a nacked member. The
+ * marks only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -83,12 +86,16 @@ read_varint(const unsigned char **pos, const unsigned char *end, uint64_t *out)
     return -1;
 }
 
-/* Decode fields 1-4 and 6; -1 with ValueError set for malformed input. */
+/* Decode fields 1-4 and 6, and with chunk not NULL the (ledger, entry) of field 7
+ * (first_chunk_message_id) into chunk[0..1], chunk[2] = 1 if present (else 0); -1 with
+ * ValueError set for malformed input. */
 static int
-parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
+parse_chunked(const unsigned char *pos, Py_ssize_t length, int64_t fields[5], int64_t *chunk)
 {
     const unsigned char *end = pos + length;
     int seen = 0;
+    if (chunk != NULL)
+        chunk[2] = 0;
     fields[0] = fields[1] = 0;
     fields[2] = fields[3] = -1;
     fields[4] = 0;
@@ -118,6 +125,14 @@ parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
         case 2: /* length-delimited */
             if (read_varint(&pos, end, &value) < 0 || value > (uint64_t)(end - pos))
                 goto bad;
+            if (number == 7 && chunk != NULL) {
+                int64_t first[5];
+                if (parse_chunked(pos, (Py_ssize_t)value, first, NULL) < 0)
+                    return -1;
+                chunk[0] = first[0];
+                chunk[1] = first[1];
+                chunk[2] = 1;
+            }
             pos += value;
             break;
         case 5: /* 32-bit */
@@ -134,6 +149,13 @@ parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
 bad:
     PyErr_SetString(PyExc_ValueError, "not a serialized Pulsar message id");
     return -1;
+}
+
+/* Decode fields 1-4 and 6 (parse_chunked without the first chunk). */
+static int
+parse(const unsigned char *pos, Py_ssize_t length, int64_t fields[5])
+{
+    return parse_chunked(pos, length, fields, NULL);
 }
 
 PyDoc_STRVAR(parse_id_doc,
@@ -155,23 +177,31 @@ parse_id(PyObject *module, PyObject *data)
                          (long long)f[3], (long long)f[4]);
 }
 
-/* A received message's id as bytes (message_id().serialize()), parsed into f; a new
- * reference, or NULL with an exception set. */
+/* A received message's id as bytes (message_id().serialize()): a new reference, or NULL with
+ * an exception set. */
 static PyObject *
-read_message_id(PyObject *message, int64_t f[5])
+message_id_bytes(PyObject *message)
 {
     PyObject *id = PyObject_CallMethodNoArgs(message, str_message_id);
     if (id == NULL)
         return NULL;
     PyObject *data = PyObject_CallMethodNoArgs(id, str_serialize);
     Py_DECREF(id);
-    if (data == NULL)
-        return NULL;
-    if (!PyBytes_Check(data)) {
+    if (data != NULL && !PyBytes_Check(data)) {
         Py_DECREF(data);
         PyErr_SetString(PyExc_TypeError, "MessageId.serialize() did not return bytes");
         return NULL;
     }
+    return data;
+}
+
+/* message_id_bytes(), parsed into f; a new reference, or NULL with an exception set. */
+static PyObject *
+read_message_id(PyObject *message, int64_t f[5])
+{
+    PyObject *data = message_id_bytes(message);
+    if (data == NULL)
+        return NULL;
     if (parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f) < 0) {
         Py_DECREF(data);
         return NULL;
@@ -199,15 +229,16 @@ message_key(PyObject *module, PyObject *message)
 }
 
 PyDoc_STRVAR(received_key_doc,
-"received_key(message: _pulsar.Message, wrapper) -> tuple[str, int, int, int, int]\n\n"
-"(topic, ledger, entry, batch_index, batch_size) of a received message: the id from the\n"
-"serialized one its pulsar.Message wrapper keeps (attribute _pulsar_nack_id), else read\n"
-"once (message_id, serialize); the topic from topic_name().");
+"received_key(message: _pulsar.Message, wrapper) -> tuple[str, int, int, int, int, tuple[int, int] | None]\n\n"
+"(topic, ledger, entry, batch_index, batch_size, first_chunk) of a received message: the id\n"
+"from the serialized one its pulsar.Message wrapper keeps (attribute _pulsar_nack_id), else\n"
+"read once (message_id, serialize); the topic from topic_name(); first_chunk, the (ledger,\n"
+"entry) of the first chunk of a chunked message (from the same bytes), else None.");
 
 static PyObject *
 received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t f[5];
+    int64_t f[5], chunk[3];
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "received_key(message, wrapper) takes two arguments");
         return NULL;
@@ -215,23 +246,21 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *data = kept_id(args[1]);
     if (data == NULL && PyErr_Occurred())
         return NULL;
-    if (data != NULL && PyBytes_Check(data)) {
-        int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
-        Py_DECREF(data);
-        if (parsed < 0)
-            return NULL;
-    }
-    else {
-        Py_XDECREF(data);
-        data = read_message_id(args[0], f);
-        if (data == NULL)
-            return NULL;
-        Py_DECREF(data);
-    }
+    if (data != NULL && !PyBytes_Check(data))
+        Py_CLEAR(data);
+    if (data == NULL && (data = message_id_bytes(args[0])) == NULL)
+        return NULL;
+    int parsed = parse_chunked((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f, chunk);
+    Py_DECREF(data);
+    if (parsed < 0)
+        return NULL;
     PyObject *topic = PyObject_CallMethodNoArgs(args[0], str_topic_name);
     if (topic == NULL)
         return NULL;
-    return Py_BuildValue("(NLLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4]);
+    if (chunk[2])
+        return Py_BuildValue("(NLLLL(LL))", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4],
+                             (long long)chunk[0], (long long)chunk[1]);
+    return Py_BuildValue("(NLLLLO)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4], Py_None);
 }
 
 /* ------------------------------------------------------------------ EntryTable */
@@ -319,6 +348,20 @@ bit_set(Rec *r, int nacked, int32_t i)
     }
     int words = rec_words(r);
     r->wide[(nacked ? words : 0) + i / 64] |= 1ull << (i % 64);
+}
+
+static inline void
+bit_clear(Rec *r, int nacked, int32_t i)
+{
+    if (r->wide == NULL) {
+        if (nacked)
+            r->nacked &= ~(1ull << i);
+        else
+            r->acked &= ~(1ull << i);
+        return;
+    }
+    int words = rec_words(r);
+    r->wide[(nacked ? words : 0) + i / 64] &= ~(1ull << (i % 64));
 }
 
 /* 1 if A covers every member, 2 if only A | N does, 0 otherwise. */
@@ -677,12 +720,39 @@ EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(v);
 }
 
+/* The ack of member `index` of a watched entry, from record i: recorded here (1) only where the
+ * caller's books cannot change: an open record without a member acked through a made-up id, the
+ * member in neither bit set (every member of an open record in the caller's nack sets is marked
+ * nacked), and the ack not completing the entry (the caller then moves it to its complete set).
+ * Else 0, nothing recorded. */
+static int
+ack_watched_member(EntryTable *t, uint32_t i, int index)
+{
+    if (i == NIL || index < 0)
+        return 0;
+    Rec *r = &t->recs[i];
+    if ((r->flags & (F_SETTLED | F_FOREIGN)) || index >= r->size || bit_get(r, 0, index) || bit_get(r, 1, index))
+        return 0;
+    bit_set(r, 0, index);
+    switch (coverage(r)) {
+    case 0:
+        return 1;
+    case 1: /* every member acked (none nacked): settled, as ack() does */
+        table_settle(t, i);
+        return 1;
+    default: /* complete with nacked members: the caller's */
+        bit_clear(r, 0, index);
+        return 0;
+    }
+}
+
 PyDoc_STRVAR(ack_message_doc,
 "ack_message(wrapper) -> bool\n\n"
 "Record the ack of a received message from the id admit_message() kept on its wrapper:\n"
 "True (recorded, as ack()). False, and nothing recorded, when the caller must record it:\n"
-"no id kept, watch_all set, the entry watched, or its record holds a nacked member or one\n"
-"acked through a made-up id.");
+"no id kept, watch_all set, its record holds a nacked member or one acked through a made-up\n"
+"id; for a watched entry, unless the member's open record marks it neither acked nor nacked\n"
+"and the ack leaves a member unsettled or settles the entry (every member acked).");
 
 static PyObject *
 EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
@@ -704,9 +774,9 @@ EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
     Py_DECREF(data);
     if (parsed < 0)
         return NULL;
-    if (is_watched(t, f[0], f[1]))
-        Py_RETURN_FALSE;
     uint32_t i = table_find(t, f[0], f[1]);
+    if (is_watched(t, f[0], f[1]))
+        return PyBool_FromLong(ack_watched_member(t, i, (int)f[3]));
     if (i != NIL && !(t->recs[i].flags & F_SETTLED) && ((t->recs[i].flags & F_FOREIGN) || has_nacked(&t->recs[i])))
         Py_RETURN_FALSE;
     PyObject *outcome = record(t, f[0], f[1], (int)f[3], (int)f[4], 0, 1, 0);

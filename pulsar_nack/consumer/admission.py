@@ -55,9 +55,12 @@ Watched entries
     an entry above its ledger's mark is decided by the C table alone, without the lock
     (``entries.admit_message``: delivered, the record of a batch entry opened), and its
     ack recorded there from the id kept on the message (``entries.ack_message``, with the
-    C table only: :attr:`AdmissionLedger.atomic_table`); a watched entry's copies and acks are the
-    ledger's, one atomic step under its lock, as above. Each C call is atomic under the
-    GIL, so it is ordered before or after any step of the ledger.
+    C table only: :attr:`AdmissionLedger.atomic_table`). A watched entry's copies and acks are the
+    ledger's, one atomic step under its lock, as above, but where its open record settles
+    them: every member of an open record that is in a nack set is marked nacked there, so
+    the table delivers a copy of a member marked neither acked nor nacked, and records its
+    ack unless that ack completes the entry (which then joins the complete entries). Each
+    C call is atomic under the GIL, so it is ordered before or after any step of the ledger.
 """
 
 from __future__ import annotations
@@ -230,7 +233,8 @@ class AdmissionLedger:
     _complete: EntrySet
     _held: dict[Item, Any]
     _orphans: set[tuple[int, int]]
-    """Entries that left the complete set by expiry while members' nacks were still pending."""
+    """Entries whose next record must carry pending nacks: they left the complete set by expiry while
+    members' nacks were still pending, or a member was nacked by an id without a batch size before they had one."""
     _bare: dict[tuple[int, int], RawMessageId]
     _chunks: dict[tuple[int, int], tuple[int, int]]
     """Pending nacks of chunked messages: (ledger, entry) of the last chunk -> of the first."""
@@ -438,11 +442,14 @@ class AdmissionLedger:
                 self._complete.add(item[0], item[1])
             elif in_flight and self._orphans:
                 self._renack(item[0], item[1], size)
+            elif item[2] >= 0 and size <= 0:  # a batch member of unknown size: its entry's next record must carry it
+                self._orphans.add(item[:2])
             if bare is not None:
                 self._bare[item[:2]] = bare
             if first_chunk is not None:
                 self._chunks[item[:2]] = first_chunk
-            self._set_quiet(False)  # a nack state begins: guard
+            if self.quiet:  # a nack state begins: guard
+                self._set_quiet(False)
             self.entries.guard_left = self._guard_messages
             return True
 

@@ -60,7 +60,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
-from ._client import consumer_schema, message_acknowledger, message_receiver, raw_id, unwrap_message
+from ._client import consumer_schema, message_receiver, raw_id, unwrap_message
 from .admission import Screening
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
@@ -114,7 +114,8 @@ class NackingConsumer(ConsumerBase):
 
     _receiver: Callable[..., pulsar.Message] | None
     _receive_message: Callable[..., pulsar.Message] | None
-    _acknowledge_message: Callable[[pulsar.Message], None]
+    _acknowledge_raw: Callable[[Any], None] | None
+    """The client's ``acknowledge`` of a received ``_pulsar.Message`` (the common path); None once closed or for a stand-in."""
 
     def __init__(
         self,
@@ -134,7 +135,7 @@ class NackingConsumer(ConsumerBase):
         # without a _pulsar.Consumer, receives and acks through the general paths.
         self._receiver = message_receiver(raw, self._value_schema) if raw is not None else None
         self._receive_message = self._receiver if retry is None else None
-        self._acknowledge_message = message_acknowledger(raw) if raw is not None else self._acknowledge_guarded
+        self._acknowledge_raw = raw.acknowledge if raw is not None else None
 
     @classmethod
     def wrap(
@@ -294,8 +295,10 @@ class NackingConsumer(ConsumerBase):
         """
         core = self._core
         ledger = core.ledger
-        if type(message) is _Message and (ledger.screening is _NO_SCREEN or (ledger.atomic_table and ledger.entries.ack_message(message))):
-            self._acknowledge_message(message)  # the common paths: nothing else to check (open: see _mark_closed)
+        acknowledge_raw = self._acknowledge_raw
+        if acknowledge_raw is not None and type(message) is _Message and (
+                ledger.screening is _NO_SCREEN or (ledger.atomic_table and ledger.entries.ack_message(message))):
+            acknowledge_raw(unwrap_message(message))  # the common paths: nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)
         next(core.acked)
@@ -516,7 +519,7 @@ class NackingConsumer(ConsumerBase):
         """Closed from now on: the common paths of receive and acknowledge lead to the checks."""
         self._closed = True
         self._receive_message = None
-        self._acknowledge_message = self._acknowledge_guarded
+        self._acknowledge_raw = None
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.

@@ -58,10 +58,10 @@ class PendingNacks:
             bitmap = self._by_ledger.get(ledger_id)
             if bitmap is None:
                 bitmap = self._by_ledger[ledger_id] = BitMap64()
-            value = entry_id << _BATCH_BITS | (batch_index + 1)
-            if value in bitmap:
+            try:
+                bitmap.add_checked(entry_id << _BATCH_BITS | (batch_index + 1))  # one call: KeyError if there
+            except KeyError:
                 return False
-            bitmap.add(value)
         elif (ledger_id, entry_id, batch_index) not in self._wide:
             self._wide.add((ledger_id, entry_id, batch_index))
         else:

@@ -42,6 +42,7 @@ __all__ = [
     "parse_id",
     "py_message_key",
     "py_parse_id",
+    "py_received_key",
     "read_id",
     "received_key",
 ]
@@ -202,17 +203,18 @@ def _not_a_message(ledger: int, entry: int, partition: int, index: int) -> str |
         if value < least:
             return f"an id with {name} {value}"
     return None
-def py_received_key(message: Any, wrapper: Any) -> tuple[str, int, int, int, int]:
-    """``(topic, ledger, entry, batch_index, batch_size)`` of a received message.
+def py_received_key(message: Any, wrapper: Any) -> tuple[str, int, int, int, int, tuple[int, int] | None]:
+    """``(topic, ledger, entry, batch_index, batch_size, first_chunk)`` of a received message.
 
     The id from the serialized one *wrapper* (its ``pulsar.Message``) keeps (:data:`STASH`),
-    else read once; the topic from ``topic_name()``. The stand-in for the C ``received_key``.
+    else read once; the topic from ``topic_name()``; *first_chunk* as :func:`first_chunk`
+    reads it from the same bytes. The stand-in for the C ``received_key``.
     """
     data = getattr(wrapper, "__dict__", {}).get(STASH)
     if not isinstance(data, bytes):
         data = message.message_id().serialize()
     ledger, entry, _, index, size = py_parse_id(data)
-    return message.topic_name(), ledger, entry, index, size
+    return message.topic_name(), ledger, entry, index, size, first_chunk(data)
 
 
 class _Record:
@@ -303,19 +305,41 @@ class PyEntryTable:
         """Record the ack of a message from the id :meth:`admit_message` kept on *wrapper*; True if recorded.
 
         False, and nothing recorded, when the caller must record it: no id kept,
-        ``watch_all``, the entry watched, or its record holds a nacked member or one acked
-        through a made-up id.
+        ``watch_all``, its record holds a nacked member or one acked through a made-up id;
+        for a watched entry, as :meth:`_ack_watched_member` says.
         """
         data = getattr(wrapper, "__dict__", {}).get(STASH)
         if self.watch_all or not isinstance(data, bytes):
             return False
         ledger, entry, _, index, size = py_parse_id(data)
-        if self.watched(ledger, entry):
-            return False
         record = self._records.get((ledger, entry))
+        if self.watched(ledger, entry):
+            return self._ack_watched_member((ledger, entry), record, index)
         if record is not None and not record.settled and (record.foreign or record.nacked):
             return False
         self._record(ledger, entry, index, size, False, True, False)
+        return True
+
+    def _ack_watched_member(self, key: tuple[int, int], record: _Record | None, index: int) -> bool:
+        """The ack of member *index* of a watched entry, recorded only where the caller's books cannot change.
+
+        That is: an open record without a member acked through a made-up id, the member
+        in neither bit set (every member of an open record in the caller's nack sets is
+        marked nacked), and the ack not completing the entry with nacked members (the
+        caller then moves it to its complete set). False, nothing recorded, otherwise.
+        """
+        if record is None or index < 0 or record.settled or record.foreign or index >= record.size:
+            return False
+        bit = 1 << index
+        if (record.acked | record.nacked) & bit:
+            return False
+        record.acked |= bit
+        coverage = record.coverage()
+        if coverage == 2:  # complete with nacked members: the caller's
+            record.acked &= ~bit
+            return False
+        if coverage == 1:
+            self._settle(key, record)
         return True
 
     def watch(self, ledger: int, entry: int) -> None:

@@ -512,8 +512,8 @@ class NackingCore:
             check_ms("delay_ms", delay_ms)
         # a received pulsar.Message (the common call: its exact type needs no checks), else None for an id
         inner = unwrap_message(message) if type(message) is MESSAGE_TYPE else inner_message(message)
-        if inner is not None:  # its key in one C call (the id kept on admission, or read once)
-            topic, ledger_id, entry, index, size = _msgid.received_key(inner, message)
+        if inner is not None:  # its key and first chunk in one C call (the id kept on admission, or read once)
+            topic, ledger_id, entry, index, size, first = _msgid.received_key(inner, message)
             if topic not in self.topics.names and topic not in self.topics:
                 raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
             key: MessageKey = (topic, ledger_id, entry, index)
@@ -522,29 +522,25 @@ class NackingCore:
             key, raw = self.key_of(message)
             index = key[3]
             size = batch_size_of(raw) if index >= 0 else 0
+            first = _first_chunk(message, raw) if index < 0 else None  # chunked: its handoff names every chunk
+        ledger = self.ledger
         if index >= 0 and not size:
-            size = self.ledger.size_of(key[1], key[2])
+            size = ledger.size_of(key[1], key[2])
         item = (key[1], key[2], key[3])
-        counts = self.ledger.counts
-        if counts is not None and counts.has_last():
-            last = self.ledger.take_last(item)
-            if last is not None:  # at its last delivery: to the dead-letter topic
-                self._settle_timeout(key)
-                self._send_dead_letter(last, False)
-                next(self._nacked)
-                return
+        if ledger.counts is not None and self._nacked_at_last(key, item):
+            return
         count = None
         if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
-        first = _first_chunk(message, raw) if key[3] < 0 else None  # chunked: its handoff names every chunk
-        if not self.ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
+        if not ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
             self._track(key, delay_ms, count)
         except BaseException:
-            self.ledger.undo_nack(item)
+            ledger.undo_nack(item)
             raise
-        self._settle_timeout(key)
+        if self._ack_timeout is not None:
+            self._settle_timeout(key)
         next(self._nacked)
 
     def _track(self, key: MessageKey, delay_ms: int | None, count: int | None = None) -> None:
@@ -552,6 +548,17 @@ class NackingCore:
         deadline = self.tracker.add(key, delay_ms, count)
         if key[3] >= 0:
             self.ledger.note_deadline((key[1], key[2], key[3]), deadline)
+
+    def _nacked_at_last(self, key: MessageKey, item: Item) -> bool:
+        """With delivery counts: a nack of a message at its last delivery sends its dead letter instead; True if it did."""
+        counts = self.ledger.counts
+        last = self.ledger.take_last(item) if counts is not None and counts.has_last() else None
+        if last is None:
+            return False
+        self._settle_timeout(key)
+        self._send_dead_letter(last, False)
+        next(self._nacked)
+        return True
 
     def before_ack(self, message: Any) -> Any:
         """Validate an acknowledgement and record it; return what to pass to the client's ``acknowledge``.
