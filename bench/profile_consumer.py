@@ -12,7 +12,10 @@ are exact). The cases:
 * ``working_10pct_batched`` / ``working_10pct_unbatched``: receive, then nack every 10th
   message (one hour) and ack the rest;
 * ``plain_receive_ack_unbatched`` and ``plain_nack_message``: the plain ``pulsar.Consumer``
-  on the same loops, for comparison.
+  on the same loops, for comparison;
+* ``ack_timeout_batched`` / ``ack_timeout_unbatched`` and their ``plain_`` twins:
+  ``acknowledge(receive())``, batches of 10 or not, with ``unacked_messages_timeout_ms`` (ten minutes), ours
+  beside the plain consumer with its own ack timeout.
 
 cProfile sees the calls made from Python code: our functions, the client's bindings
 (``_pulsar``) and our C extensions' methods. Calls a C extension makes itself are not
@@ -20,7 +23,7 @@ seen; :data:`C_CALLS` lists them by extension method, and the summary adds them 
 binding count (an upper bound for ``received_key``, which reads the id only when the
 message kept none: then ``topic_name()`` is its one call).
 
-Run ``python -m bench.profile_consumer [--messages 20000] [--out NAME]``; writes
+Run ``python -m bench.profile_consumer [--messages 20000] [--out NAME] [--cases A,B]``; writes
 ``bench/results/consumer-profile.json`` (or ``NAME.json``). ``--url``/``--admin-url`` use a
 running broker instead of starting one.
 """
@@ -49,7 +52,8 @@ C_CALLS = {
 
 CASES = (
     "guarding_batched", "guarding_unbatched", "nack_message", "working_10pct_batched", "working_10pct_unbatched",
-    "plain_receive_ack_unbatched", "plain_nack_message",
+    "plain_receive_ack_unbatched", "plain_nack_message", "ack_timeout_batched", "ack_timeout_unbatched",
+    "plain_ack_timeout_batched", "plain_ack_timeout_unbatched",
 )  # fmt: skip
 
 
@@ -107,11 +111,18 @@ def profile_loop(loop: Callable[[], int]) -> dict[str, Any]:
     }
 
 
+def _receive_ack_system(case: str) -> str:
+    """The system a receive + acknowledge case profiles (see :func:`bench.consumer._subscribe`)."""
+    suffix = "-ack-timeout" if "ack_timeout" in case else ""
+    if case.startswith("plain"):
+        return f"plain{suffix}"
+    return f"pulsar-nack{suffix}" if suffix else "pulsar-nack-guarding"
+
+
 def run_case(client: Any, admin: Any, case: str, n: int) -> dict[str, Any]:
     """Profile one case's loop on a fresh topic and consumer."""
-    if case.startswith(("guarding", "plain_receive")):
-        system = "plain" if case.startswith("plain") else "pulsar-nack-guarding"
-        consumer = _backlog(client, admin, system, n, case.endswith("_batched"), "prof")
+    if case.startswith(("guarding", "plain_receive", "ack_timeout", "plain_ack_timeout")):
+        consumer = _backlog(client, admin, _receive_ack_system(case), n, case.endswith("_batched"), "prof")
         receive, acknowledge = consumer.receive, consumer.acknowledge
 
         def loop() -> int:
@@ -148,12 +159,12 @@ def run_case(client: Any, admin: Any, case: str, n: int) -> dict[str, Any]:
         _close(consumer)
 
 
-def run(url: str, admin: Any, n: int, broker: str) -> dict[str, Any]:
+def run(url: str, admin: Any, n: int, broker: str, cases_run: tuple[str, ...] = CASES) -> dict[str, Any]:
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
-        cases = {case: run_case(client, admin, case, n) for case in CASES}
+        cases = {case: run_case(client, admin, case, n) for case in cases_run}
     finally:
         client.close()
     return {"broker": broker, "messages": n, "c_calls": {k: list(v) for k, v in C_CALLS.items()}, "cases": cases}
@@ -181,18 +192,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--admin-url", default=None)
     parser.add_argument("--label", default="Apache Pulsar standalone (running)", help="the running broker, for the JSON")
     parser.add_argument("--out", default="consumer-profile")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases to run (default: all)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    cases = tuple(args.cases.split(","))
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(unknown)}")
     start = start_context()
     if args.url:
         from pulsar_nack.testing.admin import PulsarAdmin
 
-        payload = run(args.url, PulsarAdmin(args.admin_url), args.messages, args.label)
+        payload = run(args.url, PulsarAdmin(args.admin_url), args.messages, args.label, cases)
     else:
         from pulsar_nack.testing import PulsarStandalone
 
         with PulsarStandalone(batch_index_ack=True) as broker:
             label = f"Apache Pulsar {broker.version} standalone, batch-index acks on"
-            payload = run(broker.url, broker.admin, args.messages, label)
+            payload = run(broker.url, broker.admin, args.messages, label, cases)
     _report(payload)
     path = write_result(args.out, payload, start)
     print(f"wrote {path}")
