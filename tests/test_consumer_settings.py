@@ -91,10 +91,12 @@ def test_subscribe_settings_is_the_one_place_that_reads_the_client_keywords():
         "redelivery_backoff": None,
         "never_early": False,
     }
-    for timeout, guarded in ((None, False), (0, False), (10_000, True)):
+    for timeout, kept in ((None, 0), (0, 0), (10_000, 10_000)):
         kwargs: dict[str, Any] = {"unacked_messages_timeout_ms": timeout, "dead_letter_policy": POLICY}
         settings = subscribe_settings(kwargs, **tracker)
-        assert settings.always_guard is guarded and settings.dead_letter_policy is POLICY
+        assert settings.ack_timeout_ms == kept and "unacked_messages_timeout_ms" not in kwargs
+        assert settings.always_guard is False, "the consumer keeps the ack timeout: no guarding all the time"
+        assert settings.dead_letter_policy is POLICY
         assert "dead_letter_policy" not in kwargs and kwargs["batch_index_ack_enabled"] is True
     kwargs = {"batch_index_ack_enabled": "no", "dead_letter_policy": POLICY}
     with pytest.raises(TypeError, match="batch_index_ack_enabled"):

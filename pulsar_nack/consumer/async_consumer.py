@@ -117,6 +117,8 @@ class AsyncNackingConsumer(ConsumerBase):
             message = await self._plain.receive()
             if core.ledger.screening is Screening.NONE:
                 next(core.received)
+                if core.started is not None:  # an ack timeout: logged, its id read a tick later only if unsettled
+                    core.started(message)
                 return message
             if core.admit(message):
                 return message

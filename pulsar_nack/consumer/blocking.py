@@ -85,6 +85,14 @@ _Message = pulsar.Message
 _NO_SCREEN, _TABLE_SCREEN = Screening.NONE, Screening.TABLE
 
 
+def _receive_again(receive: Callable[..., pulsar.Message], timeout_millis: int | None, start_ns: int) -> pulsar.Message:
+    """The next message after a copy the application does not see, within what is left of *timeout_millis*."""
+    if timeout_millis is None:
+        return receive()
+    left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
+    return receive(max(left, 0))
+
+
 class NackingConsumer(ConsumerBase):
     """A ``pulsar.Consumer`` whose negative acknowledgements use PIP-393 time buckets.
 
@@ -116,6 +124,8 @@ class NackingConsumer(ConsumerBase):
     _receive_message: Callable[..., pulsar.Message] | None
     _acknowledge_raw: Callable[[Any], None] | None
     """The client's ``acknowledge`` of a received ``_pulsar.Message`` (the common path); None once closed or for a stand-in."""
+    _started: Callable[[Any], None] | None
+    _settled: Callable[[Any], None] | None
 
     def __init__(
         self,
@@ -136,6 +146,7 @@ class NackingConsumer(ConsumerBase):
         self._receiver = message_receiver(raw, self._value_schema) if raw is not None else None
         self._receive_message = self._receiver if retry is None else None
         self._acknowledge_raw = raw.acknowledge if raw is not None else None
+        self._started, self._settled = self._core.started, self._core.settled  # the ack timeout's logs, or None
 
     @classmethod
     def wrap(
@@ -193,6 +204,7 @@ class NackingConsumer(ConsumerBase):
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             return self._receive_other(timeout_millis)
+        start_ns = 0
         if timeout_millis is None:
             message = receive()
         else:
@@ -206,20 +218,20 @@ class NackingConsumer(ConsumerBase):
             screening = ledger.screening
             if screening is _NO_SCREEN:  # the common path: nothing to compare with
                 next(core.received)
-                return message
+                break
             raw = unwrap_message(message)
             if screening is _TABLE_SCREEN:  # guarding: the C table decides the copies of entries without nack state
                 next(core.received)
                 verdict = ledger.entries.admit_message(raw, message)
                 if not verdict or core.screen_kept(raw, message, verdict):  # 0: delivered
-                    return message
+                    break
             elif core.admit(raw, message):
-                return message
-            if timeout_millis is None:  # a copy to drop, or a dead letter: wait for the next message
-                message = receive()
-            else:
-                left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
-                message = receive(max(left, 0))
+                return message  # (admit logs it for the ack timeout itself)
+            message = _receive_again(receive, timeout_millis, start_ns)  # a copy dropped, or a dead letter
+        started = self._started
+        if started is not None:  # an ack timeout: logged, its id read a tick later only if still unsettled
+            started(message)
+        return message
 
     def _receive_other(self, timeout_millis: int | None) -> pulsar.Message:
         """receive() off the common path: refused once closed, else with a retry letter topic or a stand-in consumer."""
@@ -298,6 +310,9 @@ class NackingConsumer(ConsumerBase):
         acknowledge_raw = self._acknowledge_raw
         if acknowledge_raw is not None and type(message) is _Message and (
                 ledger.screening is _NO_SCREEN or (ledger.atomic_table and ledger.entries.ack_message(message))):
+            settled = self._settled
+            if settled is not None:  # an ack timeout: its deadline ends (by identity, no id read)
+                settled(message)
             acknowledge_raw(unwrap_message(message))  # the common paths: nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)

@@ -110,6 +110,14 @@ def _first_chunk(message: Any, raw: RawMessageId | None) -> tuple[int, int] | No
     return _msgid.first_chunk(data)
 
 
+def _timeout_key(message: Any) -> tuple[MessageKey, tuple[int, int] | None]:
+    """A received message's tracker key and, if chunked, its first chunk's entry: the ack timeout's id read."""
+    raw = _inner_message(message)
+    data = _stashed(message) or raw.message_id().serialize()
+    ledger_id, entry_id, _, index, _ = _msgid.parse_id(data)
+    return (raw.topic_name(), ledger_id, entry_id, index), _msgid.first_chunk(data)
+
+
 def batch_size_of(message_id: RawMessageId) -> int:
     """``batch_size`` of a serialized ``MessageIdData`` (protobuf field 6), or 0 if absent. O(1)."""
     return int(_msgid.parse_id(message_id.serialize())[4])
@@ -205,7 +213,13 @@ class NackingCore:
     _route: DeadLetterCallback | None
     _screen_all: bool
     _ack_timeout: AckTimeout | None
-    """With a dead-letter policy and an ack timeout: when each message at its last delivery times out."""
+    """With an ack timeout: when each received, unsettled message times out."""
+    started: Callable[[Any], None] | None
+    """With an ack timeout, ``started(message)`` for each message handed to the application
+    outside :meth:`admit` (a consumer's quiet receive path); else None."""
+    settled: Callable[[Any], None] | None
+    """With an ack timeout, ``settled(message)`` for each received message acknowledged outside
+    :meth:`before_ack` (a consumer's common ack path); else None."""
     _reads_lock: threading.Lock
     _reads: dict[str, int]
 
@@ -235,17 +249,19 @@ class NackingCore:
         limit = settings.max_redeliver_count
         lead_ms = handoff_lead_ms(settings.handoff_delay_ms)
         timeout = settings.ack_timeout_ms
-        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out) if timeout else None
+        self._ack_timeout = AckTimeout(timeout, self._ack_timed_out, _timeout_key) if timeout else None
+        self.started = None if self._ack_timeout is None else self._ack_timeout.received
+        self.settled = None if self._ack_timeout is None else self._ack_timeout.settled
         self.ledger = ledger = AdmissionLedger(
             None if limit is None else DeliveryCounts(limit, settings.sharing),  # only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
-            start_guard=min(guard_messages, START_GUARD_MESSAGES), watch_all=bool(timeout),
+            start_guard=min(guard_messages, START_GUARD_MESSAGES),
             wait_for_last=settings.sharing is Sharing.SHARED,
         )
         # The receive path reads the table's verdict without the lock when one C call reads
         # it, and screens under the lock only what the table does not settle (everything with counts).
         self._screen_all = ledger.counts is not None
-        if self._ack_timeout is not None:  # every delivery starts a deadline, every ack ends one
+        if self._ack_timeout is not None:  # every delivery is logged for its deadline, every ack ends it
             self.admit = self._admit_timed  # type: ignore[method-assign]  # (per instance, on purpose: no cost without it)
             self.before_ack = self._before_ack_timed  # type: ignore[method-assign]
         # Lock-free counters: any thread steps one with next() (one C call). counts() reads
@@ -384,27 +400,22 @@ class NackingCore:
         return self._ack_timeout.extend(key)
 
     def _admit_timed(self, message: Any, wrapper: Any = None) -> bool:
-        """:meth:`admit` with the consumer's ack timeout: a delivered copy starts its deadline."""
+        """:meth:`admit` with the consumer's ack timeout: a delivered copy is logged for its deadline (no id read)."""
         if not NackingCore.admit(self, message, wrapper):
             return False
-        raw = message if wrapper is not None else _inner_message(message)
-        data = _stashed(wrapper if wrapper is not None else message) or raw.message_id().serialize()
-        ledger_id, entry_id, _, index, _ = _msgid.parse_id(data)
         assert self._ack_timeout is not None
-        self._ack_timeout.start((raw.topic_name(), ledger_id, entry_id, index), _msgid.first_chunk(data))
+        self._ack_timeout.received(wrapper if wrapper is not None else message)
         return True
 
     def _before_ack_timed(self, message: Any) -> Any:
         """:meth:`before_ack` with the consumer's ack timeout: the acked message's deadline ends."""
-        result = NackingCore.before_ack(self, message)
-        data = _stashed(message)
-        if data is not None:
-            fields = _msgid.parse_id(data)
-            item = (fields[0], fields[1], fields[3])
-        else:
-            item = self.key_of(message)[0][1:]
+        result = NackingCore.before_ack(self, message)  # validates first
         assert self._ack_timeout is not None
-        self._ack_timeout.settle(item)
+        if inner_message(message) is not None or _is_message(message):
+            self._ack_timeout.settled(message)  # by identity: its id is read only if its deadline was set
+        else:
+            key = self.key_of(message)[0]
+            self._ack_timeout.settle((key[1], key[2], key[3]))
         return result
 
     def _settle_timeout(self, key: MessageKey) -> None:

@@ -58,9 +58,9 @@ class ConsumerSettings:
         Minimum gap between two handoff bursts.
     always_guard : bool
         Check every received message all the time, not only from the start, around
-        nacks and for a while after (see ``docs/consumer.md``, "Reconnects").
-        ``subscribe`` sets it when ``unacked_messages_timeout_ms`` is given: the
-        client's ack timeout then redelivers messages at any moment.
+        nacks and for a while after (see ``docs/consumer.md``, "Reconnects"). An ack
+        timeout needs no guarding: the consumer keeps it (``ack_timeout_ms``), and an
+        expired message is redelivered as a nack, which guards as any nack does.
     retry_enable : bool
         Durable retries through a retry letter topic (``reconsume_later``), as the Java
         client's ``enableRetry`` (see :mod:`~pulsar_nack.consumer.retry`).
@@ -168,9 +168,10 @@ def subscribe_settings(
     """The settings of a ``subscribe`` call; adjusts the keywords passed on to the client.
 
     Takes ``dead_letter_policy`` out of *subscribe_kwargs* (the wrapper sends dead
-    letters itself, counting deliveries to the application), guards all the time when
-    an ack timeout is set (``unacked_messages_timeout_ms``, 0 meaning none as in
-    pulsar), takes the sharing from ``consumer_type``, and defaults ``batch_index_ack_enabled`` to True. Validates everything it
+    letters itself, counting deliveries to the application) and
+    ``unacked_messages_timeout_ms`` (the consumer keeps the ack timeout itself; 0 means
+    none, as in pulsar), takes the sharing from ``consumer_type``, and defaults
+    ``batch_index_ack_enabled`` to True. Validates everything it
     reads before changing anything.
     """
     check_bool("batch_index_ack_enabled", subscribe_kwargs.get("batch_index_ack_enabled", True))
@@ -180,7 +181,6 @@ def subscribe_settings(
         redelivery_backoff=redelivery_backoff,
         never_early=never_early,
         dead_letter_policy=subscribe_kwargs.get("dead_letter_policy"),
-        always_guard=bool(subscribe_kwargs.get("unacked_messages_timeout_ms")),
         ack_timeout_ms=check_ms("unacked_messages_timeout_ms", subscribe_kwargs.get("unacked_messages_timeout_ms") or 0),
         retry_enable=retry_enable,
         retry_letter_topic=retry_letter_topic,
