@@ -3,16 +3,20 @@
 Both on one Apache Pulsar standalone (batch-index acks on), one run, ``unacked_messages_timeout_ms``
 of ten minutes (nothing times out during the measurement):
 
-* **receive + acknowledge**: µs per message (wall time) over ``--messages`` non-batched
-  messages already in the receive queue (``receiver_queue_size`` = all of them), for the
-  plain ``client.subscribe`` with its ack timeout and ``pulsar_nack.subscribe`` with the
-  same; repetitions alternate the two, the first is a warmup; min / median / max.
+* **receive + acknowledge**: :func:`bench.consumer.run_ack_timeout_calls`, the ack-timeout
+  case of ``bench/consumer.py`` (which runs it on both broker settings into
+  ``bench/results/consumer.json``): µs per message over ``--messages`` messages already in
+  the receive queue, batches of 10 and not, for the plain ``client.subscribe`` with its
+  ack timeout and ``pulsar_nack.subscribe`` with the same; repetitions alternate the two,
+  the first is a warmup; min / median / max, wall clock and the calling thread's CPU time.
 * **bytes per unacked message**: a fresh worker process per run receives
   ``--unacked`` messages and keeps them unacked (the message objects dropped: only what
-  each consumer keeps per id remains); the process RSS delta (after ``gc.collect`` and
+  each consumer keeps per id remains; ours converts its logs of received messages first,
+  as its next tick would); the process RSS delta (after ``gc.collect`` and
   ``malloc_trim``) of the system with the ack timeout minus that of the same system
   without it, per message. Ours also reports its structures' own estimate
-  (``AckTimeout.memory_bytes``). Three runs of each, medians.
+  (``AckTimeout.memory_bytes``). Three runs of each, medians. ``bench/consumer.py`` runs
+  this part too (:func:`run_memory`).
 
 Run: ``python -m bench.ack_timeout [--quick]``; writes ``bench/results/ack_timeout.json``.
 """
@@ -22,14 +26,16 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 import uuid
 from typing import Any
 
-from ._common import finish, parser, rss_bytes, run_worker, start_context, summarize, trim_heap
+from ._common import finish, parser, rss_bytes, run_worker, start_context, trim_heap
 
 TIMEOUT_MS = 600_000
 SYSTEMS = ("plain", "pulsar-nack")
+UNACKED = 40_000
+"""Unacked messages per memory run: below the broker's ``maxUnackedMessagesPerConsumer`` (50,000 by
+default), past which it stops dispatching to the consumer."""
 
 
 def _subscribe(client: Any, system: str, topic: str, queue: int, timeout: bool) -> Any:
@@ -54,46 +60,6 @@ def _produce(client: Any, topic: str, n: int) -> None:
     producer.close()
 
 
-def _receive_ack_us(client: Any, admin: Any, system: str, topic: str, n: int) -> float:
-    """µs per receive + acknowledge over *n* messages, the queue filled first."""
-    from pulsar_nack.testing.waits import wait_until
-
-    consumer = _subscribe(client, system, topic, n, timeout=True)
-    first = consumer.receive(30_000)
-    consumer.acknowledge(first)
-    sub = f"sub-{system}"
-    # Until the broker has dispatched them all into the queue: no network inside the timed loop.
-    wait_until(lambda: admin.topic_stats(topic)["subscriptions"][sub]["msgOutCounter"] >= n, 60, 0.1)
-    start = time.perf_counter()
-    for _ in range(n - 1):
-        consumer.acknowledge(consumer.receive(30_000))
-    elapsed = time.perf_counter() - start
-    consumer.close()
-    return elapsed / (n - 1) * 1e6
-
-
-def run_cost(url: str, admin_url: str, n: int, reps: int) -> dict[str, Any]:
-    import pulsar
-
-    from pulsar_nack.testing.admin import PulsarAdmin
-
-    admin = PulsarAdmin(admin_url)
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    topic = f"persistent://public/default/bench-ackt-{uuid.uuid4().hex[:8]}"
-    samples: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for rep in range(reps + 1):  # the first is the warmup
-        for system in SYSTEMS if rep % 2 == 0 else reversed(SYSTEMS):
-            sub_topic = f"{topic}-{rep}-{system}"
-            _produce(client, sub_topic, n)
-            us = _receive_ack_us(client, admin, system, sub_topic, n)
-            if rep:
-                samples[system].append(us)
-    client.close()
-    cases = {system: summarize(values) for system, values in samples.items()}
-    return {"messages": n, "repetitions": reps, "cases": cases,
-            "ratio_median": cases["pulsar-nack"]["median"] / cases["plain"]["median"]}
-
-
 def _memory_worker(url: str, system: str, topic: str, n: int, timeout: bool) -> dict[str, Any]:
     """Fresh process: receive *n* messages, keep them unacked, drop the objects; the RSS delta."""
     import gc
@@ -108,12 +74,13 @@ def _memory_worker(url: str, system: str, topic: str, n: int, timeout: bool) -> 
     before = rss_bytes()
     for _ in range(n):
         consumer.receive(30_000)
+    if system == "pulsar-nack" and timeout:  # its logs converted (as a tick does): only what it keeps per id remains
+        stats = consumer.stats()
     gc.collect()
     trim_heap()
     after = rss_bytes()
     result: dict[str, Any] = {"system": system, "timeout": timeout, "messages": n, "rss_delta_bytes": after - before}
     if system == "pulsar-nack" and timeout:  # its structures' own estimate
-        stats = consumer.stats()
         result["structures_bytes"] = stats["ack_timeout_memory_bytes"]
         result["in_flight"] = stats["ack_timeout_in_flight"]
     consumer.close()
@@ -152,17 +119,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     made = parser(__doc__ or "", "bench.ack_timeout", quick="5,000 messages, 2 repetitions")
     made.add_argument("--messages", type=int, default=None, help="receive + ack messages per repetition (20,000)")
-    made.add_argument("--unacked", type=int, default=None, help="unacked messages per memory run (40,000)")
+    made.add_argument("--unacked", type=int, default=None, help=f"unacked messages per memory run ({UNACKED:,})")
     args = made.parse_args(argv)
     from pulsar_nack.testing import PulsarStandalone
 
     start = start_context()
     n = args.messages or (5_000 if args.quick else 20_000)
-    unacked = args.unacked or (5_000 if args.quick else 40_000)
+    unacked = args.unacked or (5_000 if args.quick else UNACKED)
     reps = 2 if args.quick else 3
+    from .consumer import run_ack_timeout_calls
+
     with PulsarStandalone(batch_index_ack=True) as broker:
         payload = {"broker": f"Apache Pulsar {broker.version} standalone", "timeout_ms": TIMEOUT_MS,
-                   "cost": run_cost(broker.url, broker.admin_url, n, reps), "memory": run_memory(broker.url, unacked, reps)}
+                   "cost": run_ack_timeout_calls(broker.url, broker.admin, n, reps),
+                   "memory": run_memory(broker.url, unacked, reps)}
     from .report import ack_timeout_table
 
     finish(args, "ack_timeout", payload, start, table=ack_timeout_table)

@@ -28,6 +28,12 @@ memory measurements on the first.
   (1 %) or 10th (10 %) received message nacked with a one-hour delay, the rest acked; ours
   (:func:`pulsar_nack.subscribe`) beside the plain consumer with its built-in nack,
   repetitions interleaved in one process, on both brokers. µs per message.
+* **T, with an ack timeout** (issue 33): receive + acknowledge as in A, batched and not, with
+  ``unacked_messages_timeout_ms`` of ten minutes on both consumers: ours (which keeps the
+  timeout itself) beside the plain consumer with its own ack timeout, repetitions
+  interleaved, on both brokers (:func:`run_ack_timeout_calls`). And the bytes each keeps per
+  unacked message (``bench/ack_timeout.py``'s :func:`~bench.ack_timeout.run_memory`, on the
+  first broker): RSS with the timeout minus without, fresh worker processes, medians of three.
 * **Bytes per pending nack, the plain way** (issue 24 point 5): the same workload as B
   with exactly ``n`` messages on the topic, every tenth received message nacked for ten
   minutes, the rest acked; RSS after ``gc.collect()`` before and after the receive loop,
@@ -62,6 +68,8 @@ TEN_MINUTES_MS = 600_000
 BATCH = 10
 SYSTEMS = ("plain", "pulsar-nack")
 CALL_SYSTEMS = (*SYSTEMS, "pulsar-nack-guarding")
+ACK_TIMEOUT_SYSTEMS = ("plain-ack-timeout", "pulsar-nack-ack-timeout")
+"""The same two consumers with ``unacked_messages_timeout_ms`` (ten minutes: nothing times out while timed)."""
 WORKING_SHARES = {"1pct": 100, "10pct": 10}
 """The working case's nacked shares: every ``k``-th received message is nacked."""
 
@@ -98,6 +106,9 @@ def _subscribe(client: Any, system: str, topic: str, delay_ms: int = HOUR_MS, qu
         "negative_ack_redelivery_delay_ms": delay_ms,
         "receiver_queue_size": queue,
     }
+    if system.endswith("-ack-timeout"):
+        kwargs["unacked_messages_timeout_ms"] = TEN_MINUTES_MS
+        system = system.removesuffix("-ack-timeout")
     if system == "plain":
         return client.subscribe(topic, "bench", **kwargs)
     if system == "pulsar-nack-guarding":  # reads every id and records every ack, all the time
@@ -133,16 +144,22 @@ def _timed(loop: Callable[[], int]) -> Cost:
     return (time.perf_counter() - start) / count * 1e6, (time.thread_time() - cpu) / count * 1e6
 
 
-def _case_result(wall: dict[str, list[float]], cpu: dict[str, list[float]], **fields: Any) -> dict[str, Any]:
-    """One case's summary: each system's wall and CPU µs, and ours (and guarding) over plain, medians."""
+def _case_result(
+    wall: dict[str, list[float]], cpu: dict[str, list[float]], systems: tuple[str, str] = SYSTEMS, **fields: Any
+) -> dict[str, Any]:
+    """One case's summary: each system's wall and CPU µs, and ours (and guarding) over plain, medians.
+
+    *systems*: the plain consumer's name and ours.
+    """
+    plain, ours = systems
     stats = {s: summarize(v) for s, v in wall.items() if v}
     cpu_stats = {s: summarize(v) for s, v in cpu.items() if v}
     result: dict[str, Any] = {
         **fields,
         "us": stats,
         "cpu_us": cpu_stats,
-        "ratio_ours_over_plain": stats["pulsar-nack"]["median"] / stats["plain"]["median"],
-        "cpu_ratio_ours_over_plain": cpu_stats["pulsar-nack"]["median"] / cpu_stats["plain"]["median"],
+        "ratio_ours_over_plain": stats[ours]["median"] / stats[plain]["median"],
+        "cpu_ratio_ours_over_plain": cpu_stats[ours]["median"] / cpu_stats[plain]["median"],
     }
     if "pulsar-nack-guarding" in stats:
         result["ratio_guarding_over_plain"] = stats["pulsar-nack-guarding"]["median"] / stats["plain"]["median"]
@@ -272,6 +289,26 @@ def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
     client.close()
     return {
         case: _case_result(wall[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
+        for case in wall
+    }
+
+
+def run_ack_timeout_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
+    """Receive + acknowledge with an ack timeout: ours beside the plain consumer with its own, interleaved."""
+    import pulsar
+
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+    def measure(system: str) -> dict[str, Cost]:
+        return {
+            f"ack_timeout_receive_ack_{kind}": _receive_ack_us(client, admin, system, n, batched=kind == "batched")
+            for kind in ("batched", "unbatched")
+        }
+
+    wall, cpu = _interleave(ACK_TIMEOUT_SYSTEMS, reps, measure)
+    client.close()
+    return {
+        case: _case_result(wall[case], cpu[case], ACK_TIMEOUT_SYSTEMS, messages=n, timeout_ms=TEN_MINUTES_MS)
         for case in wall
     }
 
@@ -545,28 +582,36 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
     """Both broker settings in one run: A, D and W on each, the memory measurements on the first."""
     from pulsar_nack.testing import PulsarStandalone
 
+    from . import ack_timeout
+
     with standalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         working = run_working(broker.url, broker.admin, n, reps)
+        timed = run_ack_timeout_calls(broker.url, broker.admin, n, reps)
         memory = run_memory(broker.url, broker.admin_url, memory_n, 3)
         plain_way = run_memory_plain(broker.url, memory_n, 3)
+        unacked = ack_timeout.run_memory(broker.url, min(memory_n, ack_timeout.UNACKED), 3)
         version = broker.version
     with PulsarStandalone(batch_index_ack=False) as broker:
         calls_without = run_calls(broker.url, broker.admin, n, reps)
         working_without = run_working(broker.url, broker.admin, n, reps)
+        timed_without = run_ack_timeout_calls(broker.url, broker.admin, n, reps)
     return {
         "broker": f"Apache Pulsar {version} standalone",
         "batch_size": BATCH,
         "repetitions": reps,
         **calls,
         **working,
+        **timed,
         "no_batch_index_acks": {
             "broker": f"Apache Pulsar {version} standalone, acknowledgmentAtBatchIndexLevelEnabled=false",
             **calls_without,
             **working_without,
+            **timed_without,
         },
         "pending_nack_memory_batched": memory,
         "pending_nack_memory_plain_way": plain_way,
+        "ack_timeout_memory": unacked,
     }
 
 
@@ -602,6 +647,23 @@ def _report(payload: dict[str, Any]) -> None:
         title="Bytes per pending nack, the plain way",
     )
     print(f"plain way ours/plain: {plain_way['ratio_ours_over_plain']:.3f}")
+    _report_ack_timeout(payload)
+
+
+def _report_ack_timeout(payload: dict[str, Any]) -> None:
+    """The ack-timeout case's table (receive + ack µs, and bytes per unacked message)."""
+    rows = []
+    plain, ours = ACK_TIMEOUT_SYSTEMS
+    for setting, calls in (("batch-index acks", payload), ("no batch-index acks", payload["no_batch_index_acks"])):
+        for kind in ("batched", "unbatched"):
+            c = calls[f"ack_timeout_receive_ack_{kind}"]
+            rows.append([setting, kind, f"{c['us'][plain]['median']:.2f}", f"{c['us'][ours]['median']:.2f}",
+                         f"{c['ratio_ours_over_plain']:.2f}x", f"{c['cpu_ratio_ours_over_plain']:.2f}x"])
+    print_table(["broker", "case", "plain µs", "pulsar-nack µs", "ours/plain", "CPU ours/plain"], rows,
+                title="Receive + acknowledge with an ack timeout")
+    memory = payload["ack_timeout_memory"]
+    print(f"bytes per unacked message: plain {memory['plain']['bytes_per_unacked']:.1f}, "
+          f"ours {memory['pulsar-nack']['bytes_per_unacked']:.1f}")
 
 
 def _report_working(payload: dict[str, Any]) -> None:

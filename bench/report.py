@@ -397,8 +397,11 @@ def _plain_way_note(plain_way: dict[str, Any]) -> str:
     )
 
 
-CONSUMER_GOALS = {"quiet": 1.15, "guarding": 1.3, "nack": 1.0, "working": 1.2}
-"""Issue 36's goals, ours / plain: receive + ack quiet and guarding, the nack call, the working case (10 % nacked)."""
+CONSUMER_GOALS = {"quiet": 1.15, "guarding": 1.3, "nack": 1.0, "working": 1.2, "ack_timeout": 1.15, "unacked_memory": 0.1}
+"""Issue 36's goals, ours / plain: receive + ack quiet and guarding, the nack call, the working case (10 % nacked);
+issue 33's: receive + ack with an ack timeout, and bytes per unacked message."""
+ACK_TIMEOUT_SYSTEMS = ("plain-ack-timeout", "pulsar-nack-ack-timeout")
+"""The ack-timeout case's systems in bench/consumer.py and bench/ack_timeout.py: the plain consumer's, ours."""
 
 
 def _cpu(case: dict[str, Any], key: str) -> str:
@@ -424,7 +427,11 @@ def consumer_table() -> str:
         "time (`always_guard=True`), as every consumer does while nacks are pending (goal "
         f"≤ {CONSUMER_GOALS['guarding']}×). The *working* rows time receive + acknowledge + nack together, every "
         "100th or 10th message nacked for an hour, against the plain consumer with its built-in nack (goal "
-        f"≤ {CONSUMER_GOALS['working']}× at 10 %).",
+        f"≤ {CONSUMER_GOALS['working']}× at 10 %)."
+        + (" The rows *with an ack timeout* subscribe both consumers with `unacked_messages_timeout_ms` of ten "
+           "minutes (ours keeps it itself), against the plain consumer with its own ack timeout (goal "
+           f"≤ {CONSUMER_GOALS['ack_timeout']}×), and give the bytes each keeps per unacked message (goal "
+           f"≤ {CONSUMER_GOALS['unacked_memory']}×)." if "ack_timeout_receive_ack_unbatched" in data else ""),
         "",
         "| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal | guarding all the time |",
         "|---|---:|---:|---:|---|---:|",
@@ -449,6 +456,7 @@ def consumer_table() -> str:
                 f"{c['us']['pulsar-nack']['median']:.2f} | {ratio:.2f}×{_cpu(c, 'cpu_ratio_ours_over_plain')} | "
                 f"{_goal(ratio, goal)} | {extra} |"
             )
+        lines += _ack_timeout_cost_rows(calls, setting, "| - |")
         for case, c in calls.items():
             if not case.startswith("working_"):
                 continue
@@ -476,6 +484,8 @@ def consumer_table() -> str:
     plain_way = data.get("pending_nack_memory_plain_way")
     if plain_way:
         lines += _plain_way_rows(plain_way)
+    if "ack_timeout_memory" in data:
+        lines.append(_unacked_memory_row(data["ack_timeout_memory"], " - |"))
     lines.append("")
     lines.append(
         f"Our structures' own estimate for that workload: {ours_mem['structures_bytes_per_pending_nack']:.1f} B "
@@ -1095,18 +1105,46 @@ def chunks_table(result: dict[str, Any] | None = None) -> str:
     return md_table(["broker", "consumer", "300 KB chunked back (ms after the nack)", "small back", "back twice",
                      "whole", "backlog left"], rows, "llllrlr")
 
+def _ack_timeout_cost_rows(calls: dict[str, Any], setting: str, tail: str = "") -> list[str]:
+    """Table rows of the ack-timeout case's receive + ack cost (bench/consumer.py's ``run_ack_timeout_calls``), if run."""
+    plain, ours = ACK_TIMEOUT_SYSTEMS
+    rows = []
+    for kind, label in (("batched", "batches of 10"), ("unbatched", "not batched")):
+        c = calls.get(f"ack_timeout_receive_ack_{kind}")
+        if c is None:
+            continue
+        ratio = c["ratio_ours_over_plain"]
+        rows.append(
+            f"| receive + acknowledge with an ack timeout, {label} (µs/msg){setting}, {c['messages']:,} messages | "
+            f"{c['us'][plain]['median']:.2f} (its ack timeout) | {c['us'][ours]['median']:.2f} | "
+            f"{ratio:.2f}×{_cpu(c, 'cpu_ratio_ours_over_plain')} | {_goal(ratio, CONSUMER_GOALS['ack_timeout'])} {tail}"
+        )
+    return rows
+
+
+def _unacked_memory_row(memory: dict[str, Any], tail: str = "") -> str:
+    """The table row of bytes per unacked message under an ack timeout (bench/ack_timeout.py's ``run_memory``)."""
+    plain, ours = memory["plain"]["bytes_per_unacked"], memory["pulsar-nack"]["bytes_per_unacked"]
+    ratio = ours / plain
+    goal = CONSUMER_GOALS["unacked_memory"]
+    return (f"| bytes per unacked message with an ack timeout, {memory['messages']:,} unacked (RSS with the timeout "
+            f"minus without) | {plain:.1f} | {ours:.1f} | {ratio:.3f}× | ≤ {goal}×: {_pass(ratio <= goal, 'MISSED')} |{tail}")
+
+
 def ack_timeout_table(result: dict[str, Any] | None = None) -> str:
     """The consumer's own ack timeout beside the plain client's (bench/ack_timeout.py)."""
     data = result or load("ack_timeout")
     cost, memory = data["cost"], data["memory"]
-    names = {"plain": "pulsar-client, its ack timeout", "pulsar-nack": "pulsar-nack, its own ack timeout"}
-    rows = [[names[s], _mmm(cost["cases"][s]), f"{memory[s]['bytes_per_unacked']:.1f}"] for s in ("plain", "pulsar-nack")]
+    lines = ["| measure | plain `pulsar.Consumer` | `NackingConsumer` | ours / plain | goal |", "|---|---:|---:|---:|---|"]
+    lines += _ack_timeout_cost_rows(cost, "")
+    lines.append(_unacked_memory_row(memory))
     ours = memory["pulsar-nack"].get("structures_bytes_per_unacked")
-    table = md_table(["consumer", "receive + ack µs (min / median / max)", "bytes per unacked message (RSS)"], rows, "lrr")
-    note = (f"{data['broker']}; {cost['messages']:,} messages per repetition, {memory['messages']:,} unacked per memory run. "
-            f"Receive + ack: ours {cost['ratio_median']:.2f}x the plain client's (medians)"
+    some = next(iter(cost.values()))
+    note = (f"{data['broker']}; {some['messages']:,} messages per repetition, medians of "
+            f"{len(some['us'][ACK_TIMEOUT_SYSTEMS[0]]['samples'])} repetitions after a warmup (wall clock; the calling "
+            "thread's CPU time in brackets)"
             + (f"; our structures' own estimate {ours:.1f} bytes per unacked message." if ours is not None else "."))
-    return f"{table}\n\n{note}"
+    return "\n".join(lines) + f"\n\n{note}"
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
