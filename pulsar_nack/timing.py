@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "ACK_FLUSH_MS",
+    "ACK_TIMEOUT_TICK_MS",
     "COALESCE_MS",
     "DEAD_LETTER_DRAIN_S",
     "DEAD_LETTER_RETRY_MS",
@@ -112,6 +113,9 @@ settled, is forgotten after 1 to 2 times this long (far above any redelivery the
 
 # ---------------------------------------------------------------- dead letters
 
+ACK_TIMEOUT_TICK_MS = 64
+"""How often the consumer's own ack timeout gives the messages received and not settled since its
+last tick their deadlines: one bucket of its tracker (64 ms), far below the client's own 1 s tick."""
 DEAD_LETTER_RETRY_MS = 1_000
 """A message whose dead letter was not stored comes back (to be routed again) after this long:
 far above a client tick, so a broker that refuses the send is not asked in a loop."""

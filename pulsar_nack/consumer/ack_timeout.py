@@ -19,7 +19,8 @@ No id is read on the hot path
     Reading a message's id costs about as much as a receive, and most messages are
     settled long before their timeout. So a receive only appends the message object to
     a log (:attr:`AckTimeout.received`, one ``list.append``), and an acknowledgement the
-    settled object to another (:attr:`AckTimeout.settled`). Every :data:`TICK_MS`, on the
+    settled object to another (:attr:`AckTimeout.settled`). Every
+    :data:`~pulsar_nack.timing.ACK_TIMEOUT_TICK_MS`, on the
     timer thread, :meth:`AckTimeout.convert` takes the settled log first, then the received
     one (so every settled message's receive is in this log or an earlier one), drops the
     received messages settled meanwhile by identity (``id(message)``: both logs hold
@@ -32,7 +33,7 @@ No id is read on the hot path
 
 ::
 
-    receive ──append──▶ received log ─┐  every TICK_MS (timer thread):
+    receive ──append──▶ received log ─┐  every ACK_TIMEOUT_TICK_MS (timer thread):
     ack ──────append──▶ settled log ──┴─▶ unsettled ─▶ id read ─▶ in-flight bitmap + tracker deadline
                                           settled   ─▶ dropped (no id read)
 
@@ -53,16 +54,15 @@ from ..core.base import DueKeys
 from ..core.keys import MessageKey
 from ..core.timer import DeadlineTimer, monotonic_ms
 from ..core.tracker import NegativeAcksTracker
+from ..timing import ACK_TIMEOUT_TICK_MS
 from .message_sets import Item, PendingNacks
 
-__all__ = ["TICK_MS", "AckTimeout"]
+__all__ = ["AckTimeout"]
 
 _log = logging.getLogger(__name__)
 
 PRECISION_BITS = 6
 """64 ms buckets: the client's own ack-timeout tick is coarser (1 s by default)."""
-TICK_MS = 64
-"""How often the logs of received and settled messages are converted (one bucket of the tracker)."""
 
 ReadKey = Callable[[Any], tuple[MessageKey, "tuple[int, int] | None"]]
 """``read_key(message) -> (key, first_chunk)``: a received message's tracker key and, for a
@@ -131,7 +131,7 @@ class AckTimeout:
         )
         # Ticks while the consumer is open, as the client's own ack-timeout tracker does.
         self._ticker = DeadlineTimer(self._tick, name="pulsar-nack-ack-timeout")
-        self._ticker.request(monotonic_ms() + TICK_MS)
+        self._ticker.request(monotonic_ms() + ACK_TIMEOUT_TICK_MS)
 
     def settle(self, item: Item) -> None:
         """*item* was nacked, dead-lettered, or acked by its id: the copies received before it do not expire. O(1)."""
@@ -156,7 +156,7 @@ class AckTimeout:
             self.convert()
         except Exception:
             _log.exception("ack timeout: converting the received messages failed")
-        return now + TICK_MS
+        return now + ACK_TIMEOUT_TICK_MS
 
     def convert(self) -> None:
         """Give each message received and not settled since the last conversion its deadline.
