@@ -20,6 +20,7 @@ import pytest
 
 import pulsar_nack
 import pulsar_nack.asyncio
+from pulsar_nack.consumer import msgid
 from pulsar_nack.consumer.ack_timeout import AckTimeout
 from pulsar_nack.testing.waits import wait_until
 from pulsar_nack.timing import ACK_TIMEOUT_TICK_MS
@@ -62,8 +63,12 @@ def harness():
 
 def test_a_message_settled_within_a_tick_never_has_its_id_read_nor_expires(harness):
     messages = [Stub(i) for i in range(100)]
-    for message in messages:
+    for message in messages[:50]:  # received and acked one by one: out of the log at once
         harness.timeout.received(message)
+        harness.timeout.settled(message)
+    for message in messages[50:]:  # received together, then acked: dropped by identity at the conversion
+        harness.timeout.received(message)
+    for message in messages[50:]:
         harness.timeout.settled(message)
     harness.timeout.convert()
     assert harness.reads == 0, "an id was read for a message settled within its tick"
@@ -117,6 +122,21 @@ def test_in_progress_on_a_message_received_within_the_tick(harness):
     assert harness.timeout.extend(message.key), "a message received within the last tick is in flight"
     harness.timeout.settled(message)
     assert not harness.timeout.extend(message.key), "an acked message is not in flight"
+
+
+@pytest.mark.parametrize("settle_logged", [msgid.settle_logged, msgid.py_settle_logged], ids=["built", "pure"])
+def test_settle_logged_takes_the_last_received_message_out_or_logs_it_settled(settle_logged):
+    first, last = Stub(1), Stub(2)
+    received, settled = [first, last], []
+    settle_logged(received, settled, first)  # not the last entry: logged as settled
+    assert received == [first, last] and settled == [first]
+    settle_logged(received, settled, last)
+    if settle_logged is msgid.settle_logged and msgid.MSGID:  # one C call: the last entry leaves at once
+        assert received == [first] and settled == [first]
+    else:  # two Python steps would not be atomic: always logged
+        assert received == [first, last] and settled == [first, last]
+    taken = msgid.take_log(received)
+    assert received == [] and taken[0] is first
 
 
 def test_bad_arguments_change_nothing():

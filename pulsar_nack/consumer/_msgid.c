@@ -1149,7 +1149,65 @@ static PyTypeObject EntryTable_Type = {
     .tp_as_sequence = &EntryTable_as_sequence,
 };
 
+/* ------------------------------------------------------------------ the ack timeout's logs
+ *
+ * AckTimeout (ack_timeout.py) logs received messages in one list and acknowledged ones in
+ * another; its timer thread takes both every tick. The receive-then-ack pattern settles the
+ * last message logged: settle_logged drops it from the received log at once (it is freed by
+ * the ack, as without an ack timeout), in one C call, atomic under the GIL against appends,
+ * other settles and take_log. */
+
+PyDoc_STRVAR(settle_logged_doc,
+"settle_logged(received: list, settled: list, message) -> None\n\n"
+"An acknowledged message: removed from *received* if it is its last entry, else appended\n"
+"to *settled*. Atomic under the GIL. O(1).");
+
+static PyObject *
+settle_logged(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "settle_logged(received: list, settled: list, message)");
+        return NULL;
+    }
+    PyObject *received = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(received);
+    if (n > 0 && PyList_GET_ITEM(received, n - 1) == args[2]) {
+        /* The caller holds a reference to the message: no deallocation (no Python code) here. */
+        if (PyList_SetSlice(received, n - 1, n, NULL) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (PyList_Append(args[1], args[2]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(take_log_doc,
+"take_log(log: list) -> list\n\n"
+"The entries of *log*, removed from it, in one step atomic under the GIL. O(n).");
+
+static PyObject *
+take_log(PyObject *module, PyObject *log)
+{
+    if (!PyList_CheckExact(log)) {
+        PyErr_SetString(PyExc_TypeError, "take_log(log: list)");
+        return NULL;
+    }
+    PyObject *taken = PyList_GetSlice(log, 0, PyList_GET_SIZE(log));
+    if (taken == NULL)
+        return NULL;
+    /* From here no allocation the GC could run on, and no deallocation (taken holds every
+     * entry): no Python code runs, so nothing is appended or settled in between. */
+    if (PyList_SetSlice(log, 0, PyList_GET_SIZE(log), NULL) < 0) {
+        Py_DECREF(taken);
+        return NULL;
+    }
+    return taken;
+}
+
 static PyMethodDef methods[] = {
+    {"settle_logged", (PyCFunction)(void (*)(void))settle_logged, METH_FASTCALL, settle_logged_doc},
+    {"take_log", take_log, METH_O, take_log_doc},
     {"parse_id", parse_id, METH_O, parse_id_doc},
     {"message_key", message_key, METH_O, message_key_doc},
     {"received_key", (PyCFunction)(void (*)(void))received_key, METH_FASTCALL, received_key_doc},

@@ -18,11 +18,13 @@ within that time. The wrapper keeps that timeout itself instead, so that it can:
 No id is read on the hot path
     Reading a message's id costs about as much as a receive, and most messages are
     settled long before their timeout. So a receive only appends the message object to
-    a log (:attr:`AckTimeout.received`, one ``list.append``), and an acknowledgement the
-    settled object to another (:attr:`AckTimeout.settled`). Every
-    :data:`~pulsar_nack.timing.ACK_TIMEOUT_TICK_MS`, on the
-    timer thread, :meth:`AckTimeout.convert` takes the settled log first, then the received
-    one (so every settled message's receive is in this log or an earlier one), drops the
+    a log (:attr:`AckTimeout.received`, one ``list.append``), and an acknowledgement takes
+    it out again if it is the log's last entry (the receive-then-ack pattern: the message
+    is freed by the ack, as without a timeout), else appends it to a log of settled
+    objects (:attr:`AckTimeout.settled`, one C call: ``msgid.settle_logged``). Every
+    :data:`~pulsar_nack.timing.ACK_TIMEOUT_TICK_MS`, on the timer thread,
+    :meth:`AckTimeout.convert` takes the settled log first, then the received one (so
+    every settled message's receive is in this log or an earlier one), drops the
     received messages settled meanwhile by identity (``id(message)``: both logs hold
     their objects, so no two live ones share it), and reads the id only of those still
     unsettled, which get their deadline ``timeout_ms`` from then (never before the
@@ -43,6 +45,7 @@ flight at their deadline; the consumer redelivers them (or dead-letters them).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -55,6 +58,7 @@ from ..core.keys import MessageKey
 from ..core.timer import DeadlineTimer, monotonic_ms
 from ..core.tracker import NegativeAcksTracker
 from ..timing import ACK_TIMEOUT_TICK_MS
+from . import msgid as _msgid
 from .message_sets import Item, PendingNacks
 
 __all__ = ["AckTimeout"]
@@ -93,7 +97,8 @@ class AckTimeout:
     received: Callable[[Any], None]
     """``received(message)``: the application got *message* (one ``list.append``, any thread)."""
     settled: Callable[[Any], None]
-    """``settled(message)``: the application acknowledged *message* (one ``list.append``, any thread)."""
+    """``settled(message)``: the application acknowledged *message* (one C call, any thread): out of the
+    received log if it is its last entry (the receive-then-ack pattern: freed by the ack), else logged as settled."""
     _received_log: list[Any]
     """Messages received (and ``(ledger, entry, batch_index)`` settled by id), in order, since the last conversion."""
     _settled_log: list[Any]
@@ -122,7 +127,8 @@ class AckTimeout:
             raise TypeError("expire and read_key must be callable")
         self._expire, self._read_key = expire, read_key
         self._received_log, self._settled_log = [], []
-        self.received, self.settled = self._received_log.append, self._settled_log.append
+        self.received = self._received_log.append
+        self.settled = functools.partial(_msgid.settle_logged, self._received_log, self._settled_log)
         self._in_flight = PendingNacks()
         self._pushed, self._chunks = {}, {}
         self._lock, self._convert_lock = threading.Lock(), threading.Lock()
@@ -165,8 +171,8 @@ class AckTimeout:
         unsettled, and for an object acknowledged after its own conversion.
         """
         with self._convert_lock:
-            settled = _take(self._settled_log)  # first: every settled message's receive is in a log taken now or before
-            received = _take(self._received_log)
+            settled = _msgid.take_log(self._settled_log)  # first: every settled message's receive is in a log taken now or before
+            received = _msgid.take_log(self._received_log)
             if not settled and not received:
                 return
             settled_ids = set(map(id, settled))
@@ -255,10 +261,3 @@ class AckTimeout:
         self._received_log.clear()
         self._settled_log.clear()
 
-
-def _take(log: list[Any]) -> list[Any]:
-    """The entries of *log* now, removed from it; appends made meanwhile by other threads stay. O(n)."""
-    count = len(log)
-    taken = log[:count]
-    del log[:count]  # appends only add at the end: the first *count* are the ones taken
-    return taken

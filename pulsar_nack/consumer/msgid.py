@@ -43,8 +43,11 @@ __all__ = [
     "py_message_key",
     "py_parse_id",
     "py_received_key",
+    "py_settle_logged",
     "read_id",
     "received_key",
+    "settle_logged",
+    "take_log",
 ]
 
 
@@ -520,6 +523,38 @@ parse_id: Any = py_parse_id if _c is None else _c.parse_id
 received_key: Any = py_received_key if _c is None else _c.received_key
 """``received_key(message, wrapper)``: :func:`py_received_key`, in C when built."""
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
+
+
+def py_settle_logged(received: list[Any], settled: list[Any], message: Any) -> None:
+    """Pure-Python stand-in for the C ``settle_logged``: *message* appended to *settled*.
+
+    The C one first removes *message* from *received* when it is its last entry, in one
+    step atomic under the GIL; two Python steps would not be, so this one never removes.
+    """
+    settled.append(message)
+
+
+def py_take_log(log: list[Any]) -> list[Any]:
+    """Pure-Python stand-in for the C ``take_log``: the entries of *log*, removed from it.
+
+    Safe while other threads only append (as with :func:`py_settle_logged`): appends made
+    meanwhile stay, after the ones taken. O(n).
+
+    >>> log = [1, 2]; py_take_log(log), log
+    ([1, 2], [])
+    """
+    count = len(log)
+    taken = log[:count]
+    del log[:count]
+    return taken
+
+
+_logs = _c is not None and hasattr(_c, "take_log")
+settle_logged: Callable[[list[Any], list[Any], Any], None] = _c.settle_logged if _logs else py_settle_logged
+"""``settle_logged(received, settled, message)``: an acknowledged message leaves the ack timeout's
+received log if it is its last entry (freed by the ack), else goes to its settled log; the C one when built."""
+take_log: Callable[[list[Any]], list[Any]] = _c.take_log if _logs else py_take_log
+"""``take_log(log)``: the entries of an ack-timeout log, removed from it (C when built: atomic against ``settle_logged``)."""
 
 
 def read_id(message_id: Any, parse: Callable[[bytes], tuple[int, int, int, int, int]] | None = None) -> tuple[int, int, int, int, int]:
