@@ -21,7 +21,7 @@ import pytest
 import pulsar_nack
 import pulsar_nack.asyncio
 from pulsar_nack.consumer import msgid
-from pulsar_nack.consumer.ack_timeout import AckTimeout
+from pulsar_nack.consumer.ack_timeout import LOG_LIMIT, AckTimeout
 from pulsar_nack.testing.waits import wait_until
 from pulsar_nack.timing import ACK_TIMEOUT_TICK_MS
 
@@ -137,6 +137,29 @@ def test_settle_logged_takes_the_last_received_message_out_or_logs_it_settled(se
         assert received == [first, last] and settled == [first, last]
     taken = msgid.take_log(received)
     assert received == [] and taken[0] is first
+
+
+@pytest.mark.parametrize("log_received", [msgid.log_received, msgid.py_log_received], ids=["built", "pure"])
+def test_log_received_converts_on_the_receiving_thread_past_its_limit(log_received):
+    converted: list[list[Stub]] = []
+    received: list[Stub] = []
+
+    def convert() -> None:
+        converted.append(msgid.take_log(received))
+
+    messages = [Stub(i) for i in range(5)]
+    for message in messages:
+        log_received(received, 3, convert, message)
+    assert [len(taken) for taken in converted] == [4], "the log is taken when it grows past its limit, not before"
+    assert received == [messages[4]]
+
+
+def test_an_ack_timeout_holds_few_message_objects(harness):
+    """Messages received and never acked: the receiving thread converts the log past LOG_LIMIT."""
+    for i in range(10 * LOG_LIMIT):
+        harness.timeout.received(Stub(i))
+        assert len(harness.timeout._received_log) <= LOG_LIMIT
+    assert len(harness.timeout) == 10 * LOG_LIMIT
 
 
 def test_bad_arguments_change_nothing():

@@ -1151,11 +1151,38 @@ static PyTypeObject EntryTable_Type = {
 
 /* ------------------------------------------------------------------ the ack timeout's logs
  *
- * AckTimeout (ack_timeout.py) logs received messages in one list and acknowledged ones in
- * another; its timer thread takes both every tick. The receive-then-ack pattern settles the
+ * AckTimeout (ack_timeout.py) logs received messages in one list (log_received, which
+ * converts the log on the receiving thread past a limit) and acknowledged ones in another;
+ * its timer thread takes both every tick. The receive-then-ack pattern settles the
  * last message logged: settle_logged drops it from the received log at once (it is freed by
  * the ack, as without an ack timeout), in one C call, atomic under the GIL against appends,
  * other settles and take_log. */
+
+PyDoc_STRVAR(log_received_doc,
+"log_received(received: list, limit: int, convert, message) -> None\n\n"
+"A received message: appended to *received*; if the log is then longer than *limit*,\n"
+"convert() is called (on this thread). O(1) but for convert.");
+
+static PyObject *
+log_received(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "log_received(received: list, limit: int, convert, message)");
+        return NULL;
+    }
+    if (PyList_Append(args[0], args[3]) < 0)
+        return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyList_GET_SIZE(args[0]) > limit) {
+        PyObject *result = PyObject_CallNoArgs(args[2]);
+        if (result == NULL)
+            return NULL;
+        Py_DECREF(result);
+    }
+    Py_RETURN_NONE;
+}
 
 PyDoc_STRVAR(settle_logged_doc,
 "settle_logged(received: list, settled: list, message) -> None\n\n"
@@ -1206,6 +1233,7 @@ take_log(PyObject *module, PyObject *log)
 }
 
 static PyMethodDef methods[] = {
+    {"log_received", (PyCFunction)(void (*)(void))log_received, METH_FASTCALL, log_received_doc},
     {"settle_logged", (PyCFunction)(void (*)(void))settle_logged, METH_FASTCALL, settle_logged_doc},
     {"take_log", take_log, METH_O, take_log_doc},
     {"parse_id", parse_id, METH_O, parse_id_doc},

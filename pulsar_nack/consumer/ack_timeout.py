@@ -18,7 +18,7 @@ within that time. The wrapper keeps that timeout itself instead, so that it can:
 No id is read on the hot path
     Reading a message's id costs about as much as a receive, and most messages are
     settled long before their timeout. So a receive only appends the message object to
-    a log (:attr:`AckTimeout.received`, one ``list.append``), and an acknowledgement takes
+    a log (:attr:`AckTimeout.received`, one C call: ``msgid.log_received``), and an acknowledgement takes
     it out again if it is the log's last entry (the receive-then-ack pattern: the message
     is freed by the ack, as without a timeout), else appends it to a log of settled
     objects (:attr:`AckTimeout.settled`, one C call: ``msgid.settle_logged``). Every
@@ -28,8 +28,10 @@ No id is read on the hot path
     received messages settled meanwhile by identity (``id(message)``: both logs hold
     their objects, so no two live ones share it), and reads the id only of those still
     unsettled, which get their deadline ``timeout_ms`` from then (never before the
-    timeout: at most a tick and a bucket late). A message is held one tick at most;
-    after that it costs the bytes above. Settling by id (a nack, a reject, an ack of an
+    timeout: at most a tick and a bucket late). A message is held one tick at most, and
+    no more than :data:`LOG_LIMIT` are held: past that, the receive that logs one
+    converts the log itself (the heap a peak of held objects grows would stay in the
+    process after them). After that a message costs the bytes above. Settling by id (a nack, a reject, an ack of an
     id) appends the id's ``(ledger, entry, batch_index)`` to the received log instead,
     in order with the receives: it settles the copies received before it.
 
@@ -61,12 +63,15 @@ from ..timing import ACK_TIMEOUT_TICK_MS
 from . import msgid as _msgid
 from .message_sets import Item, PendingNacks
 
-__all__ = ["AckTimeout"]
+__all__ = ["LOG_LIMIT", "AckTimeout"]
 
 _log = logging.getLogger(__name__)
 
 PRECISION_BITS = 6
 """64 ms buckets: the client's own ack-timeout tick is coarser (1 s by default)."""
+LOG_LIMIT = 128
+"""The received log is converted on the receiving thread once it is longer than this: held message
+objects stay few (the heap a peak of them grows would stay in the process after them)."""
 
 ReadKey = Callable[[Any], tuple[MessageKey, "tuple[int, int] | None"]]
 """``read_key(message) -> (key, first_chunk)``: a received message's tracker key and, for a
@@ -95,7 +100,8 @@ class AckTimeout:
 
     timeout_ms: int
     received: Callable[[Any], None]
-    """``received(message)``: the application got *message* (one ``list.append``, any thread)."""
+    """``received(message)``: the application got *message* (one C call appending it to the received log,
+    any thread; past ``LOG_LIMIT`` entries the log is converted then, on that thread)."""
     settled: Callable[[Any], None]
     """``settled(message)``: the application acknowledged *message* (one C call, any thread): out of the
     received log if it is its last entry (the receive-then-ack pattern: freed by the ack), else logged as settled."""
@@ -127,7 +133,7 @@ class AckTimeout:
             raise TypeError("expire and read_key must be callable")
         self._expire, self._read_key = expire, read_key
         self._received_log, self._settled_log = [], []
-        self.received = self._received_log.append
+        self.received = functools.partial(_msgid.log_received, self._received_log, LOG_LIMIT, self.convert)
         self.settled = functools.partial(_msgid.settle_logged, self._received_log, self._settled_log)
         self._in_flight = PendingNacks()
         self._pushed, self._chunks = {}, {}

@@ -38,8 +38,10 @@ __all__ = [
     "PyEntryTable",
     "Verdict",
     "first_chunk",
+    "log_received",
     "message_key",
     "parse_id",
+    "py_log_received",
     "py_message_key",
     "py_parse_id",
     "py_received_key",
@@ -525,6 +527,14 @@ received_key: Any = py_received_key if _c is None else _c.received_key
 """``parse_id(data)``: the C parser of ``pulsar_nack.consumer._msgid``, or :func:`py_parse_id`."""
 
 
+def py_log_received(received: list[Any], limit: int, convert: Callable[[], object], message: Any) -> None:
+    """Pure-Python stand-in for the C ``log_received``: *message* appended to *received*, and
+    ``convert()`` called if the log is then longer than *limit*."""
+    received.append(message)
+    if len(received) > limit:
+        convert()
+
+
 def py_settle_logged(received: list[Any], settled: list[Any], message: Any) -> None:
     """Pure-Python stand-in for the C ``settle_logged``: *message* appended to *settled*.
 
@@ -549,7 +559,10 @@ def py_take_log(log: list[Any]) -> list[Any]:
     return taken
 
 
-_logs = _c is not None and hasattr(_c, "take_log")
+_logs = _c is not None and hasattr(_c, "log_received")
+log_received: Callable[[list[Any], int, Callable[[], object], Any], None] = _c.log_received if _logs else py_log_received
+"""``log_received(received, limit, convert, message)``: a received message into the ack timeout's log,
+converted on this thread past *limit* entries; the C one when built."""
 settle_logged: Callable[[list[Any], list[Any], Any], None] = _c.settle_logged if _logs else py_settle_logged
 """``settle_logged(received, settled, message)``: an acknowledged message leaves the ack timeout's
 received log if it is its last entry (freed by the ack), else goes to its settled log; the C one when built."""
