@@ -116,6 +116,20 @@ def test_the_consumer_docs_give_the_retry_hold_limits_of_the_code():
     assert [int(v) * 1024 for v in largest] == [HELD_MAX_BYTES], largest
 
 
+def test_the_consumer_docs_give_the_ack_timeout_numbers_of_the_code():
+    """docs/consumer.md's ack-timeout prose: its buckets, its tick, and how many message objects it holds."""
+    from pulsar_nack.consumer.ack_timeout import LOG_LIMIT, PRECISION_BITS
+    from pulsar_nack.timing import ACK_TIMEOUT_TICK_MS
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
+    buckets = re.findall(r"a `NegativeAcksTracker` of its own \((\d+) ms buckets", text)
+    assert [int(v) for v in buckets] == [2**PRECISION_BITS], buckets
+    tick = re.findall(r"Every (\d+) ms a timer thread takes both logs", text)
+    assert [int(v) for v in tick] == [ACK_TIMEOUT_TICK_MS], tick
+    held = re.findall(r"and no more than (\d+) at a time", text)
+    assert [int(v) for v in held] == [LOG_LIMIT], held
+
+
 def test_every_test_the_consumer_docs_name_exists():
     """``tests/test_x.py::test_name`` in docs/consumer.md and docs/asyncio.md names a test that is there."""
     missing = []
