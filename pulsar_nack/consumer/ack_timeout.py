@@ -63,7 +63,7 @@ from ..timing import ACK_TIMEOUT_TICK_MS
 from . import msgid as _msgid
 from .message_sets import Item, PendingNacks
 
-__all__ = ["LOG_LIMIT", "AckTimeout"]
+__all__ = ["LOG_LIMIT", "PRECISION_BITS", "AckTimeout"]
 
 _log = logging.getLogger(__name__)
 
