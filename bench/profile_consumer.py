@@ -19,8 +19,9 @@ are exact). The cases:
 
 cProfile sees the calls made from Python code: our functions, the client's bindings
 (``_pulsar``) and our C extensions' methods, but not a C function called through
-``functools.partial`` (the ack timeout's ``settled(message)``, ``msgid.settle_logged``: one
-call per acknowledgement, missing from the counts). Calls a C extension makes itself are not
+``functools.partial`` (the ack timeout's ``received(message)`` and ``settled(message)``,
+``msgid.log_received`` and ``msgid.settle_logged``: one call per receive and one per
+acknowledgement, missing from the counts). Calls a C extension makes itself are not
 seen; :data:`C_CALLS` lists them by extension method, and the summary adds them to the
 binding count (an upper bound for ``received_key``, which reads the id only when the
 message kept none: then ``topic_name()`` is its one call).

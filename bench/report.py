@@ -1105,7 +1105,7 @@ def chunks_table(result: dict[str, Any] | None = None) -> str:
     return md_table(["broker", "consumer", "300 KB chunked back (ms after the nack)", "small back", "back twice",
                      "whole", "backlog left"], rows, "llllrlr")
 
-def _ack_timeout_cost_rows(calls: dict[str, Any], setting: str, tail: str = "") -> list[str]:
+def _ack_timeout_cost_rows(calls: dict[str, Any], setting: str, tail: str = "|") -> list[str]:
     """Table rows of the ack-timeout case's receive + ack cost (bench/consumer.py's ``run_ack_timeout_calls``), if run."""
     plain, ours = ACK_TIMEOUT_SYSTEMS
     rows = []
