@@ -77,10 +77,22 @@ def test_shared_a_member_acked_meanwhile_leaves_the_wait_late_never_early_and_no
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert len(ids) == 1 and ledger.state_of(A) is MessageState.HANDED_OFF
     hold_back.held.clear()
-    _nack(ledger, A, 300)  # nacked again: the entry's old, stale deadline went with its last pending member
+    _nack(ledger, A, 300)  # nacked again: the entry's record went with its last pending member
     again = _nack(ledger, B, 400)
-    assert ledger.hand_off({T: [(T, *A)]}, hold_back)[0] == [] and hold_back.held == [((T, *A), again)]
+    assert ledger.hand_off({T: [(T, *A)]}, hold_back)[0] == []
+    # The first member's deadline is not kept: the entry waits for the latest deadline noted for any member (C's), late.
+    assert hold_back.held == [((T, *A), last)] and last > again
     ledger._check(0)
+
+
+def test_shared_an_entry_with_one_pending_member_keeps_no_record() -> None:
+    """The rule's memory is for entries with several pending members only: one nacked member per entry adds nothing."""
+    ledger = _ledger(Sharing.SHARED)
+    for entry in range(100):
+        _nack(ledger, (7, entry, 3), 300)
+    assert ledger.waiting_entries() == 0
+    _nack(ledger, (7, 5, 4), 600)
+    assert ledger.waiting_entries() == 1
 
 
 def test_one_active_every_member_goes_at_its_own_time() -> None:

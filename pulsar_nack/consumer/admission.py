@@ -471,7 +471,13 @@ class AdmissionLedger:
         if self._recent.deadlines is not None and item[2] >= 0:
             with self._lock:
                 if item in self.pending:  # else handed off or acked meanwhile: nothing waits for it
-                    self._recent.deadlines.note(item, deadline_ms)
+                    alone = self.pending.entry_count(item[0], item[1]) == 1
+                    self._recent.deadlines.note(item, deadline_ms, alone=alone)
+
+    def waiting_entries(self) -> int:
+        """Batch entries with several pending nacked members, whose handoff waits for the last one (shared subscriptions)."""
+        with self._lock:
+            return 0 if self._recent.deadlines is None else len(self._recent.deadlines)
 
     def _left_pending(self, item: Item) -> None:
         """Under the lock: *item* left the pending set; its entry's deadline goes with its last pending member."""

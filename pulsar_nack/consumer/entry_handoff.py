@@ -23,33 +23,49 @@ __all__ = ["EntryDeadlines"]
 
 
 class EntryDeadlines:
-    """The latest deadline of the pending nacked members of each batch entry (on a shared subscription).
+    """The latest deadline of the pending nacked members of each batch entry with two or more (on a shared subscription).
+
+    An entry's only pending member needs no record: nothing waits for it. A record is
+    made when a second member of the entry is nacked; the first one's deadline is not
+    kept, so the record takes the latest deadline noted for any member so far, which is
+    never earlier than it: the entry may come late, never early. This keeps the rule's
+    memory to the entries with several pending members.
 
     Not thread-safe: the ledger holds its lock around every call.
 
     >>> deadlines = EntryDeadlines()
-    >>> deadlines.note((7, 1, 0), 1_000); deadlines.note((7, 1, 1), 4_000); deadlines.note((7, 1, 2), 2_000)
-    >>> deadlines.wait_until((7, 1), 900), deadlines.wait_until((7, 1), 4_000)
-    (4000, None)
+    >>> deadlines.note((7, 1, 0), 1_000, alone=True); deadlines.note((7, 1, 1), 4_000, alone=False)
+    >>> deadlines.note((7, 2, 0), 2_000, alone=True); len(deadlines)
+    1
+    >>> deadlines.wait_until((7, 1), 900), deadlines.wait_until((7, 1), 4_000), deadlines.wait_until((7, 2), 900)
+    (4000, None, None)
+    >>> deadlines.note((7, 2, 1), 1_500, alone=False); deadlines.wait_until((7, 2), 900)
+    4000
     >>> deadlines.forget((7, 1)); deadlines.wait_until((7, 1), 900)
     """
 
-    __slots__ = ("_latest",)
-
+    __slots__ = ("_bound", "_latest")
     _latest: dict[tuple[int, int], int]
-    """(ledger, entry) -> the latest deadline (ms, untrimmed) noted for a member since it had none pending."""
+    """(ledger, entry) -> the deadline (ms, untrimmed) an entry with several pending members waits for."""
+    _bound: int
+    """The latest deadline noted for any member: a bound of every pending member's deadline."""
 
     def __init__(self) -> None:
         self._latest = {}
+        self._bound = -1
 
     def __len__(self) -> int:
         return len(self._latest)
 
-    def note(self, item: tuple[int, int, int], deadline_ms: int) -> None:
-        """The batch member *item* is pending until *deadline_ms*. O(1)."""
+    def note(self, item: tuple[int, int, int], deadline_ms: int, *, alone: bool) -> None:
+        """The batch member *item* is pending until *deadline_ms*; *alone*: no other member of its entry is. O(1)."""
+        if deadline_ms > self._bound:
+            self._bound = deadline_ms
+        if alone:
+            return
         entry = item[:2]
-        if deadline_ms > self._latest.get(entry, -1):
-            self._latest[entry] = deadline_ms
+        if self._bound > self._latest.get(entry, -1):
+            self._latest[entry] = self._bound
 
     def wait_until(self, entry: tuple[int, int], horizon_ms: int) -> int | None:
         """The deadline *entry* waits for, if later than *horizon_ms* (what the handoff releases now), else None.
@@ -67,3 +83,4 @@ class EntryDeadlines:
     def clear(self) -> None:
         """Forget every entry (a reset, a close)."""
         self._latest.clear()
+        self._bound = -1
