@@ -125,7 +125,7 @@ def chaos_table(result: dict[str, Any] | None = None) -> str:
     run = data["run"]
     note = (f"\n\n{data['minutes']:g} minutes of faults, seed {data['seed']} (`python -m bench.chaos --minutes "
             f"{data['minutes']:g} --seed {data['seed']}`, `bench/results/chaos.json`), on {data['cluster']}; the drain "
-            f"without faults took {run['drain_s']:.0f} s.")  # fmt: skip
+            f"without faults took {run['drain_s']:.0f} s. Code: `{data['meta']['git']['commit'][:7]}`.")  # fmt: skip
     return md_table(["what the checker counts", "chaos run"], rows) + note
 
 
