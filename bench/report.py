@@ -23,7 +23,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
                            "consumer-profile", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
-    "docs/spark.md": ["demo", "replay", "demo-retries"],
+    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
@@ -1130,6 +1130,33 @@ def _unacked_memory_row(memory: dict[str, Any], tail: str = "") -> str:
     return (f"| bytes per unacked message with an ack timeout, {memory['messages']:,} unacked (RSS with the timeout "
             f"minus without) | {plain:.1f} | {ours:.1f} | {ratio:.3f}× | ≤ {goal}×: {_pass(ratio <= goal, 'MISSED')} |{tail}")
 
+def demo_ab_table(result: dict[str, Any] | None = None) -> str:
+    """``python -m bench.demo --ab COMMIT``: medians per master and side, then the issue-36 goals checked from them."""
+    result = result or load("demo-ab")
+    runs = result["runs"]
+    rows, medians = [], {}
+    for master in dict.fromkeys(r["master"] for r in runs):
+        for side in ("a", "b", "builtin"):
+            mine = [r["summary"] for r in runs if r["master"] == master and r["code"] == side]
+            if not mine:
+                continue
+            m = {k: statistics.median(s["redelivery_lateness_ms"][k] for s in mine) for k in ("p50", "p99")}
+            m["rate"] = statistics.median(s["messages_per_s"] for s in mine)
+            medians[master, side] = m
+            rows.append([master, {"a": f"ours at {result['a']}", "b": "ours, current", "builtin": "built-in, current"}[side],
+                         len(mine), f"{m['p50']:,.0f} ms", f"{m['p99']:,.0f} ms", f"{m['rate']:,.0f}",
+                         sum(s["lost"] for s in mine), f"{max(s['duplicates_pct'] for s in mine):.2f} %"])
+    table = md_table(["master", "code", "runs", "p50 lateness (median)", "p99 lateness (median)", "messages/s (median)",
+                      "lost (all runs)", "duplicates (worst run)"], rows, "llrrrrrr")
+    notes = []
+    for master in dict.fromkeys(r["master"] for r in runs):
+        a, b, c = (medians.get((master, side)) for side in ("a", "b", "builtin"))
+        if a and b and c:
+            notes.append(f"{master}: current / {result['a']} p50 {b['p50'] - a['p50']:+,.0f} ms, p99 {b['p99'] - a['p99']:+,.0f} ms; "
+                         f"messages/s current / built-in {b['rate'] / c['rate']:.2f}×")
+    return "\n".join([table, "", *notes])
+
+
 
 def ack_timeout_table(result: dict[str, Any] | None = None) -> str:
     """The consumer's own ack timeout beside the plain client's (bench/ack_timeout.py)."""
@@ -1157,7 +1184,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "client-matrix": client_matrix_table, "demo-kill-duplicates": demo_kill_duplicates, "jitter": jitter_table,
     "chunks": chunks_table,
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
-    "ack-timeout": ack_timeout_table,
+    "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table,
 }
 
 
@@ -1192,29 +1219,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-def demo_ab_table(result: dict[str, Any] | None = None) -> str:
-    """``python -m bench.demo --ab COMMIT``: medians per master and side, then the issue-36 goals checked from them."""
-    result = result or load("demo-ab")
-    runs = result["runs"]
-    rows, medians = [], {}
-    for master in dict.fromkeys(r["master"] for r in runs):
-        for side in ("a", "b", "builtin"):
-            mine = [r["summary"] for r in runs if r["master"] == master and r["code"] == side]
-            if not mine:
-                continue
-            m = {k: statistics.median(s["redelivery_lateness_ms"][k] for s in mine) for k in ("p50", "p99")}
-            m["rate"] = statistics.median(s["messages_per_s"] for s in mine)
-            medians[master, side] = m
-            rows.append([master, {"a": f"ours at {result['a']}", "b": "ours, current", "builtin": "built-in, current"}[side],
-                         len(mine), f"{m['p50']:,.0f} ms", f"{m['p99']:,.0f} ms", f"{m['rate']:,.0f}",
-                         sum(s["lost"] for s in mine), f"{max(s['duplicates_pct'] for s in mine):.2f} %"])
-    table = md_table(["master", "code", "runs", "p50 lateness (median)", "p99 lateness (median)", "messages/s (median)",
-                      "lost (all runs)", "duplicates (worst run)"], rows, "llrrrrrr")
-    notes = []
-    for master in dict.fromkeys(r["master"] for r in runs):
-        a, b, c = (medians.get((master, side)) for side in ("a", "b", "builtin"))
-        if a and b and c:
-            notes.append(f"{master}: current / {result['a']} p50 {b['p50'] - a['p50']:+,.0f} ms, p99 {b['p99'] - a['p99']:+,.0f} ms; "
-                         f"messages/s current / built-in {b['rate'] / c['rate']:.2f}×")
-    return "\n".join([table, "", *notes])
