@@ -24,7 +24,7 @@ from typing import Any
 
 from pulsar_nack.consumer import msgid
 
-from ._common import finish, parser, standalone, start_context
+from ._common import broker_label, finish, parser, standalone, start_context
 from .consumer import _receive_ack_us, _timed
 
 MESSAGES = 10_000
@@ -107,10 +107,12 @@ def run(n: int, reps: int) -> dict[str, Any]:
         raw = _received(client, n)
         plain = _plain_receive_ack(client, broker.admin, n, reps)
         client.close()
+        label = f"{broker_label(broker)}, batch-index acks on"
     empty = _binding(raw, lambda message: None, reps)
     serialized = _binding(raw, lambda message: message.message_id().serialize(), reps) - empty
     admit_ack = min(_table_pass(raw, True) for _ in range(reps)) - empty
     return {
+        "broker": label,
         "messages": n,
         "repetitions": reps,
         "pulsar_nack": pulsar_nack.__version__,

@@ -60,7 +60,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
-from ._client import consumer_schema, message_receiver, raw_id, unwrap_message, wrap_message
+from ._client import consumer_schema, message_receiver, raw_id, wrap_message
 from .admission import Screening
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
