@@ -9,6 +9,7 @@ is fixed, so that the mark gets removed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import tracemalloc
@@ -278,3 +279,136 @@ def _kept_bytes(url: str, topic: str, consumers: int, jumped: list[int]) -> int:
         client.close()
     kept = snapshot.filter_traces([tracemalloc.Filter(True, "*pulsar_nack/consumer/*")])
     return sum(stat.size for stat in kept.statistics("filename"))
+
+
+SIBLING_ENTRIES = 6
+SIBLINGS = 3  # members 1-3; member 0 is nacked at every delivery
+SIBLING_MAX = 3
+
+
+def _produce_entries(client: Any, topic: str) -> None:
+    """SIBLING_ENTRIES batch entries of 1 + SIBLINGS members, ``e<entry>-<member>``; each group is one entry."""
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=SIBLINGS + 1,
+                                      batching_max_publish_delay_ms=10_000)  # fmt: skip
+    entries: dict[str, set[tuple[int, int]]] = {}
+    for e in range(SIBLING_ENTRIES):
+        ids: list[Any] = []
+        for j in range(SIBLINGS + 1):
+            producer.send_async(f"e{e}-{j}".encode(), lambda _res, mid: ids.append(mid))  # noqa: B023
+        producer.flush()
+        assert wait_until(lambda: len(ids) == SIBLINGS + 1, 10)  # noqa: B023
+        entries[f"e{e}"] = {(m.ledger_id(), m.entry_id()) for m in ids}
+    assert all(len(e) == 1 for e in entries.values()), f"each group is one entry: {entries}"
+
+
+def _await_dead_members(reader: Any) -> None:
+    """Read the dead-letter topic until member 0 of every entry is there."""
+    import pulsar
+
+    dead: set[str] = set()
+
+    def all_dead() -> bool:
+        try:
+            message = reader.receive(200)
+        except pulsar.Timeout:
+            return False
+        reader.acknowledge(message)
+        if message.data().decode().endswith("-0"):
+            dead.add(message.data().decode())
+        return len(dead) == SIBLING_ENTRIES
+
+    assert wait_until(all_dead, 120), f"{len(dead)} of {SIBLING_ENTRIES} nacked members dead-lettered"
+
+
+def _sibling_reset_run(url: str, topic: str, kind: str, consumers: int) -> dict[str, list[tuple[str, int]]]:
+    """The sibling-ack scenario: entries of 1 + SIBLINGS members on a Shared subscription with a dead-letter
+    policy (``max_redeliver_count`` SIBLING_MAX), *consumers* consumers of *kind* ("plain": ``client.subscribe``
+    with batch-index acks, as ours subscribe; "plain-entry-acks": with pulsar's default, none; "ours":
+    ``pulsar_nack.subscribe``). Member 0 is nacked at every delivery; sibling j is nacked at its first
+    j - 1 deliveries and acked at its j-th. Returns, per member 0, its deliveries (consumer, ``redelivery_count()``)
+    until its dead letter is stored."""
+    import pulsar
+
+    client = quiet_client(url)
+    dlq = f"{topic}-DLQ"
+    seen: dict[str, list[tuple[str, int]]] = {}
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=SIBLING_MAX, dead_letter_topic=dlq,
+                                             initial_subscription_name="check")  # fmt: skip
+    options = {"consumer_type": pulsar.ConsumerType.Shared, "dead_letter_policy": policy,
+               "negative_ack_redelivery_delay_ms": 1_000, "receiver_queue_size": 10}  # fmt: skip
+    if kind == "plain":  # the control, with ours' batch-index acks (False is pulsar's default)
+        options["batch_index_ack_enabled"] = True
+    subscribe = client.subscribe if kind.startswith("plain") else lambda *a, **k: pulsar_nack.subscribe(client, *a, **k)
+    try:
+        reader = client.subscribe(dlq, "check", initial_position=pulsar.InitialPosition.Earliest,
+                                  consumer_type=pulsar.ConsumerType.Shared)  # fmt: skip
+        group = [subscribe(topic, "s", consumer_name=f"c{i}", **options) for i in range(consumers)]
+
+        def pump(name: str, consumer: Any) -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    continue
+                payload = message.data().decode()
+                member = int(payload.split("-")[1])
+                with lock:
+                    counts[payload] += 1
+                    if member == 0:
+                        seen.setdefault(payload, []).append((name, message.redelivery_count()))
+                if member and counts[payload] == member:
+                    consumer.acknowledge(message)
+                else:
+                    consumer.negative_acknowledge(message)
+
+        threads += [threading.Thread(target=pump, args=(f"c{i}", c), daemon=True) for i, c in enumerate(group)]
+        for thread in threads:
+            thread.start()
+        _produce_entries(client, topic)
+        _await_dead_members(reader)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        client.close()
+    with lock:
+        return {payload: list(deliveries) for payload, deliveries in seen.items()}
+
+
+def _reset_seen(deliveries: list[tuple[str, int]]) -> bool:
+    """The broker's count did not rise across a redelivery: a sibling's ack reset it."""
+    return any(b[1] <= a[1] for a, b in itertools.pairwise(deliveries))
+
+
+@pytest.mark.broker
+def test_a_sibling_ack_resets_the_brokers_count_of_a_nacked_member(apache_broker: Any, topic: str) -> None:
+    """With batch-index acks, acking one member of a batch entry makes the broker forget its entry's redelivery count
+    (``PersistentSubscription.acknowledgeMessage`` calls ``redeliveryTracker.removeBatch`` with the entry's position
+    for a partial ack too). The nacked member's ``redelivery_count()`` then runs 0, 1, 1, 1, 2, 3 and the plain client
+    with batch-index acks (the control, as ours subscribe) delivers it 6 times instead of ``max_redeliver_count + 1``
+    = 4, with one consumer or two; with pulsar's default (no batch-index acks: the client acks the entry once whole)
+    nothing resets and it gets 4. Ours count what the application saw: with one consumer, exactly 4 deliveries; with
+    two, each consumer counts only its own deliveries above the broker's count, so a member can get more than 4,
+    never more than the control's, and only when both consumers received it (docs/consumer.md, "Dead letters")."""
+    kinds = ("plain", "plain-entry-acks", "ours")
+    runs = {(kind, n): _sibling_reset_run(apache_broker.url, f"{topic}-{kind}-{n}", kind, n) for kind in kinds for n in (1, 2)}
+    report = {f"{kind} x{n}": sorted(Counter(len(d) for d in run.values()).items()) for (kind, n), run in runs.items()}
+    print(f"deliveries of each nacked member before its dead letter (deliveries, members): {report}")
+    for n in (1, 2):
+        plain, entry_acks = runs[("plain", n)], runs[("plain-entry-acks", n)]
+        assert all(_reset_seen(d) for d in plain.values()), f"plain x{n}: the count never fell back: {plain}"
+        assert all(len(d) > SIBLING_MAX + 1 for d in plain.values()), f"plain x{n}: {plain}"
+        assert not any(_reset_seen(d) for d in entry_acks.values()), f"plain-entry-acks x{n}: {entry_acks}"
+        assert all(len(d) == SIBLING_MAX + 1 for d in entry_acks.values()), f"plain-entry-acks x{n}: {entry_acks}"
+    one = runs[("ours", 1)]
+    assert all(_reset_seen(d) for d in one.values()), f"ours x1: the count never fell back: {one}"
+    assert all(len(d) == SIBLING_MAX + 1 for d in one.values()), f"ours x1: not exactly at the count: {one}"
+    most = max(len(d) for d in runs[("plain", 2)].values())
+    two = runs[("ours", 2)]
+    assert all(SIBLING_MAX + 1 <= len(d) <= most for d in two.values()), f"ours x2 (the control's most {most}): {two}"
+    past = {p: d for p, d in two.items() if len(d) > SIBLING_MAX + 1}
+    assert all(len({name for name, _ in d}) > 1 and _reset_seen(d) for d in past.values()), f"ours x2 past: {past}"
