@@ -195,6 +195,61 @@ def test_a_dead_letter_past_the_count_needs_a_count_reset() -> None:
     assert reset.dead_letters == {f"past the count: {Cause.COUNT_RESET.value}": 1}
 
 
+A, B = ("nack-blocking", 100), ("nack-asyncio", 101)
+
+
+def _sibling_reset(receivers: list[tuple[str, int]], counts: list[int], sibling_acked: float | None) -> History:
+    """m1 (batch index 0 of entry 1:1) delivered to *receivers* with redelivery *counts*, one second apart, nacked
+    each time, then dead-lettered; its sibling m2 delivered to B at 1.9 and acked at *sibling_acked* (None: delivered
+    to A and acked after the dead letter)."""
+    history = History().produce(0, "m1", mid="(1,1,0,0)").produce(0, "m2", mid="(1,1,0,1)")
+    for n, ((proc, pid), rc) in enumerate(zip(receivers, counts, strict=True)):
+        history.deliver(1 + n, "m1", rc=rc, proc=proc, pid=pid, mid="(1,1,0,0)").nack(1 + n, "m1", 100, rc=rc, proc=proc, pid=pid)
+    if sibling_acked is None:
+        history.deliver(10, "m2", mid="(1,1,0,1)").ack(10, "m2")
+    else:
+        history.deliver(1.9, "m2", proc=B[0], pid=B[1], mid="(1,1,0,1)").ack(sibling_acked, "m2", proc=B[0], pid=B[1])
+    return history.dead_letter(len(counts) + 0.5, "m1")
+
+
+SIBLING_RESET = f"past the count: {Cause.SIBLING_ACK_RESET.value}"
+
+
+def test_a_dead_letter_past_the_count_after_a_sibling_ack_needs_the_reset_in_the_history() -> None:
+    """Five deliveries for ``max_redeliver_count`` 3: attributed to the broker's reset by a sibling's ack only when
+    the message went to two consumers, its count did not rise across a redelivery, and a sibling of its entry was
+    acked in between (or up to GROUPED_ACK_S before the earlier delivery); anything else stays a violation."""
+    shared = [A, B, A, B, A]
+    reset = _sibling_reset(shared, [0, 1, 1, 2, 3], sibling_acked=2.5).check()
+    assert reset.findings == []
+    assert reset.dead_letters == {SIBLING_RESET: 1}
+    fell = _sibling_reset(shared, [0, 1, 2, 1, 2], sibling_acked=3.5).check()  # count fell: 2 then 1
+    assert fell.findings == [] and fell.dead_letters == {SIBLING_RESET: 1}
+    same_copy = _sibling_reset(shared, [0, 1, 1, 2, 3], sibling_acked=1.9).check()  # acked with the copy it came in
+    assert same_copy.findings == [] and same_copy.dead_letters == {SIBLING_RESET: 1}
+    cases = {
+        "one consumer": _sibling_reset([A] * 5, [0, 1, 1, 2, 3], sibling_acked=2.5),
+        "no sibling acked between": _sibling_reset(shared, [0, 1, 1, 2, 3], sibling_acked=None),
+        "acked after the later delivery": _sibling_reset(shared, [0, 1, 2, 2, 3], sibling_acked=4.5),
+        "count always rose": _sibling_reset(shared, [0, 1, 2, 3, 4], sibling_acked=2.5),
+    }
+    for case, history in cases.items():
+        report = history.check()
+        assert _promises(report) == [Promise.PAST_COUNT], case
+        assert report.dead_letters == {"past the count, unexplained": 1}, case
+
+
+def test_a_consumer_that_received_it_leaving_is_a_count_reset_and_one_that_stays_is_not() -> None:
+    """A resubscribe's record ends just before the consumer closes; its close, between the first delivery and the
+    dead letter, is a count reset; the same deliveries with no close are a violation."""
+    history = History().start(0, "nack-blocking", 100).fault(0.9, "resubscribe", "nack-blocking", 0.001)
+    left = _poison(history.add(Ev.CLOSE, 1.01, "nack-blocking", 100, gen=1), 5).check()
+    assert left.findings == []
+    assert left.dead_letters == {f"past the count: {Cause.COUNT_RESET.value}": 1}
+    stayed = _poison(History().start(0, "nack-blocking", 100).fault(0.9, "resubscribe", "nack-blocking", 0.001), 5)
+    assert _promises(stayed.check()) == [Promise.PAST_COUNT]
+
+
 def test_a_reconsumed_message_is_dead_lettered_only_from_the_last_reconsume() -> None:
     message = _id_with(Mechanism.RECONSUME)
     history = History().produce(0, message, topic="events")

@@ -29,7 +29,14 @@ dead letter
     ``max_redeliver_count + 1`` deliveries to the application, a reconsumed one after its
     ``reconsume_later`` at ``RECONSUMETIMES == max_redeliver_count``; and never a copy past
     that count. More deliveries than the count are attributed to a fault that makes the
-    broker forget its counts (the last consumer leaving, an unload, a broker restart).
+    broker forget its counts (the last consumer leaving, an unload, a broker restart), or a
+    consumer that received the message leaving before its dead letter; or, where the history
+    shows it, to the broker resetting its count when a batch sibling was acked while the
+    message went to several consumers (docs/consumer.md, "Dead letters": each consumer
+    counts only its own deliveries above the broker's count). Shown means: the message was
+    delivered to two or more consumer incarnations, and between two of its deliveries of
+    one entry the broker's count did not rise (a redelivery after a reset counts 1 again)
+    while a sibling of that entry was acked.
 duplicates
     every delivery that answers nothing (not the first, not the first after a nack, not the
     first copy of a reconsume) is a duplicate, attributed to a documented cause (an ack
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +102,8 @@ class Cause(str, enum.Enum):
     ENTRY_TO_OTHER_CONSUMER = ("a batch entry redelivered to another consumer before the ack reached the broker "
                                "(a consumer knows only its own acks)")  # fmt: skip
     COUNT_RESET = "dead-letter count forgotten by the broker (a consumer left, an unload, a broker restart)"
+    SIBLING_ACK_RESET = ("dead-letter count reset by the broker when a batch sibling was acked, the message "
+                         "delivered to several consumers (each counts only its own deliveries)")  # fmt: skip
 
 
 RECONNECTS = ("topic-unload", "bundle-unload", "broker-kill", "broker-freeze")
@@ -232,6 +242,10 @@ class _Checker:
         self._kills: dict[str, list[float]] = defaultdict(list)
         self._pids: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self._last_settle: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._delivered_mid: dict[tuple[tuple[str, int, int], str, str], str] = {}
+        """(incarnation, subscription, message id) -> the stored message id it received last."""
+        self._entry_acks: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = defaultdict(list)
+        """(subscription, entry) -> the acks of its messages, in time order."""
         handlers = {
             Ev.PRODUCE.value: self._on_produce, Ev.DELIVER.value: self._on_record, Ev.ACK.value: self._on_settle,
             Ev.NACK.value: self._on_settle, Ev.RECONSUME.value: self._on_settle, Ev.DEAD_LETTER.value: self._on_dead_letter,
@@ -251,9 +265,14 @@ class _Checker:
 
     def _on_record(self, r: dict[str, Any]) -> None:
         self.messages[(r["sub"], r["id"])].records.append(r)
+        if r["ev"] == Ev.DELIVER.value:
+            self._delivered_mid[(_incarnation(r), r["sub"], r["id"])] = r["mid"]
 
     def _on_settle(self, r: dict[str, Any]) -> None:
         self._on_record(r)
+        mid = self._delivered_mid.get((_incarnation(r), r["sub"], r["id"]))
+        if r["ev"] == Ev.ACK.value and mid is not None:
+            self._entry_acks[(r["sub"], _entry(mid))].append(r)
         self._last_settle[(r["proc"], r["pid"], r["id"])] = r
 
     def _on_dead_letter(self, r: dict[str, Any]) -> None:
@@ -522,8 +541,10 @@ class _Checker:
                           f"{consumers}", tuple(sorted({r["proc"] for r in seen})), seen[-1] if seen else None)  # fmt: skip
         elif len(seen) == max_count + 1:
             self.report.dead_letters["at the count"] += 1
-        elif self.faults.overlapping(seen[0]["t"], first, COUNT_RESETS):
+        elif self.faults.overlapping(seen[0]["t"], first, COUNT_RESETS) or self._receiver_left(seen, first):
             self.report.dead_letters[f"past the count: {Cause.COUNT_RESET.value}"] += 1
+        elif self._sibling_ack_reset(sub, message_id, seen):
+            self.report.dead_letters[f"past the count: {Cause.SIBLING_ACK_RESET.value}"] += 1
         else:
             self.report.dead_letters["past the count, unexplained"] += 1
             consumers = ", ".join(f"{r['proc']} rc {r['rc']}" for r in seen)
@@ -531,6 +552,32 @@ class _Checker:
                           f"dead-lettered after {len(seen)} deliveries (count {max_count}) with no count reset: {consumers}",
                           processes=tuple(sorted({r["proc"] for r in seen})))
 
+
+    def _receiver_left(self, seen: list[dict[str, Any]], dead_lettered: float) -> bool:
+        """Whether a consumer that received the message was closed or killed between its first delivery and its
+        dead letter (its count goes with it; a nemesis record may end just before the close it causes)."""
+        begin = seen[0]["t"]
+        ends = (self._ended_at(who) for who in {_incarnation(r) for r in seen})
+        return any(end is not None and begin <= end <= dead_lettered for end in ends)
+
+    def _sibling_ack_reset(self, sub: str, message_id: str, seen: list[dict[str, Any]]) -> bool:
+        """Whether the history shows the broker's count of the message reset by a sibling's ack while the message
+        went to several consumers: two deliveries of one entry, the later with a count no higher (after a reset
+        the next redelivery counts 1), and an ack of a sibling in that entry between them (from
+        :data:`GROUPED_ACK_S` before the first: a grouped ack reaches the broker later; the members of one
+        copy are received in order)."""
+        if len({_incarnation(r) for r in seen}) < 2:
+            return False  # one consumer's own tally is exact whatever the broker counts
+        for before, after in itertools.pairwise(seen):
+            entry = _entry(before["mid"])
+            if after["rc"] > before["rc"] or _entry(after["mid"]) != entry:
+                continue
+            acks = self._entry_acks.get((sub, entry), [])
+            lo = bisect.bisect_left(acks, before["t"] - GROUPED_ACK_S, key=lambda a: a["t"])
+            hi = bisect.bisect_right(acks, after["t"], key=lambda a: a["t"])
+            if any(a["id"] != message_id and not a.get("failed") for a in acks[lo:hi]):
+                return True
+        return False
 
 def _acked(r: dict[str, Any]) -> bool:
     return r["ev"] == Ev.ACK.value and not r.get("failed")
