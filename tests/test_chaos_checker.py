@@ -250,6 +250,33 @@ def test_a_consumer_that_received_it_leaving_is_a_count_reset_and_one_that_stays
     assert _promises(stayed.check()) == [Promise.PAST_COUNT]
 
 
+def _after_a_silence(filled: bool) -> History:
+    """Every process silent from 1 to 12 (unless *filled*: a message produced and acked at 6); then m1, nacked for
+    3 s by A at 12, delivered to B 30 ms later (a copy of a pending nack after a reconnect)."""
+    history = History().produce(0, "m0").deliver(0.5, "m0").ack(1, "m0")
+    if filled:
+        history.produce(6, "m6").deliver(6, "m6").ack(6, "m6")
+    history.produce(11.9, "m1").deliver(12, "m1", proc=A[0], pid=A[1]).nack(12, "m1", 3_000, proc=A[0], pid=A[1])
+    return history.deliver(12.03, "m1", proc=B[0], pid=B[1]).ack(12.03, "m1", proc=B[0], pid=B[1]).produce(20, "m2")
+
+
+def test_a_stall_of_every_process_is_a_fault_that_drops_connections() -> None:
+    """11 s without a record from any process while the producers produce is a stall (the brokers' sessions and
+    connections expire): a pending nack's copy at another consumer just after it is documented, as after a frozen
+    broker. With a record in between, no stall: the same copy is early."""
+    stalled = _after_a_silence(filled=False)
+    stalled.deliver(20, "m2").ack(20, "m2")
+    report = stalled.check()
+    assert report.findings == []
+    assert report.summary()["totals"]["faults"] == {"stall": 1}
+    assert report.early_documented == {Cause.OTHER_CONSUMER_AFTER_RECONNECT.value: 1}
+    filled = _after_a_silence(filled=True)
+    filled.deliver(20, "m2").ack(20, "m2")
+    report = filled.check()
+    assert _promises(report) == [Promise.EARLY]
+    assert report.summary()["totals"]["faults"] == {}
+
+
 def test_a_reconsumed_message_is_dead_lettered_only_from_the_last_reconsume() -> None:
     message = _id_with(Mechanism.RECONSUME)
     history = History().produce(0, message, topic="events")

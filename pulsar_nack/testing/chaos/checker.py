@@ -44,6 +44,10 @@ duplicates
     settlement failed, a copy of a pending nack handed to another consumer after a
     reconnect, a message the producer stored twice); one without a cause is a violation.
 
+The faults are the nemesis's, and the stalls the history shows (:data:`STALL`: every process
+silent for :data:`STALL_S` while the producers produce; the machine, not the nemesis,
+stopped them), which drop connections as a frozen broker does.
+
 :meth:`Report.lines` prints one line per violation, with the message id and the fault just
 before it.
 """
@@ -106,7 +110,14 @@ class Cause(str, enum.Enum):
                          "delivered to several consumers (each counts only its own deliveries)")  # fmt: skip
 
 
-RECONNECTS = ("topic-unload", "bundle-unload", "broker-kill", "broker-freeze")
+STALL = "stall"
+"""Not a fault of the nemesis: every process of the run silent for :data:`STALL_S` or more while the producers
+were producing (the machine stalled; :class:`_Faults` finds it in the history)."""
+STALL_S = 10.0
+"""A stall this long freezes the brokers too, past their ZooKeeper session (6 s in PulsarCluster) and the
+clients' operation timeout: their sessions expire and connections drop after it, as after a frozen broker (the
+nemesis freezes one broker for less than the session). The producers write several records a second."""
+RECONNECTS = ("topic-unload", "bundle-unload", "broker-kill", "broker-freeze", STALL)
 """Faults that drop the consumers' connections."""
 CONSUMER_ENDS = ("consumer-kill", "resubscribe")
 COUNT_RESETS = (*RECONNECTS, *CONSUMER_ENDS)
@@ -153,6 +164,8 @@ class _Faults:
                 self.faults.append(open_[key])
             elif key in open_:
                 open_.pop(key).end = r["t"]
+        self.faults += _stalls(history)
+        self.faults.sort(key=lambda f: f.begin)
         self._begins = [f.begin for f in self.faults]
 
     def overlapping(self, start: float, stop: float, kinds: Iterable[str]) -> list[_Fault]:
@@ -168,6 +181,17 @@ class _Faults:
             return "no fault before it"
         f = self.faults[i - 1]
         return f"{f.kind} {f.target} {t - f.begin:.1f} s before"
+
+
+def _stalls(history: Sequence[dict[str, Any]]) -> list[_Fault]:
+    """The stalls of the run: every process silent for :data:`STALL_S` or more between the first and the
+    last record of a produce."""
+    produced = [r["t"] for r in history if r["ev"] == Ev.PRODUCE.value]
+    if not produced:
+        return []
+    first, last = min(produced), max(produced)
+    times = sorted(r["t"] for r in history if first <= r["t"] <= last)
+    return [_Fault(STALL, "every process", a, b) for a, b in itertools.pairwise(times) if b - a >= STALL_S]
 
 
 @dataclass
