@@ -72,18 +72,7 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
         payloads = [f"m{i:03d}".encode() for i in range(MESSAGES)]
         for payload in payloads:
             producer.send(payload)
-        dead: set[bytes] = set()
-
-        def all_dead() -> bool:
-            try:
-                message = reader.receive(200)
-            except pulsar.Timeout:
-                return False
-            dead.add(message.data())
-            reader.acknowledge(message)
-            return len(dead) == MESSAGES
-
-        assert wait_until(all_dead, 90), f"{len(dead)} of {MESSAGES} dead-lettered"
+        _await_dead_letters(reader, MESSAGES, 90)
     finally:
         stop.set()
         for thread in threads:
@@ -301,11 +290,11 @@ def _produce_entries(client: Any, topic: str) -> None:
     assert all(len(e) == 1 for e in entries.values()), f"each group is one entry: {entries}"
 
 
-def _await_dead_members(reader: Any) -> None:
-    """Read the dead-letter topic until member 0 of every entry is there."""
+def _await_dead_letters(reader: Any, count: int, timeout_s: float, wanted: str = "") -> None:
+    """Read the dead-letter topic until *count* distinct payloads ending in *wanted* are there."""
     import pulsar
 
-    dead: set[str] = set()
+    dead: set[bytes] = set()
 
     def all_dead() -> bool:
         try:
@@ -313,11 +302,11 @@ def _await_dead_members(reader: Any) -> None:
         except pulsar.Timeout:
             return False
         reader.acknowledge(message)
-        if message.data().decode().endswith("-0"):
-            dead.add(message.data().decode())
-        return len(dead) == SIBLING_ENTRIES
+        if message.data().endswith(wanted.encode()):
+            dead.add(message.data())
+        return len(dead) == count
 
-    assert wait_until(all_dead, 120), f"{len(dead)} of {SIBLING_ENTRIES} nacked members dead-lettered"
+    assert wait_until(all_dead, timeout_s), f"{len(dead)} of {count} dead-lettered"
 
 
 def _sibling_reset_run(url: str, topic: str, kind: str, consumers: int) -> dict[str, list[tuple[str, int]]]:
@@ -369,7 +358,7 @@ def _sibling_reset_run(url: str, topic: str, kind: str, consumers: int) -> dict[
         for thread in threads:
             thread.start()
         _produce_entries(client, topic)
-        _await_dead_members(reader)
+        _await_dead_letters(reader, SIBLING_ENTRIES, 120, wanted="-0")  # member 0 of every entry
     finally:
         stop.set()
         for thread in threads:
