@@ -252,12 +252,13 @@ def test_a_consumer_that_received_it_leaving_is_a_count_reset_and_one_that_stays
 
 def _after_a_silence(filled: bool) -> History:
     """Every process silent from 1 to 12 (unless *filled*: a message produced and acked at 6); then m1, nacked for
-    3 s by A at 12, delivered to B 30 ms later (a copy of a pending nack after a reconnect)."""
+    3 s by A at 12, redelivered to B 30 ms later (a copy of a pending nack after a reconnect)."""
     history = History().produce(0, "m0").deliver(0.5, "m0").ack(1, "m0")
     if filled:
         history.produce(6, "m6").deliver(6, "m6").ack(6, "m6")
     history.produce(11.9, "m1").deliver(12, "m1", proc=A[0], pid=A[1]).nack(12, "m1", 3_000, proc=A[0], pid=A[1])
-    return history.deliver(12.03, "m1", proc=B[0], pid=B[1]).ack(12.03, "m1", proc=B[0], pid=B[1]).produce(20, "m2")
+    history.deliver(12.03, "m1", rc=1, proc=B[0], pid=B[1]).ack(12.03, "m1", rc=1, proc=B[0], pid=B[1])
+    return history.produce(20, "m2")
 
 
 def test_a_stall_of_every_process_is_a_fault_that_drops_connections() -> None:
@@ -275,6 +276,47 @@ def test_a_stall_of_every_process_is_a_fault_that_drops_connections() -> None:
     report = filled.check()
     assert _promises(report) == [Promise.EARLY]
     assert report.summary()["totals"]["faults"] == {}
+
+
+def test_one_dispatch_at_both_consumers_is_attributed_only_with_the_same_count_milliseconds_apart() -> None:
+    """The broker sent one redelivery to both consumers (the same stored message and count, within
+    DOUBLE_DISPATCH_S): after the other's ack, it is a duplicate with that cause, and the answer to the other's nack
+    it seems to be is not early; a copy with another count, or later, is still a violation."""
+
+    def after_ack(t: float, rc: int) -> Any:
+        history = History().produce(0, "m1").deliver(1, "m1", rc=2, proc=A[0], pid=A[1]).ack(1.001, "m1", rc=2, proc=A[0], pid=A[1])
+        return history.deliver(t, "m1", rc=rc, proc=B[0], pid=B[1]).check()
+
+    twin = after_ack(1.004, 2)
+    assert twin.findings == [] and twin.duplicates == {Cause.DOUBLE_DISPATCH.value: 1}
+    assert _promises(after_ack(1.2, 2)) == [Promise.AFTER_ACK]
+    assert _promises(after_ack(1.004, 3)) == [Promise.AFTER_ACK]
+
+    def nacked(rc: int) -> Any:
+        history = (History().produce(0, "m1").deliver(0.5, "m1", proc=A[0], pid=A[1]).nack(0.5, "m1", 100, proc=A[0], pid=A[1])
+                   .deliver(1, "m1", rc=1, proc=A[0], pid=A[1]).nack(1, "m1", 1_600, rc=1, proc=A[0], pid=A[1]))  # fmt: skip
+        return history.deliver(1.007, "m1", rc=rc, proc=B[0], pid=B[1]).ack(1.007, "m1", rc=rc, proc=B[0], pid=B[1]).check()
+
+    early_twin = nacked(1)
+    assert early_twin.findings == [] and early_twin.early_documented == {Cause.DOUBLE_DISPATCH.value: 1}
+    assert _promises(nacked(2)) == [Promise.EARLY]
+
+
+def test_a_dead_letter_past_the_count_by_one_dispatch_at_both_consumers() -> None:
+    """Counts 0-3 at A, and 3 again at B 5 ms after A's: five deliveries for max_redeliver_count 3, one the broker
+    sent twice; B's copy 1.5 s later is a violation."""
+
+    def poisoned(t: float) -> Any:
+        history = History().produce(0, "m1")
+        for n in range(4):
+            history.deliver(1 + n, "m1", rc=n, proc=A[0], pid=A[1]).nack(1 + n, "m1", 100, rc=n, proc=A[0], pid=A[1])
+        history.deliver(t, "m1", rc=3, proc=B[0], pid=B[1]).nack(t, "m1", 100, rc=3, proc=B[0], pid=B[1])
+        return history.dead_letter(6, "m1").check()
+
+    twin = poisoned(4.005)
+    assert twin.findings == []
+    assert twin.dead_letters == {f"past the count: {Cause.DOUBLE_DISPATCH.value}": 1}
+    assert Promise.PAST_COUNT in _promises(poisoned(5.5))
 
 
 def test_a_reconsumed_message_is_dead_lettered_only_from_the_last_reconsume() -> None:

@@ -77,6 +77,11 @@ SETTLE_CALL_S = 5.0
 """A reconsume waits for a produce (its copy or its dead letter): a kill this soon after it may have stopped it."""
 RECONNECT_S = 5.0
 """A consumer's reconnect may complete this long after the fault that dropped its connection ended."""
+DOUBLE_DISPATCH_S = 0.050
+"""Two deliveries of one stored message with the same redelivery count to two consumers this close are one
+dispatch sent twice (:attr:`Cause.DOUBLE_DISPATCH`; 1-9 ms apart with the plain client in
+``tests/test_chaos_findings.py::test_the_broker_can_dispatch_a_redelivery_to_both_shared_consumers``, up to 22 ms
+in the chaos runs)."""
 _MAX_LINES_PER_PROMISE = 25
 _FIRST = "first"
 
@@ -106,6 +111,8 @@ class Cause(str, enum.Enum):
     ENTRY_TO_OTHER_CONSUMER = ("a batch entry redelivered to another consumer before the ack reached the broker "
                                "(a consumer knows only its own acks)")  # fmt: skip
     COUNT_RESET = "dead-letter count forgotten by the broker (a consumer left, an unload, a broker restart)"
+    DOUBLE_DISPATCH = ("the broker dispatched one redelivery to two consumers at once (the same redelivery count, "
+                       "milliseconds apart; the plain client's too)")  # fmt: skip
     SIBLING_ACK_RESET = ("dead-letter count reset by the broker when a batch sibling was acked, the message "
                          "delivered to several consumers (each counts only its own deliveries)")  # fmt: skip
 
@@ -426,7 +433,7 @@ class _Checker:
             return _FIRST
         if state.nacks:
             answer = state.nacks.pop(0)
-            self._check_nack_answer(sub, message_id, answer[0], r)
+            self._check_nack_answer(sub, message_id, answer[0], r, state.twin_of(r))
             return answer
         return None
 
@@ -456,7 +463,10 @@ class _Checker:
             return None
         return self._after_settled(sub, message_id, r, state, settled_at, settler)
 
-    def _check_nack_answer(self, sub: str, message_id: str, nack: dict[str, Any], r: dict[str, Any]) -> None:
+    def _check_nack_answer(self, sub: str, message_id: str, nack: dict[str, Any], r: dict[str, Any],
+                           twin: tuple[str, int, int] | None) -> None:  # fmt: skip
+        """Check that delivery *r*, which answers *nack*, is not early (*twin*: the consumer that received the
+        same dispatch just before, if any)."""
         due = nack["t"] + (nack["delay_ms"] - nack["floor_ms"]) / 1000
         if r["t"] >= due - SLACK_S:
             return
@@ -468,6 +478,9 @@ class _Checker:
         if receiver != nacker and self.faults.overlapping(nack["t"] - RECONNECT_S, r["t"], RECONNECTS):
             self.report.early_documented[Cause.OTHER_CONSUMER_AFTER_RECONNECT.value] += 1
             return
+        if twin == nacker and nack["rc"] == r["rc"]:  # the nacked delivery's second copy, not an answer to the nack
+            self.report.early_documented[Cause.DOUBLE_DISPATCH.value] += 1
+            return
         self._violate(Promise.EARLY, sub, message_id, r["t"],
                       f"delivered {(due - r['t']) * 1000:.0f} ms before due (nacked {nack['delay_ms']} ms by "
                       f"{nack['proc']}.{nack['pid']}, delivered to {r['proc']}.{r['pid']}, {r['mid']})",
@@ -476,6 +489,8 @@ class _Checker:
     def _duplicate_cause(self, message_id: str, r: dict[str, Any], state: _State) -> Cause | None:
         if self._stored_twice(message_id, r, state):
             return Cause.STORED_TWICE
+        if state.twin_of(r) is not None:
+            return Cause.DOUBLE_DISPATCH
         for who, (t, failed) in state.unsettled.items():
             if failed:
                 return Cause.SETTLE_FAILED
@@ -527,6 +542,8 @@ class _Checker:
         cause = None
         if acker is not None and acker != _incarnation(r):
             cause = self._lost_ack_cause(acker, acked, r)
+            if cause is None and state.twin_of(r) == acker:  # the copy the acker received was sent twice
+                cause = Cause.DOUBLE_DISPATCH
         if self._stored_twice(message_id, r, state):
             cause = Cause.STORED_TWICE
         if cause is None:
@@ -567,6 +584,8 @@ class _Checker:
             self.report.dead_letters["at the count"] += 1
         elif self.faults.overlapping(seen[0]["t"], first, COUNT_RESETS) or self._receiver_left(seen, first):
             self.report.dead_letters[f"past the count: {Cause.COUNT_RESET.value}"] += 1
+        elif len(seen) - _double_dispatched(seen) <= max_count + 1:
+            self.report.dead_letters[f"past the count: {Cause.DOUBLE_DISPATCH.value}"] += 1
         elif self._sibling_ack_reset(sub, message_id, seen):
             self.report.dead_letters[f"past the count: {Cause.SIBLING_ACK_RESET.value}"] += 1
         else:
@@ -575,7 +594,6 @@ class _Checker:
             self._violate(Promise.PAST_COUNT, sub, message_id, first,
                           f"dead-lettered after {len(seen)} deliveries (count {max_count}) with no count reset: {consumers}",
                           processes=tuple(sorted({r["proc"] for r in seen})))
-
 
     def _receiver_left(self, seen: list[dict[str, Any]], dead_lettered: float) -> bool:
         """Whether a consumer that received the message was closed or killed between its first delivery and its
@@ -603,6 +621,16 @@ class _Checker:
                 return True
         return False
 
+def _double_dispatched(seen: list[dict[str, Any]]) -> int:
+    """How many of the deliveries *seen* are the second copy of one dispatch (:attr:`Cause.DOUBLE_DISPATCH`)."""
+    state = _State()
+    twins = 0
+    for r in seen:
+        twins += state.twin_of(r) is not None
+        state.dispatched.setdefault((r["mid"], r["rc"]), []).append((_incarnation(r), r["t"]))
+    return twins
+
+
 def _acked(r: dict[str, Any]) -> bool:
     return r["ev"] == Ev.ACK.value and not r.get("failed")
 
@@ -629,6 +657,8 @@ class _State:
     nacks: list[_Answer] = field(default_factory=list)
     tokens: dict[str, _Answer] = field(default_factory=dict)
     first_receiver: dict[tuple[str, int], str] = field(default_factory=dict)
+    dispatched: dict[tuple[str, int], list[tuple[tuple[str, int, int], float]]] = field(default_factory=dict)
+    """(Stored message id, redelivery count) -> the consumers that received that delivery, and when."""
     """(Stored message id, redelivery count) -> the consumer process that received that delivery first."""
     copy_entries: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Token -> the entry of the first delivery of that retry copy."""
@@ -647,8 +677,17 @@ class _State:
         self.duplicate_of[_incarnation(r)] = duplicate
         self.delivered_last[_incarnation(r)] = r["copy"] or ""
         self.first_receiver.setdefault((r["mid"], r["rc"]), r["proc"])
+        self.dispatched.setdefault((r["mid"], r["rc"]), []).append((_incarnation(r), r["t"]))
         if r["copy"] is not None:
             self.copy_entries.setdefault(r["copy"], _entry(r["mid"]))
+
+    def twin_of(self, r: dict[str, Any]) -> tuple[str, int, int] | None:
+        """The other consumer that received the same dispatch as delivery *r* just before it (the same stored
+        message and redelivery count, at most :data:`DOUBLE_DISPATCH_S` earlier), or None."""
+        for who, t in self.dispatched.get((r["mid"], r["rc"]), ()):
+            if who != _incarnation(r) and 0 <= r["t"] - t <= DOUBLE_DISPATCH_S:
+                return who
+        return None
 
     def settled(self, who: tuple[str, int, int], t: float, failed: bool) -> None:
         if failed:
