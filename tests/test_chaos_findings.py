@@ -486,8 +486,8 @@ def test_the_broker_can_dispatch_a_redelivery_to_both_shared_consumers(apache_br
     """One nacked message, redelivered once, reaches *both* consumers of a Shared subscription with the same
     ``redelivery_count()``, milliseconds apart: with the plain client (the control), so the broker's doing, not the
     wrapper's (the chaos runs' "one stored message delivered by both consumers with the same count"). Each try
-    nacks 2,000 messages twice; it is rare (one try in 7 showed it once, 13 deliveries at once), so the plain
-    client's tries go on until one shows it (up to TWIN_TRIES); ours get two tries, counted, not asserted. The
+    nacks 2,000 messages twice; it is rare, so the plain client's tries go on until one shows it (up to
+    TWIN_TRIES); ours get two tries, counted, not asserted. The
     copies are at most ``DOUBLE_DISPATCH_S`` apart, the window in which the chaos checker attributes a second copy
     to this (``pulsar_nack/testing/chaos/checker.py``)."""
     from pulsar_nack.testing.chaos.checker import DOUBLE_DISPATCH_S

@@ -79,9 +79,9 @@ RECONNECT_S = 5.0
 """A consumer's reconnect may complete this long after the fault that dropped its connection ended."""
 DOUBLE_DISPATCH_S = 0.050
 """Two deliveries of one stored message with the same redelivery count to two consumers this close are one
-dispatch sent twice (:attr:`Cause.DOUBLE_DISPATCH`; 1-9 ms apart with the plain client in
-``tests/test_chaos_findings.py::test_the_broker_can_dispatch_a_redelivery_to_both_shared_consumers``, up to 22 ms
-in the chaos runs)."""
+dispatch sent twice (:attr:`Cause.DOUBLE_DISPATCH`; the window
+``tests/test_chaos_findings.py::test_the_broker_can_dispatch_a_redelivery_to_both_shared_consumers`` checks the
+plain client's copies against)."""
 _MAX_LINES_PER_PROMISE = 25
 _FIRST = "first"
 
