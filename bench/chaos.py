@@ -125,8 +125,14 @@ def chaos_table(result: dict[str, Any] | None = None) -> str:
     run = data["run"]
     note = (f"\n\n{data['minutes']:g} minutes of faults, seed {data['seed']} (`python -m bench.chaos --minutes "
             f"{data['minutes']:g} --seed {data['seed']}`, `bench/results/chaos.json`), on {data['cluster']}; the drain "
-            f"without faults took {run['drain_s']:.0f} s. Code: `{data['meta']['git']['commit'][:7]}`.")  # fmt: skip
+            f"without faults took {run['drain_s']:.0f} s. {_code(data['meta'])}")  # fmt: skip
     return md_table(["what the checker counts", "chaos run"], rows) + note
+
+
+def _code(meta: dict[str, Any]) -> str:
+    """The commit of the code that ran, and of the checker when ``--analyze`` checked the run again later."""
+    ran, checked = meta.get("at_start", {}).get("git_commit") or meta["git"]["commit"], meta["git"]["commit"]
+    return f"Code: `{ran[:7]}`." + (f" Checked again by the checker of `{checked[:7]}`." if checked != ran else "")
 
 
 def soak_table(result: dict[str, Any] | None = None) -> str:
@@ -144,8 +150,7 @@ def soak_table(result: dict[str, Any] | None = None) -> str:
             f"{data['parameters']['sample_s']:g} s; slopes fitted by least squares after the first "
             f"{memory['warmup_s'] / 60:.0f} minutes (warm-up). {totals['produced']:,} messages, {totals['deliveries']:,} "
             f"deliveries; the checker: {totals['lost']} lost, {totals['early']} early, {totals['after_ack']} after an "
-            f"ack, {totals['past_count']} dead letters past the count. Code: "
-            f"`{data['meta']['git']['commit'][:7]}`.")  # fmt: skip
+            f"ack, {totals['past_count']} dead letters past the count. {_code(data['meta'])}")  # fmt: skip
     headers = ["consumer process", "RSS after warm-up (MiB)", "RSS at the end (MiB)", "RSS slope (MiB/h)",
                "tracker bytes (min–max)", "tracker slope (bytes/h)"]  # fmt: skip
     return md_table(headers, rows) + note
