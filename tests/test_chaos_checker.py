@@ -426,3 +426,37 @@ def test_a_retry_copy_stored_twice_is_attributed() -> None:
     report = history.check()
     assert report.findings == []
     assert report.duplicates == {Cause.STORED_TWICE.value: 1}
+
+
+def test_a_retry_chain_forked_by_a_duplicate_may_deliver_after_the_other_chain_settled() -> None:
+    """One retry copy dispatched to both consumers (a documented duplicate) starts two chains of retries; the
+    duplicate's chain reaches the dead-letter count first, and the original chain's copy, reconsumed before that,
+    arrives just after: a retry of the duplicate. Without the fork, a copy after the dead letter is a violation."""
+    message = _id_with(Mechanism.RECONSUME)
+    other = ("retry-asyncio", 201)
+
+    def chains(forked: bool) -> Any:
+        history = History().produce(0, message, topic="events")
+        history.deliver(1, message, sub=RETRY_SUB, rc=0, proc="retry-blocking", pid=200)
+        history.reconsume(1, message, 200, "t1", rc=0)
+        history.deliver(2, message, sub=RETRY_SUB, rc=1, copy="t1", mid="(2,1,-1,-1)", proc="retry-blocking", pid=200)
+        history.reconsume(2, message, 200, "t2", rc=1)
+        history.deliver(3, message, sub=RETRY_SUB, rc=2, copy="t2", mid="(2,2,-1,-1)", proc="retry-blocking", pid=200)
+        history.reconsume(3, message, 200, "t3", rc=2)
+        if forked:  # the same copy at the other consumer 1 ms later (one dispatch, two consumers)
+            history.deliver(3.001, message, sub=RETRY_SUB, rc=2, copy="t2", mid="(2,2,-1,-1)", proc=other[0], pid=other[1])
+            history.reconsume(3.001, message, 200, "u3", rc=2, proc=other[0], pid=other[1])
+            history.deliver(4, message, sub=RETRY_SUB, rc=3, copy="u3", mid="(2,3,-1,-1)", proc="retry-blocking", pid=200)
+            history.reconsume(4, message, 200, "u4", rc=3)
+            history.dead_letter(4, message, sub=RETRY_SUB)
+        else:  # one chain, dead-lettered; then a copy of it again
+            history.deliver(4, message, sub=RETRY_SUB, rc=3, copy="t3", mid="(2,4,-1,-1)", proc="retry-blocking", pid=200)
+            history.reconsume(4, message, 200, "t4", rc=3)
+            history.dead_letter(4, message, sub=RETRY_SUB)
+        return history.deliver(4.003, message, sub=RETRY_SUB, rc=3, copy="t3", mid="(2,4,-1,-1)",
+                               proc="retry-blocking", pid=200).check()  # fmt: skip
+
+    forked = chains(True)
+    assert Promise.AFTER_ACK not in _promises(forked), forked.findings
+    assert forked.duplicates[f"retry of a duplicate ({Cause.DOUBLE_DISPATCH.value})"] >= 1
+    assert Promise.AFTER_ACK in _promises(chains(False))

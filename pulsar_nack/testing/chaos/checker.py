@@ -456,11 +456,16 @@ class _Checker:
                               f"first received by {first})", (first, r["proc"]), r)  # fmt: skip
                 return None
             self.report.duplicates[found.value] += 1
+            state.fork = state.fork or found.value  # the message now has two lives: this copy's retries and the original's
             return found.value
         if isinstance(answered, tuple) and answered[0]["t"] > settled_at:
             self._violate(Promise.AFTER_ACK, sub, message_id, r["t"],
                           f"delivered to {r['proc']}.{r['pid']}, a retry of a copy delivered after an ack", (r["proc"],), r)
             return None
+        if isinstance(answered, tuple) and state.fork is not None:  # one of two retry chains: the other one settled it
+            cause = f"retry of a duplicate ({state.fork})"
+            self.report.duplicates[cause] += 1
+            return cause
         return self._after_settled(sub, message_id, r, state, settled_at, settler)
 
     def _check_nack_answer(self, sub: str, message_id: str, nack: dict[str, Any], r: dict[str, Any],
@@ -670,6 +675,10 @@ class _State:
     """Per consumer: which stored message it received last (``""`` or a token)."""
     duplicate_of: dict[tuple[str, int, int], str | None] = field(default_factory=dict)
     """Per consumer: the cause of the duplicate it received last (None: an expected delivery)."""
+    fork: str | None = None
+    """The cause of the first duplicate delivered before the message was settled: from then on two chains of
+    retries (the duplicate's and the original's) may be in flight, and when one settles the message a copy of
+    the other, asked for before that, still comes."""
 
     def delivered(self, r: dict[str, Any], duplicate: str | None) -> None:
         self.first_seen = True
