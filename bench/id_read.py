@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pulsar_nack.consumer import msgid
+from pulsar_nack.consumer._client import unwrap_message, wrap_message
 
 from ._common import broker_label, finish, parser, standalone, start_context
 from .consumer import _receive_ack_us, _timed
@@ -42,7 +43,7 @@ def _received(client: Any, n: int) -> list[Any]:
         producer.send_async(b"x" * 64, lambda result, message_id: None)
     producer.flush()
     producer.close()
-    messages = [consumer.receive(30_000)._message for _ in range(n)]
+    messages = [unwrap_message(consumer.receive(30_000)) for _ in range(n)]
     consumer.close()
     return messages
 
@@ -59,14 +60,7 @@ def _plain_receive_ack(client: Any, admin: Any, n: int, reps: int) -> float:
 
 def _wrapped(raw: list[Any]) -> list[Any]:
     """A ``pulsar.Message`` around each received ``_pulsar.Message``, as a receive builds it."""
-    import pulsar
-
-    out = []
-    for message in raw:
-        wrapper = pulsar.Message()
-        wrapper._message = message
-        out.append(wrapper)
-    return out
+    return [wrap_message(message, None) for message in raw]
 
 
 def _binding(raw: list[Any], read: Callable[[Any], Any], reps: int) -> float:

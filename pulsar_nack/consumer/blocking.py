@@ -60,7 +60,7 @@ from ..core.buckets import DEFAULT_PRECISION_BITS
 from ..core.timer import monotonic_ms
 from ..errors import ConsumerClosedError
 from ..timing import ACK_FLUSH_MS, HANDOFF_DELAY_MS, RETRY_POLL_MS
-from ._client import consumer_schema, message_receiver, raw_id, wrap_message
+from ._client import consumer_schema, message_receiver, raw_id, unwrap_message
 from .admission import Screening
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
@@ -85,8 +85,8 @@ _Message = pulsar.Message
 _NO_SCREEN, _TABLE_SCREEN = Screening.NONE, Screening.TABLE
 
 
-def _receive_again(receive: Callable[..., Any], timeout_millis: int | None, start_ns: int) -> Any:
-    """The next ``_pulsar.Message`` after a copy the application does not see, within what is left of *timeout_millis*."""
+def _receive_again(receive: Callable[..., pulsar.Message], timeout_millis: int | None, start_ns: int) -> pulsar.Message:
+    """The next message after a copy the application does not see, within what is left of *timeout_millis*."""
     if timeout_millis is None:
         return receive()
     left = timeout_millis - (_monotonic_ns() - start_ns) // 1_000_000
@@ -121,8 +121,7 @@ class NackingConsumer(ConsumerBase):
     """
 
     _receiver: Callable[..., pulsar.Message] | None
-    _receive_raw: Callable[..., Any] | None
-    """The client's ``receive`` of the ``_pulsar.Consumer`` (the common path); None once closed, with a retry letter topic or for a stand-in."""
+    _receive_message: Callable[..., pulsar.Message] | None
     _acknowledge_raw: Callable[[Any], None] | None
     """The client's ``acknowledge`` of a received ``_pulsar.Message`` (the common path); None once closed or for a stand-in."""
     _started: Callable[[Any], None] | None
@@ -145,7 +144,7 @@ class NackingConsumer(ConsumerBase):
         # The common paths, built once: a consumer with a retry letter topic, or a stand-in
         # without a _pulsar.Consumer, receives and acks through the general paths.
         self._receiver = message_receiver(raw, self._value_schema) if raw is not None else None
-        self._receive_raw = raw.receive if raw is not None and retry is None else None
+        self._receive_message = self._receiver if retry is None else None
         self._acknowledge_raw = raw.acknowledge if raw is not None else None
         self._started, self._settled = self._core.started, self._core.settled  # the ack timeout's logs, or None
 
@@ -202,20 +201,17 @@ class NackingConsumer(ConsumerBase):
         1`` times goes to the dead-letter topic instead. Raises ``pulsar.Timeout`` as the
         client does when nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
-        receive = self._receive_raw
+        receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             return self._receive_other(timeout_millis)
         start_ns = 0
         if timeout_millis is None:
-            raw = receive()
+            message = receive()
         else:
             if type(timeout_millis) is not int or timeout_millis < 0:
                 check_int("timeout_millis", timeout_millis, 0)
             start_ns = _monotonic_ns()
-            raw = receive(timeout_millis)
-        message = _Message()  # wrapped here as pulsar.Consumer.receive does (a call less than message_receiver's)
-        message._message = raw
-        message._schema = self._value_schema
+            message = receive(timeout_millis)
         core = self._core
         ledger = core.ledger
         while True:
@@ -223,6 +219,7 @@ class NackingConsumer(ConsumerBase):
             if screening is _NO_SCREEN:  # the common path: nothing to compare with
                 next(core.received)
                 break
+            raw = unwrap_message(message)
             if screening is _TABLE_SCREEN:  # guarding: the C table decides the copies of entries without nack state
                 next(core.received)
                 verdict = ledger.entries.admit_message(raw, message)
@@ -230,8 +227,7 @@ class NackingConsumer(ConsumerBase):
                     break
             elif core.admit(raw, message):
                 return message  # (admit logs it for the ack timeout itself)
-            raw = _receive_again(receive, timeout_millis, start_ns)  # a copy dropped, or a dead letter
-            message = wrap_message(raw, self._value_schema)
+            message = _receive_again(receive, timeout_millis, start_ns)  # a copy dropped, or a dead letter
         started = self._started
         if started is not None:  # an ack timeout: logged, its id read a tick later only if still unsettled
             started(message)
@@ -317,7 +313,7 @@ class NackingConsumer(ConsumerBase):
             settled = self._settled
             if settled is not None:  # an ack timeout: its deadline ends (by identity, no id read)
                 settled(message)
-            acknowledge_raw(message._message)  # the common paths: nothing else to check (open: see _mark_closed)
+            acknowledge_raw(unwrap_message(message))  # the common paths: nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)
         next(core.acked)
@@ -537,7 +533,7 @@ class NackingConsumer(ConsumerBase):
     def _mark_closed(self) -> None:
         """Closed from now on: the common paths of receive and acknowledge lead to the checks."""
         self._closed = True
-        self._receive_raw = None
+        self._receive_message = None
         self._acknowledge_raw = None
 
     def close(self, redeliver_pending: bool = True) -> None:
