@@ -42,7 +42,6 @@ from ..timing import SEND_TIMEOUT_S
 from ._client import (
     RawClient,
     RawMessage,
-    RawProducer,
     build_message,
     earliest_subscription_configuration,
     is_ok,
@@ -50,6 +49,7 @@ from ._client import (
     raw_client,
     received,
 )
+from .message_pool import KeepingProducer
 from .nacking import full_topic_name
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -147,7 +147,7 @@ class DeadLetter:
         self._initial_subscription = initial_subscription or None
         self._value_schema_info = None if schema is None else schema.schema_info()
         # topic -> its producer, or the sends waiting while it is being created
-        self._producers: dict[str, RawProducer | list[Callable[[Any, BaseException | None], None]]] = {}
+        self._producers: dict[str, KeepingProducer | list[Callable[[Any, BaseException | None], None]]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -272,7 +272,7 @@ class DeadLetter:
                 if error is None and self._closed:
                     error = DeadLetterError("the dead-letter sender is closed")
                 elif error is None:
-                    self._producers[target] = producer
+                    producer = self._producers[target] = KeepingProducer(producer)
             if error is not None and is_ok(result):
                 producer.close_async(lambda _result: None)
             for then in waiting if isinstance(waiting, list) else ():

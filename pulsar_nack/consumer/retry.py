@@ -104,6 +104,7 @@ from ._client import (
 )
 from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
+from .message_pool import KeepingProducer
 from .msgid import message_key
 from .nacking import NackingCore, full_topic_name
 from .settings import ConsumerSettings
@@ -783,7 +784,7 @@ class RetryLetter:
 
         def created(result: Any, producer: Any) -> None:
             if is_ok(result):
-                future.set_result(producer)
+                future.set_result(KeepingProducer(producer))
             else:
                 future.set_exception(_error_for(result))
 
