@@ -143,7 +143,7 @@ def soak_table(result: dict[str, Any] | None = None) -> str:
     memory = data["memory"]
     rows = [[name.rsplit(".", 1)[0], f"{p['rss_mib_after_warmup']:.1f}", f"{p['rss_mib_last']:.1f}",
              f"{p['rss_slope_mib_per_h']:+.3f}", f"{p['tracker_bytes_min']:,.0f}–{p['tracker_bytes_max']:,.0f}",
-             f"{p['tracker_slope_bytes_per_h']:+,.0f}"] for name, p in memory["processes"].items()]  # fmt: skip
+             f"{p['tracker_slope_bytes_per_h']:+,.0f}", *_books(p)] for name, p in memory["processes"].items()]  # fmt: skip
     totals = data["check"]["totals"]
     note = (f"\n\n{data['minutes']:g} minutes of the chaos workload without faults (`python -m bench.chaos --soak "
             f"--minutes {data['minutes']:g} --seed {data['seed']}`, `bench/results/soak.json`), a sample every "
@@ -153,7 +153,17 @@ def soak_table(result: dict[str, Any] | None = None) -> str:
             f"ack, {totals['past_count']} dead letters past the count. {_code(data['meta'])}")  # fmt: skip
     headers = ["consumer process", "RSS after warm-up (MiB)", "RSS at the end (MiB)", "RSS slope (MiB/h)",
                "tracker bytes (min–max)", "tracker slope (bytes/h)"]  # fmt: skip
+    if all(row[6:] for row in rows):  # runs before the consumer's books were sampled have no such columns
+        headers += ["consumer books bytes (min–max)", "books slope (bytes/h)"]
     return md_table(headers, rows) + note
+
+
+def _books(process: dict[str, Any]) -> list[str]:
+    """The consumer's books (``stats()["memory_bytes"]``) of one soak process: range and slope, if sampled."""
+    if process.get("books_slope_bytes_per_h") is None:
+        return []
+    return [f"{process['books_bytes_min']:,.0f}–{process['books_bytes_max']:,.0f}",
+            f"{process['books_slope_bytes_per_h']:+,.0f}"]
 
 
 BREAKS = {

@@ -45,11 +45,15 @@ class _ConsumerCounts(TypedDict):
     handed_off_entries: int
     handoff_bursts: int
     pending_guarded: int
+    memory_bytes: int
     tracker: TrackerStats
 
 
 class ConsumerStats(_ConsumerCounts, total=False):
     """Counters of a nacking consumer, with its tracker's stats.
+
+    ``memory_bytes`` estimates the consumer's own books beside its tracker: the nack sets,
+    the complete entries and the table of entries in flight.
 
     With retry letter topics (``retry_enable=True``) also ``reconsumed`` (retry copies
     stored by ``reconsume_later``), ``retry_dead_lettered`` (reconsumes past

@@ -662,7 +662,7 @@ class NackingCore:
     # ------------------------------------------------------------------ counters
 
     def counts(self) -> dict[str, int]:
-        """Counters: received, delivered, swallowed, filtered, acked, nacked, dead-lettered, handoffs, pending nacks."""
+        """Counters: received, delivered, swallowed, filtered, acked, nacked, dead-lettered, handoffs, pending nacks, bytes."""
         counts, pending = self.ledger.snapshot()
         with self._reads_lock:
             steps = {}
@@ -676,6 +676,7 @@ class NackingCore:
             "nacked": steps["nacked"],
             **counts,
             "pending_guarded": pending,
+            "memory_bytes": self.ledger.memory_bytes(),
             **self._ack_timeout_counts(),
         }
 

@@ -128,7 +128,7 @@ class _Context:
         return action
 
     def sample(self, consumer: Any) -> None:
-        """Record RSS and the tracker's own bytes every ``sample_s``."""
+        """Record RSS, the tracker's own bytes and the consumer's books (``memory_bytes``) every ``sample_s``."""
         now = time.monotonic()
         if now < self.next_sample:
             return
@@ -140,7 +140,8 @@ class _Context:
         traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
         if traced is not None and self.trace_base is None and now - self.started >= _TRACE_AFTER_S:
             self.trace_base = tracemalloc.take_snapshot()
-        self.writer.write(Ev.SAMPLE, rss=rss, tracker_bytes=tracker["memory_bytes"], pending=tracker["pending_messages"],
+        self.writer.write(Ev.SAMPLE, rss=rss, tracker_bytes=tracker["memory_bytes"],
+                          books_bytes=stats.get("memory_bytes"), pending=tracker["pending_messages"],
                           held=stats.get("held"), delivered=stats["delivered"], gen=self.gen, python_bytes=traced)  # fmt: skip
 
     def error(self, op: str, error: BaseException, message_id: str | None = None) -> None:

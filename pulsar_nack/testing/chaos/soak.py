@@ -50,6 +50,7 @@ def memory_summary(history: Sequence[dict[str, Any]], started: float, load_ended
         fitted = [s for s in samples if s["t"] - started >= warmup_s]
         rss = [(s["t"] - started, s["rss"] / MIB) for s in fitted]
         tracker = [(s["t"] - started, float(s["tracker_bytes"])) for s in fitted]
+        books = [(s["t"] - started, float(s["books_bytes"])) for s in fitted if s.get("books_bytes") is not None]
         processes[key] = {
             "samples": len(samples),
             "fitted_samples": len(fitted),
@@ -60,9 +61,15 @@ def memory_summary(history: Sequence[dict[str, Any]], started: float, load_ended
             "tracker_bytes_min": min((v for _, v in tracker), default=None),
             "tracker_bytes_max": max((v for _, v in tracker), default=None),
             "tracker_slope_bytes_per_h": _round(slope_per_hour(tracker), 1),
-            "series": [[round(s["t"] - started, 1), s["rss"], s["tracker_bytes"], s["pending"]] for s in samples],
+            # histories before the consumer's books were sampled have none
+            "books_bytes_min": min((v for _, v in books), default=None),
+            "books_bytes_max": max((v for _, v in books), default=None),
+            "books_slope_bytes_per_h": _round(slope_per_hour(books), 1) if len(books) > 1 else None,
+            "series": [[round(s["t"] - started, 1), s["rss"], s["tracker_bytes"], s["pending"], s.get("books_bytes")]
+                       for s in samples],
         }
-    return {"warmup_s": warmup_s, "series_columns": ["s since start", "rss bytes", "tracker bytes", "pending nacks"],
+    return {"warmup_s": warmup_s, "series_columns": ["s since start", "rss bytes", "tracker bytes", "pending nacks",
+                                                    "consumer books bytes"],
             "processes": processes}  # fmt: skip
 
 
