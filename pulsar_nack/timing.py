@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "ACK_FLUSH_MS",
     "ACK_TIMEOUT_TICK_MS",
+    "CLIENT_RECONNECT_MAX_MS",
     "COALESCE_MS",
     "DEAD_LETTER_DRAIN_S",
     "DEAD_LETTER_RETRY_MS",
@@ -32,6 +33,7 @@ __all__ = [
     "RECONNECT_POLL_S",
     "RETRY_POLL_MS",
     "SEND_TIMEOUT_S",
+    "SETTLED_MAX_AGE_MS",
     "STALE_MS",
     "client_handoff_latency_ms",
     "client_tick_ms",
@@ -105,6 +107,12 @@ def handoff_lead_ms(handoff_delay_ms: int) -> int:
 COALESCE_MS = 50
 """Minimum gap between handoff bursts: above the client's tick (``CLIENT_TICK_MS``), since every
 ``negative_acknowledge`` re-arms that timer and closer bursts would starve it."""
+CLIENT_RECONNECT_MAX_MS = 60_000
+"""The C++ consumer's reconnect backoff tops out here (100 ms doubling to 60 s)."""
+SETTLED_MAX_AGE_MS = 5 * CLIENT_RECONNECT_MAX_MS
+"""How long the guard remembers a settled entry at most: the messages of grouped acks the client
+dropped with its connection come back when it reconnects. Without a bound in time a slow
+consumer's table would keep growing for hours, until ``SETTLED_CAPACITY`` settlements."""
 ACK_FLUSH_MS = ACK_GROUPING_MS + 50
 """Wait before ``redeliver_unacknowledged_messages``: the client's ack grouping plus a 50 ms margin."""
 STALE_MS = 60_000

@@ -71,11 +71,14 @@ def test_each_message_comes_back_once_at_its_own_delay(pulsar_client, topic):
     consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
     produce(pulsar_client, topic, 200)
     nacked: dict = {}
+    books_at_start = consumer.stats()["memory_bytes"]
     for i in range(200):
         message = consumer.receive(10_000)
         delay = 200 + i * 14  # 0.2 s .. 3 s
         nacked[key(message)] = (time.monotonic(), delay)
         consumer.negative_acknowledge(message, delay_ms=delay)
+    books_with_nacks = consumer.stats()["memory_bytes"]
+    assert books_with_nacks > books_at_start  # the pending set holds the 200 nacks
     arrivals: dict = {}
 
     def record(message, at):

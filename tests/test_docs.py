@@ -116,6 +116,16 @@ def test_the_consumer_docs_give_the_retry_hold_limits_of_the_code():
     assert [int(v) * 1024 for v in largest] == [HELD_MAX_BYTES], largest
 
 
+def test_the_consumer_docs_give_the_settled_entry_bounds_of_the_code():
+    """docs/consumer.md: how many settled entries the guard remembers, and for how long."""
+    from pulsar_nack.consumer.admission import SETTLED_CAPACITY
+    from pulsar_nack.timing import SETTLED_MAX_AGE_MS
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
+    found = re.findall(r"the last ([\d,]+) settled entries and acked non-batched messages are remembered too, for (\d+) s", text)
+    assert [(int(n.replace(",", "")), int(s) * 1000) for n, s in found] == [(SETTLED_CAPACITY, SETTLED_MAX_AGE_MS)], found
+
+
 def test_the_consumer_docs_give_the_ack_timeout_numbers_of_the_code():
     """docs/consumer.md's ack-timeout prose: its buckets, its tick, and how many message objects it holds."""
     from pulsar_nack.consumer.ack_timeout import LOG_LIMIT, PRECISION_BITS

@@ -8,12 +8,14 @@ records. Both versions must give the same answer to every call.
 
 from __future__ import annotations
 
+import time
+
 import _pulsar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import _varint
+from helpers import _varint, wait_for
 from pulsar_nack.consumer import msgid
 
 TABLES = [pytest.param(msgid.PyEntryTable, id="python")]
@@ -97,6 +99,32 @@ def test_an_entry_with_a_nacked_member_completes_and_leaves(table_type) -> None:
     assert table.ack(1, 9, 0, 3) == msgid.Outcome.NONE
     assert table.ack(1, 9, 2, 3) == msgid.Outcome.COMPLETE
     assert len(table) == 0 and table.verdict(1, 9, 0) == msgid.Verdict.FRESH
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_a_settled_record_older_than_the_age_bound_leaves_at_the_next_settlement(table_type) -> None:
+    table = table_type(1 << 20, 30)  # a capacity never reached here: only the age can drop a record
+    assert table.ack(4, 0, -1, 0) == msgid.Outcome.SETTLED
+    started = time.monotonic()
+    settled = 1
+
+    def first_forgotten() -> bool:  # each settlement drops the settlements older than 30 ms
+        nonlocal settled
+        table.ack(4, settled, -1, 0)
+        settled += 1
+        return table.verdict(4, 0, -1) == msgid.Verdict.FRESH
+
+    assert wait_for(first_forgotten, 5.0)
+    assert time.monotonic() - started >= 0.03  # not before its age
+    assert table.verdict(4, settled - 1, -1) == msgid.Verdict.ACKED  # the newest stays
+    table._check()
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+@pytest.mark.parametrize(("args", "error"), [((8, -1), ValueError), ((8, (1 << 30) + 1), ValueError), ((8, 1.5), TypeError)])
+def test_a_bad_age_bound_is_refused(table_type, args: tuple, error: type) -> None:
+    with pytest.raises(error):
+        table_type(*args)
 
 
 @pytest.mark.parametrize("table_type", TABLES)

@@ -22,8 +22,9 @@
  *                     two heap arrays of words);
  *     settled record  an entry whose every member was acked (or an acked non-batched
  *                     message), kept in a FIFO ring of the last `settled_capacity`
- *                     settlements: the client drops grouped acks it could not send when
- *                     its connection drops, so such an entry can come back.
+ *                     settlements, and with `settled_max_age_ms` only as long: the client
+ *                     drops grouped acks it could not send when its connection drops, so
+ *                     such an entry can come back.
  *
  * When A | N covers an open batch entry and N is not empty the record is dropped and the
  * caller moves the entry to its compact set of complete entries (roaring bitmaps). Records
@@ -46,6 +47,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 static PyObject *str_message_id;
 static PyObject *str_serialize;
@@ -279,6 +281,7 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 #define R_COMPLETE 11        /* every member acked or nacked, some nacked: record dropped */
 #define R_MISSING 12         /* no record, and none was created */
 
+#define MAX_AGE_MS (1 << 30) /* well inside the wrap of the uint32 monotonic ms (49 days) */
 #define F_SETTLED 1u
 #define F_FOREIGN 2u
 #define NIL 0xFFFFFFFFu
@@ -300,7 +303,8 @@ typedef struct {
     uint32_t *buckets; /* first record of each chain, or NIL */
     uint32_t nbuckets; /* a power of two, >= cap */
     uint64_t *ring;    /* settled records, oldest first: index << 32 | generation */
-    uint32_t ring_cap, ring_head, ring_len;
+    uint32_t *ring_ms; /* with max_age_ms: when each was settled (monotonic ms, wrapping) */
+    uint32_t ring_cap, ring_head, ring_len, max_age_ms;
     uint32_t settled;
     Py_ssize_t wide_bytes;
     int64_t *watch;    /* (ledger, highest watched entry) pairs */
@@ -516,7 +520,29 @@ table_delete(EntryTable *t, uint32_t i)
     t->used--;
 }
 
-/* Mark record i settled and put it in the ring, evicting the oldest settlement if full. */
+static uint32_t
+monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+}
+
+/* Drop the oldest settlement of the ring (its record, unless freed and reused since). */
+static void
+ring_pop(EntryTable *t)
+{
+    uint64_t old = t->ring[t->ring_head];
+    t->ring_head = (t->ring_head + 1) % t->ring_cap;
+    t->ring_len--;
+    uint32_t j = (uint32_t)(old >> 32), gen = (uint32_t)old;
+    if (j < t->cap && t->recs[j].size >= 0 && t->recs[j].gen == gen && (t->recs[j].flags & F_SETTLED))
+        table_delete(t, j);
+}
+
+/* Mark record i settled and put it in the ring, evicting the oldest settlement if full, and
+ * with max_age_ms every settlement older than that: a slow consumer's table then stops
+ * growing once its age is reached, not after settled_capacity settlements. */
 static void
 table_settle(EntryTable *t, uint32_t i)
 {
@@ -527,15 +553,15 @@ table_settle(EntryTable *t, uint32_t i)
         table_delete(t, i);
         return;
     }
-    if (t->ring_len == t->ring_cap) {
-        uint64_t old = t->ring[t->ring_head];
-        t->ring_head = (t->ring_head + 1) % t->ring_cap;
-        t->ring_len--;
-        uint32_t j = (uint32_t)(old >> 32), gen = (uint32_t)old;
-        if (j < t->cap && t->recs[j].size >= 0 && t->recs[j].gen == gen && (t->recs[j].flags & F_SETTLED))
-            table_delete(t, j);
-    }
-    t->ring[(t->ring_head + t->ring_len) % t->ring_cap] = (uint64_t)i << 32 | r->gen;
+    uint32_t now = t->max_age_ms ? monotonic_ms() : 0;
+    if (t->ring_len == t->ring_cap)
+        ring_pop(t);
+    while (t->max_age_ms && t->ring_len && (uint32_t)(now - t->ring_ms[t->ring_head]) > t->max_age_ms)
+        ring_pop(t);
+    uint32_t tail = (t->ring_head + t->ring_len) % t->ring_cap;
+    t->ring[tail] = (uint64_t)i << 32 | r->gen;
+    if (t->max_age_ms)
+        t->ring_ms[tail] = now;
     t->ring_len++;
 }
 
@@ -597,12 +623,16 @@ parse_key(PyObject *args, int64_t *ledger, int64_t *entry, int *index, int *size
 static PyObject *
 EntryTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"settled_capacity", NULL};
-    int capacity = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", names, &capacity))
+    static char *names[] = {"settled_capacity", "settled_max_age_ms", NULL};
+    int capacity = 0, max_age_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|i", names, &capacity, &max_age_ms))
         return NULL;
     if (capacity < 0 || capacity > (1 << 24)) {
         PyErr_SetString(PyExc_ValueError, "settled_capacity must be between 0 and 2**24");
+        return NULL;
+    }
+    if (max_age_ms < 0 || max_age_ms > MAX_AGE_MS) {
+        PyErr_SetString(PyExc_ValueError, "settled_max_age_ms must be between 0 and 2**30");
         return NULL;
     }
     EntryTable *t = (EntryTable *)type->tp_alloc(type, 0);
@@ -610,9 +640,11 @@ EntryTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     t->free_head = NIL;
     t->ring_cap = (uint32_t)capacity;
+    t->max_age_ms = capacity ? (uint32_t)max_age_ms : 0;
     if (capacity) {
         t->ring = PyMem_Malloc((size_t)capacity * sizeof(uint64_t));
-        if (t->ring == NULL) {
+        t->ring_ms = t->max_age_ms ? PyMem_Malloc((size_t)capacity * sizeof(uint32_t)) : NULL;
+        if (t->ring == NULL || (t->max_age_ms && t->ring_ms == NULL)) {
             Py_DECREF(t);
             return PyErr_NoMemory();
         }
@@ -642,6 +674,7 @@ EntryTable_dealloc(EntryTable *t)
     EntryTable_free_all(t);
     PyMem_Free(t->watch);
     PyMem_Free(t->ring);
+    PyMem_Free(t->ring_ms);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -1052,7 +1085,8 @@ static PyObject *
 EntryTable_memory_bytes(EntryTable *t, PyObject *unused)
 {
     return PyLong_FromSsize_t((Py_ssize_t)t->cap * (Py_ssize_t)(sizeof(Rec) + sizeof(uint32_t)) +
-                              (Py_ssize_t)t->ring_cap * (Py_ssize_t)sizeof(uint64_t) + t->wide_bytes +
+                              (Py_ssize_t)t->ring_cap * (Py_ssize_t)(sizeof(uint64_t) + (t->ring_ms ? sizeof(uint32_t) : 0)) +
+                              t->wide_bytes +
                               (Py_ssize_t)sizeof(EntryTable));
 }
 
@@ -1138,7 +1172,7 @@ static PyMemberDef EntryTable_members[] = {
 static PyTypeObject EntryTable_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pulsar_nack.consumer._msgid.EntryTable",
-    .tp_doc = PyDoc_STR("EntryTable(settled_capacity): acked and nacked members of batch entries in flight, "
+    .tp_doc = PyDoc_STR("EntryTable(settled_capacity, settled_max_age_ms=0): acked and nacked members of batch entries in flight, "
                         "and the last settled entries (C version)."),
     .tp_basicsize = sizeof(EntryTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,

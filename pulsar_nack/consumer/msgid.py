@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.accel import load_optional
 from ..core.keys import message_key as py_message_key
+from ..core.timer import monotonic_ms
 
 __all__ = [
     "ACKED",
@@ -246,22 +247,26 @@ class PyEntryTable:
     Keyed by ``(ledger, entry)``. An *open* record is a batch entry with its batch size and
     the members the application acked and nacked; a *settled* record is an entry whose
     every member was acked (or an acked non-batched message), kept in a FIFO of the last
-    *settled_capacity* settlements. Same results as the C version; every operation O(1)
-    but the sweeps. Not thread-safe (the consumer's core holds its lock).
+    *settled_capacity* settlements, and with *settled_max_age_ms* (0: no bound) only as
+    long. Same results as the C version; every operation O(1) (amortized) but the sweeps.
+    Not thread-safe (the consumer's core holds its lock).
 
     >>> t = PyEntryTable(8)
     >>> t.ack(7, 1, 0, 2), t.verdict(7, 1, 0), t.verdict(7, 1, 1), t.ack(7, 1, 1, 2), t.counts()
     (8, 1, 0, 9, (0, 1))
     """
 
-    def __init__(self, settled_capacity: int) -> None:
-        if not isinstance(settled_capacity, int) or isinstance(settled_capacity, bool):
-            raise TypeError("settled_capacity must be an int")
-        if not 0 <= settled_capacity <= 1 << 24:
-            raise ValueError("settled_capacity must be between 0 and 2**24")
+    def __init__(self, settled_capacity: int, settled_max_age_ms: int = 0) -> None:
+        for name, value, top in (("settled_capacity", settled_capacity, 1 << 24),
+                                 ("settled_max_age_ms", settled_max_age_ms, 1 << 30)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int")
+            if not 0 <= value <= top:
+                raise ValueError(f"{name} must be between 0 and 2**{top.bit_length() - 1}")
         self._records: dict[tuple[int, int], _Record] = {}
-        self._ring: deque[tuple[tuple[int, int], int]] = deque()
+        self._ring: deque[tuple[tuple[int, int], int, int]] = deque()  # (key, generation, settled at ms)
         self._capacity = settled_capacity
+        self._max_age_ms = settled_max_age_ms if settled_capacity else 0
         self._settled = 0
         self._gen = 0
         self._marks: dict[int, int] = {}
@@ -432,7 +437,7 @@ class PyEntryTable:
 
     def memory_bytes(self) -> int:
         """A rough estimate: about 200 bytes per record (dict slot, key tuple, record)."""
-        return 200 * len(self._records) + 8 * self._capacity
+        return 200 * len(self._records) + (12 if self._max_age_ms else 8) * self._capacity
 
     def __len__(self) -> int:
         return len(self._records)
@@ -462,12 +467,19 @@ class PyEntryTable:
         if not self._capacity:
             self._delete(key)
             return
+        now = monotonic_ms() if self._max_age_ms else 0
         if len(self._ring) == self._capacity:
-            old_key, gen = self._ring.popleft()
-            old = self._records.get(old_key)
-            if old is not None and old.gen == gen and old.settled:
-                self._delete(old_key)
-        self._ring.append((key, record.gen))
+            self._ring_pop()
+        while self._max_age_ms and self._ring and now - self._ring[0][2] > self._max_age_ms:
+            self._ring_pop()
+        self._ring.append((key, record.gen, now))
+
+    def _ring_pop(self) -> None:
+        """Drop the oldest settlement (its record, unless deleted and made again since)."""
+        old_key, gen, _ = self._ring.popleft()
+        old = self._records.get(old_key)
+        if old is not None and old.gen == gen and old.settled:
+            self._delete(old_key)
 
     def _record(self, ledger: int, entry: int, index: int, size: int, nacked: bool, create: bool, foreign: bool) -> int:
         key = (ledger, entry)
@@ -516,7 +528,7 @@ if _c is not None and (getattr(_c, "VERDICTS", None), getattr(_c, "OUTCOMES", No
 MSGID = _c is not None
 """Whether the C reader is in use."""
 EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable
-"""``EntryTable(settled_capacity)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
+"""``EntryTable(settled_capacity, settled_max_age_ms=0)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
 message_key: Any = py_message_key if _c is None else _c.message_key
 """``message_key(message)``: ``(topic, ledger, entry, batch_index)`` of a message, read from one
 ``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
