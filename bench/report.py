@@ -1189,6 +1189,26 @@ def id_read_table(result: dict[str, Any] | None = None) -> str:
         f"acknowledge would cost {data['floor_ratio']:.2f}× the plain one.")
 
 
+def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
+    """The sharing rule's cost to a nacked batch member, beside the plain client (bench/sharing_wait.py)."""
+    data = result or load("sharing-wait")
+    names = {"plain": "plain `client.subscribe`, built-in nack", "shared": "ours, `Sharing.SHARED` (what `subscribe` sets)",
+             "one-active": "ours, `Sharing.ONE_ACTIVE`"}  # fmt: skip
+    lines = ["| consumer | p50 lateness (median) | p99 lateness (median) | lost (all runs) | unasked copies (all runs) |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for mode, late in data["median_lateness_ms"].items():
+        runs = data["runs"][mode]
+        lines.append(f"| {names[mode]} | {late['p50']:.0f} ms | {late['p99']:.0f} ms | {sum(r['lost'] for r in runs)} "
+                     f"| {sum(r['duplicates'] for r in runs):,} |")  # fmt: skip
+    medians = data["median_lateness_ms"]
+    return "\n".join(lines) + (
+        f"\n\n{data['broker']}; one consumer of a Shared subscription, a backlog of {data['messages']:,} events in "
+        f"batches of up to {data['batch']}, {data['work_us']} µs of work each, one in {data['nack_every']} nacked once "
+        f"({data['delay_ms']} ms); {data['repeats']} alternating repeats. The rule adds "
+        f"{medians['shared']['p50'] - medians['one-active']['p50']:+.0f} ms at p50 against `ONE_ACTIVE`; the wait for "
+        f"the last nack of each member's entry alone is {data['median_rule_wait_p50_ms']:.0f} ms at p50.")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "replay": replay_table, "asyncio-lateness": asyncio_lateness_table, "metrics-cost": metrics_cost_table,
     "demo": demo_table, "space": space_table, "constants": constants_table, "tail-log": tail_log_table, "results-table": results_table,
@@ -1201,6 +1221,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chunks": chunks_table,
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
     "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table, "id-read": id_read_table,
+    "sharing-wait": sharing_wait_table,
 }
 
 
