@@ -152,22 +152,27 @@ def jitter(data: dict[str, Any], out: Path) -> None:
 
 
 def soak_rss(data: dict[str, Any], out: Path) -> None:
-    """RSS and tracker bytes of each consumer process over a soak (bench/chaos.py --soak), warm-up shaded."""
+    """RSS, tracker bytes and (when sampled) the consumer's books of each consumer process over a soak, warm-up shaded."""
     memory = data["memory"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.4), sharex=True)
+    books = all(len(row) > 4 and row[4] is not None for p in memory["processes"].values() for row in p["series"])
+    fig, axes = plt.subplots(3 if books else 2, 1, figsize=(10, 9.0 if books else 6.4), sharex=True)
     for name, proc in memory["processes"].items():
         minutes = [row[0] / 60 for row in proc["series"]]
         label = f"{name.rsplit('.', 1)[0]} (slope {proc['rss_slope_mib_per_h']:+.2f} MiB/h)"
-        top.plot(minutes, [row[1] / (1 << 20) for row in proc["series"]], label=label)
-        bottom.plot(minutes, [row[2] for row in proc["series"]], label=name.rsplit(".", 1)[0])
-    for ax in (top, bottom):
-        ax.axvspan(0, memory["warmup_s"] / 60, color="grey", alpha=0.15, label="warm-up (not fitted)" if ax is top else None)
+        axes[0].plot(minutes, [row[1] / (1 << 20) for row in proc["series"]], label=label)
+        axes[1].plot(minutes, [row[2] for row in proc["series"]], label=name.rsplit(".", 1)[0])
+        if books:  # histories from before the books were sampled have no such column
+            axes[2].plot(minutes, [row[4] / 1024 for row in proc["series"]], label=name.rsplit(".", 1)[0])
+    for ax in axes:
+        ax.axvspan(0, memory["warmup_s"] / 60, color="grey", alpha=0.15, label="warm-up (not fitted)" if ax is axes[0] else None)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    top.set_ylabel("RSS (MiB)")
-    bottom.set_ylabel("tracker bytes (its own estimate)")
-    bottom.set_xlabel("minutes since the load started")
-    top.set_title(f"Soak: {data['minutes']:g} min of the chaos workload without faults, {data['cluster']}", fontsize=10)
+    axes[0].set_ylabel("RSS (MiB)")
+    axes[1].set_ylabel("tracker bytes (its own estimate)")
+    if books:
+        axes[2].set_ylabel("consumer's books (KiB)")
+    axes[-1].set_xlabel("minutes since the load started")
+    axes[0].set_title(f"Soak: {data['minutes']:g} min of the chaos workload without faults, {data['cluster']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
