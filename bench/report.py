@@ -23,7 +23,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
                            "consumer-profile", "id-read", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
-    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab"],
+    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "sharing-wait"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
