@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from pulsar_nack.core.buckets import DEFAULT_PRECISION_BITS
+
 from . import chaos
 from ._common import MISSED, REPO, RESULTS, load, md_table
 
@@ -1204,7 +1206,8 @@ def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
     return "\n".join(lines) + (
         f"\n\n{data['broker']}; one consumer of a Shared subscription, a backlog of {data['messages']:,} events in "
         f"batches of up to {data['batch']}, {data['work_us']} µs of work each, one in {data['nack_every']} nacked once "
-        f"({data['delay_ms']} ms); {data['repeats']} alternating repeats. The rule adds "
+        f"({data['delay_ms']} ms), our consumers at {data.get('precision_bits', DEFAULT_PRECISION_BITS)} precision bits; "
+        f"{data['repeats']} alternating repeats. The rule adds "
         f"{medians['shared']['p50'] - medians['one-active']['p50']:+.0f} ms at p50 against `ONE_ACTIVE`; the wait for "
         f"the last nack of each member's entry alone is {data['median_rule_wait_p50_ms']:.0f} ms at p50.")
 

@@ -17,7 +17,9 @@ backlog of ``--messages`` events in batches of up to ``BATCH`` is read with ``WO
 busy work per event; every tenth event is nacked once with a ``DELAY_MS`` delay, the rest
 and every retry acked. Lateness is a retry's first arrival less its nack time and delay.
 For ``shared``, ``rule_wait_ms`` is what the rule alone adds to each nacked member: the
-last nack of its entry less its own. Result: ``bench/results/sharing-wait.json``.
+last nack of its entry less its own. ``--precision-bits`` sets our consumers'
+``negative_ack_precision_bit_cnt`` (default: the library's). Result:
+``bench/results/sharing-wait.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import time
 import uuid
 from typing import Any
+
+from pulsar_nack.core.buckets import DEFAULT_PRECISION_BITS
 
 from ._common import broker_label, finish, parser, percentile, standalone, start_context
 
@@ -49,8 +53,8 @@ def _produce(client: Any, topic: str, n: int) -> None:
     producer.close()
 
 
-def _subscribe(client: Any, topic: str, mode: str) -> Any:
-    """The consumer of *mode* on a fresh Shared subscription."""
+def _subscribe(client: Any, topic: str, mode: str, bits: int) -> Any:
+    """The consumer of *mode* on a fresh Shared subscription (ours with *bits* of precision)."""
     import pulsar
 
     import pulsar_nack
@@ -61,9 +65,11 @@ def _subscribe(client: Any, topic: str, mode: str) -> Any:
     if mode == "plain":
         return client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS)
     if mode == "shared":
-        return pulsar_nack.subscribe(client, topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS)
+        return pulsar_nack.subscribe(client, topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS,
+                                     negative_ack_precision_bit_cnt=bits)  # fmt: skip
     raw = client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=100)
-    settings = ConsumerSettings(negative_ack_redelivery_delay_ms=DELAY_MS, sharing=Sharing.ONE_ACTIVE)
+    settings = ConsumerSettings(negative_ack_redelivery_delay_ms=DELAY_MS, sharing=Sharing.ONE_ACTIVE,
+                                negative_ack_precision_bit_cnt=bits)  # fmt: skip
     return NackingConsumer.wrap(raw, topic, settings, handoff_delay_ms=100, client=client)
 
 
@@ -121,7 +127,7 @@ def _summary(mode: str, seen: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run(n: int, repeats: int) -> dict[str, Any]:
+def run(n: int, repeats: int, bits: int) -> dict[str, Any]:
     import pulsar
 
     import pulsar_nack
@@ -133,7 +139,7 @@ def run(n: int, repeats: int) -> dict[str, Any]:
             order = MODES if repeat % 2 == 0 else MODES[::-1]  # alternating: no mode always runs first
             for mode in order:
                 topic = f"persistent://public/default/wait-{uuid.uuid4().hex[:8]}"
-                consumer = _subscribe(client, topic, mode)
+                consumer = _subscribe(client, topic, mode, bits)
                 _produce(client, topic, n)
                 runs[mode].append(_summary(mode, _consume(consumer, n)))
                 consumer.close()
@@ -144,7 +150,7 @@ def run(n: int, repeats: int) -> dict[str, Any]:
                for mode, rs in runs.items()}  # fmt: skip
     rule = [r["rule_wait_ms"]["p50"] for r in runs["shared"]]
     return {"broker": label, "messages": n, "repeats": repeats, "batch": BATCH, "delay_ms": DELAY_MS,
-            "work_us": WORK_US, "nack_every": NACK_EVERY, "pulsar_nack": pulsar_nack.__version__,
+            "work_us": WORK_US, "nack_every": NACK_EVERY, "precision_bits": bits, "pulsar_nack": pulsar_nack.__version__,
             "runs": runs, "median_lateness_ms": medians, "median_rule_wait_p50_ms": percentile(rule, 50)}  # fmt: skip
 
 
@@ -152,9 +158,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     made = parser(__doc__, "bench.sharing_wait", quick="2,000 events, one repeat")
     made.add_argument("--messages", type=int, default=MESSAGES, help=f"events per run (default {MESSAGES:,})")
     made.add_argument("--repeats", type=int, default=REPEATS, help=f"alternating repeats (default {REPEATS})")
+    made.add_argument("--precision-bits", type=int, default=DEFAULT_PRECISION_BITS,
+                      help=f"our consumers' negative_ack_precision_bit_cnt (default {DEFAULT_PRECISION_BITS})")  # fmt: skip
     args = made.parse_args(sys.argv[1:] if argv is None else argv)
     start = start_context()
-    payload = run(2_000 if args.quick else args.messages, 1 if args.quick else args.repeats)
+    payload = run(2_000 if args.quick else args.messages, 1 if args.quick else args.repeats, args.precision_bits)
     for mode, late in payload["median_lateness_ms"].items():
         print(f"{mode:10} lateness p50 {late['p50']:6.1f} ms, p99 {late['p99']:6.1f} ms")
     print(f"the rule's own wait (shared), median p50: {payload['median_rule_wait_p50_ms']:.1f} ms")
