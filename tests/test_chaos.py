@@ -26,6 +26,11 @@ from pulsar_nack.testing.chaos.run import RunConfig, run
 
 FIXED_SEED = 20261128
 MINUTES = 1.0
+GAP_S = (3.0, 8.0)
+"""Seconds between faults here: denser than a long run's (``RunConfig.gap_s``), to see several in a minute."""
+DUPLICATE_BOUND = 0.01 * sum(RunConfig.gap_s) / sum(GAP_S)
+"""The goal's 1 % of duplicates is for a long run's fault rate; here faults come that much more often,
+and the documented causes of duplicates (an ack a killed broker did not persist, ...) come with faults."""
 SEEDS = [FIXED_SEED, random.SystemRandom().randrange(1 << 31)]
 
 
@@ -42,7 +47,7 @@ def _known(finding: Any, spec: Any) -> bool:
 @pytest.mark.broker
 @pytest.mark.parametrize("seed", SEEDS, ids=["fixed-seed", "random-seed"])
 def test_a_short_chaos_run_keeps_every_promise(cluster: Any, tmp_path: Path, seed: int) -> None:
-    config = RunConfig(tmp_path, MINUTES, seed, gap_s=(3.0, 8.0), drain_timeout_s=150.0, sample_s=30.0)
+    config = RunConfig(tmp_path, MINUTES, seed, gap_s=GAP_S, drain_timeout_s=150.0, sample_s=30.0)
     result = run(config, progress=lambda line: None, cluster=cluster)
     report = check(read_history(tmp_path / "history"), result.spec)
     totals = report.summary()["totals"]
@@ -51,4 +56,4 @@ def test_a_short_chaos_run_keeps_every_promise(cluster: Any, tmp_path: Path, see
     assert sum(result.faults.values()) >= 4, context
     unexpected = [f for f in report.findings if not _known(f, result.spec)]
     assert not unexpected, "\n".join([context, *report.lines()])
-    assert totals["produced"] > 0 and totals["duplicate_rate"] <= 0.01, f"{totals}; {context}"
+    assert totals["produced"] > 0 and totals["duplicate_rate"] <= DUPLICATE_BOUND, f"{totals}; {context}"
