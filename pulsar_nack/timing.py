@@ -20,6 +20,7 @@ __all__ = [
     "ACK_TIMEOUT_TICK_MS",
     "CLIENT_RECONNECT_MAX_MS",
     "COALESCE_MS",
+    "COPY_DRAIN_MS",
     "DEAD_LETTER_DRAIN_S",
     "DEAD_LETTER_RETRY_MS",
     "DURABLE_GRACE_S",
@@ -107,6 +108,12 @@ def handoff_lead_ms(handoff_delay_ms: int) -> int:
 COALESCE_MS = 50
 """Minimum gap between handoff bursts: above the client's tick (``CLIENT_TICK_MS``), since every
 ``negative_acknowledge`` re-arms that timer and closer bursts would starve it."""
+COPY_DRAIN_MS = 100
+"""On a shared subscription, a batch entry read from (or settled) more recently than this waits to be
+handed off: the client queues a copy's members together and the application takes them one after
+the other, so more of them may be behind the last it took; a member nacked after the handoff could
+reach another consumer first and come early there. Far above the gap between an application's
+acknowledgement and its next ``receive``."""
 CLIENT_RECONNECT_MAX_MS = 60_000
 """The C++ consumer's reconnect backoff tops out here (100 ms doubling to 60 s)."""
 SETTLED_MAX_AGE_MS = 5 * CLIENT_RECONNECT_MAX_MS

@@ -298,8 +298,44 @@ def test_one_dispatch_at_both_consumers_is_attributed_only_with_the_same_count_m
         return history.deliver(1.007, "m1", rc=rc, proc=B[0], pid=B[1]).ack(1.007, "m1", rc=rc, proc=B[0], pid=B[1]).check()
 
     early_twin = nacked(1)
-    assert early_twin.findings == [] and early_twin.early_documented == {Cause.DOUBLE_DISPATCH.value: 1}
+    assert early_twin.findings == [] and early_twin.duplicates == {Cause.DOUBLE_DISPATCH.value: 1}
     assert _promises(nacked(2)) == [Promise.EARLY]
+
+
+def test_the_second_copy_of_one_dispatch_answers_no_nack_so_each_consumers_next_copy_answers_its_own() -> None:
+    """The chaos run's unbatched "early" (bench/results/chaos.json at 1cbcf54): one redelivery (rc 1) reached both
+    consumers, each nacked its copy, and the next copy (rc 2, at A) answers A's nack, due on time; the twin at B
+    must not take A's nack from the queue, or A's copy is measured against B's later nack and looks early."""
+    history = (History().produce(0, "m1")
+               .deliver(0.1, "m1", proc=A[0], pid=A[1]).nack(0.1, "m1", 200, floor_ms=255, proc=A[0], pid=A[1])
+               .deliver(0.3, "m1", rc=1, proc=A[0], pid=A[1]).nack(0.3, "m1", 400, floor_ms=255, rc=1, proc=A[0], pid=A[1])
+               .deliver(0.3005, "m1", rc=1, proc=B[0], pid=B[1]).nack(0.3006, "m1", 400, rc=1, proc=B[0], pid=B[1])
+               .deliver(0.555, "m1", rc=2, proc=A[0], pid=A[1]).ack(0.556, "m1", rc=2, proc=A[0], pid=A[1]))  # fmt: skip
+    report = history.check()
+    assert report.findings == [] and report.duplicates == {Cause.DOUBLE_DISPATCH.value: 1}
+
+
+def test_a_reconnects_copy_at_another_consumer_answers_no_nack_and_its_retries_are_duplicates() -> None:
+    """The chaos run's "delivered after an ack" (bench/results/chaos.json at 1cbcf54): A nacked m1; a bundle unload
+    made the broker send the unacked m1 to B too (rc 0, not a redelivery a nack asked for), and B nacked it. A's
+    answer (rc 1) is acked; B's answer (rc 2) comes just after: the retry of a duplicate, not a violation. The
+    same history without the unload (no reconnect between) still breaks the promise."""
+
+    def run(unload: bool) -> Any:
+        history = History().produce(0, "m1")
+        if unload:
+            history.fault(0.066, "bundle-unload", "0x9_0xa")
+        history = (history.deliver(0.0005, "m1", proc=A[0], pid=A[1]).nack(0.0006, "m1", 200, proc=A[0], pid=A[1])
+                   .deliver(0.2049, "m1", proc=B[0], pid=B[1]).nack(0.205, "m1", 200, floor_ms=255, proc=B[0], pid=B[1])
+                   .deliver(0.3655, "m1", rc=1, proc=A[0], pid=A[1]).ack(0.3656, "m1", rc=1, proc=A[0], pid=A[1])
+                   .deliver(0.366, "m1", rc=2, proc=B[0], pid=B[1]).ack(0.3661, "m1", rc=2, proc=B[0], pid=B[1]))  # fmt: skip
+        return history.check()
+
+    report = run(unload=True)
+    assert report.findings == [], report.lines()
+    assert report.duplicates == {Cause.OTHER_CONSUMER_AFTER_RECONNECT.value: 1,
+                                 f"retry of a duplicate ({Cause.OTHER_CONSUMER_AFTER_RECONNECT.value})": 1}  # fmt: skip
+    assert Promise.AFTER_ACK in _promises(run(unload=False))
 
 
 def test_a_dead_letter_past_the_count_by_one_dispatch_at_both_consumers() -> None:

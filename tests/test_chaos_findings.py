@@ -189,6 +189,57 @@ def test_a_nacked_batch_member_is_never_early_on_a_shared_subscription(apache_br
     assert not early, f"ms before due: {early}"
 
 
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    ("gap_s", "hold_s"),
+    [
+        pytest.param(0.0, 0.6, id="member-held"),
+        pytest.param(0.05, 0.05, id="member-queued"),
+    ],
+)  # fmt: skip
+def test_on_a_shared_subscription_an_entry_waits_while_the_application_may_still_settle_a_member(
+    apache_broker: Any, topic: str, gap_s: float, hold_s: float
+) -> None:
+    """An entry of 3: member 0 nacked at once, member 1 taken *gap_s* later and held *hold_s*, then nacked for 1 s.
+
+    Member 0's handoff is due before member 1 is settled (held in the application, or still
+    in the receive queue). Had the entry gone back then, a second consumer of the subscription
+    could have received it and delivered member 1 before its time (the chaos run's and CI's
+    early deliveries); on a Shared subscription the entry goes back once member 1 is settled,
+    and when the last of its nacks is due: member 0 comes back with member 1, not before.
+    """
+    import pulsar
+
+    client = quiet_client(apache_broker.url)
+    try:
+        consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                          batching_max_publish_delay_ms=100)  # fmt: skip
+        for i in range(3):
+            producer.send_async(f"{i}".encode(), None)
+        producer.flush()
+        first = consumer.receive(10_000)
+        assert first.data() == b"0"
+        consumer.negative_acknowledge(first, 0)
+        time.sleep(gap_s)  # the application works on member 0 after nacking it
+        second = consumer.receive(10_000)
+        assert second.data() == b"1"
+        time.sleep(hold_s)  # and on member 1
+        due = time.monotonic() + 1.0 - 0.255  # the 8-bit bucket may fire up to 255 ms before
+        consumer.negative_acknowledge(second, 1_000)
+        consumer.acknowledge(consumer.receive(10_000))
+        back = {}
+        while len(back) < 2:
+            message = consumer.receive(10_000)
+            back.setdefault(message.data(), time.monotonic())
+            consumer.acknowledge(message)
+        consumer.close()
+    finally:
+        client.close()
+    early = {p.decode(): round((due - t) * 1000) for p, t in back.items() if t < due - 0.010}
+    assert not early, f"ms before member 1's nack was due: {early}"
+
+
 LEAK_MESSAGES = 1_000
 
 

@@ -126,6 +126,18 @@ def test_the_consumer_docs_give_the_settled_entry_bounds_of_the_code():
     assert [(int(n.replace(",", "")), int(s) * 1000) for n, s in found] == [(SETTLED_CAPACITY, SETTLED_MAX_AGE_MS)], found
 
 
+def test_the_consumer_docs_give_the_shared_handoff_waits_of_the_code():
+    """docs/consumer.md's "Batches": how long an entry waits for a held member and after its last read."""
+    from pulsar_nack.timing import COPY_DRAIN_MS, STALE_MS
+
+    text = re.sub(r"\s+", " ", (REPO / "docs" / "consumer.md").read_text())
+    held = re.findall(r"the member it was given last is unsettled \(for at most `STALE_MS`, (\d+) s\), and for (\d+) ms after", text)
+    assert [(int(h) * 1000, int(d)) for h, d in held] == [(STALE_MS, COPY_DRAIN_MS)], held
+    assert f"settles one of them more than {COPY_DRAIN_MS} ms after" in text
+    changelog = re.sub(r"\s+", " ", (REPO / "CHANGELOG.md").read_text())
+    assert f"within the last {COPY_DRAIN_MS} ms (`COPY_DRAIN_MS`)" in changelog
+
+
 def test_the_consumer_docs_give_the_ack_timeout_numbers_of_the_code():
     """docs/consumer.md's ack-timeout prose: its buckets, its tick, and how many message objects it holds."""
     from pulsar_nack.consumer.ack_timeout import LOG_LIMIT, PRECISION_BITS

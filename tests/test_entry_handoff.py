@@ -1,7 +1,9 @@
 """The batch handoff rule on the admission ledger alone (no broker): when an entry with nacked members goes back.
 
 On a shared subscription (``Sharing.SHARED``) an entry waits for its last pending nacked
-member; with one active consumer each member goes at its own time.
+member, and while the application may still settle members of it (the member it was given
+last is unsettled, or the entry was read from within ``COPY_DRAIN_MS``); with one active
+consumer each member goes at its own time.
 
 On a broker the rule's effect is tested end to end in tests/test_consumer.py
 (``test_batch_siblings_retry_by_the_subscriptions_rule``) and tests/test_chaos_findings.py
@@ -20,18 +22,25 @@ from pulsar_nack.consumer.admission import AdmissionLedger, MessageState
 from pulsar_nack.consumer.settings import ConsumerSettings, subscribe_settings
 from pulsar_nack.consumer.subscription import Sharing
 from pulsar_nack.core.timer import monotonic_ms
+from pulsar_nack.testing.waits import wait_until
+from pulsar_nack.timing import COPY_DRAIN_MS, STALE_MS
 
 T = "persistent://public/default/t"
 A, B, C = (7, 1, 0), (7, 1, 1), (7, 1, 2)
 
 
+RECHECK_MS = 500
+
+
 def _ledger(sharing: Sharing) -> AdmissionLedger:
     wait_for_last = sharing is Sharing.SHARED  # as NackingCore builds it
-    return AdmissionLedger(None, lead_ms=0, always_guard=False, guard_messages=10, start_guard=10, wait_for_last=wait_for_last)
+    return AdmissionLedger(None, lead_ms=0, always_guard=False, guard_messages=10, start_guard=10, wait_for_last=wait_for_last,
+                           recheck_ms=RECHECK_MS)  # fmt: skip
 
 
-def _nack(ledger: AdmissionLedger, item: tuple[int, int, int], in_ms: int) -> int:
-    assert ledger.note_nack(item, 10, None)
+def _nack(ledger: AdmissionLedger, item: tuple[int, int, int], in_ms: int, size: int = 10) -> int:
+    """Nack *item* of an entry of *size* members; an entry whose every member is nacked here has no member left to settle."""
+    assert ledger.note_nack(item, size, None)
     deadline = monotonic_ms() + in_ms
     ledger.note_deadline(item, deadline)
     return deadline
@@ -53,8 +62,8 @@ class HoldBack:
 
 def test_shared_an_entry_waits_for_its_last_pending_member_then_goes_once() -> None:
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 300)
-    last = _nack(ledger, B, 60_000)
+    _nack(ledger, A, 300, size=2)
+    last = _nack(ledger, B, 60_000, size=2)
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert ids == [], "an entry with a member pending for longer must not go back to the broker"
     assert hold_back.held == [((T, *A), last)], "the due member waits for the entry's last deadline"
@@ -67,18 +76,18 @@ def test_shared_an_entry_waits_for_its_last_pending_member_then_goes_once() -> N
 
 def test_shared_a_member_acked_meanwhile_leaves_the_wait_late_never_early_and_nothing_behind() -> None:
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 300)
-    _nack(ledger, B, 60_000)
-    last = _nack(ledger, C, 90_000)
-    ledger.note_ack(*C, 10, made_up=False, topic=T)  # the longest nack is acked: its deadline stays, late
+    _nack(ledger, A, 300, size=3)
+    _nack(ledger, B, 60_000, size=3)
+    last = _nack(ledger, C, 90_000, size=3)
+    ledger.note_ack(*C, 3, made_up=False, topic=T)  # the longest nack is acked: its deadline stays, late
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert ids == [] and hold_back.held == [((T, *A), last)]
-    ledger.note_ack(*B, 10, made_up=False, topic=T)  # no member pending but the waiting one
+    ledger.note_ack(*B, 3, made_up=False, topic=T)  # no member pending but the waiting one
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert len(ids) == 1 and ledger.state_of(A) is MessageState.HANDED_OFF
     hold_back.held.clear()
-    _nack(ledger, A, 300)  # nacked again: the entry's record went with its last pending member
-    again = _nack(ledger, B, 400)
+    _nack(ledger, A, 300, size=3)  # nacked again: the entry's record went with its last pending member
+    again = _nack(ledger, B, 400, size=3)
     assert ledger.hand_off({T: [(T, *A)]}, hold_back)[0] == []
     # The first member's deadline is not kept: the entry waits for the latest deadline noted for any member (C's), late.
     assert hold_back.held == [((T, *A), last)] and last > again
@@ -93,6 +102,35 @@ def test_shared_an_entry_with_one_pending_member_keeps_no_record() -> None:
     assert ledger.waiting_entries() == 0
     _nack(ledger, (7, 5, 4), 600)
     assert ledger.waiting_entries() == 1
+
+
+def test_shared_an_entry_waits_while_the_application_holds_a_member_it_was_given() -> None:
+    """A member nacked after its entry went back could reach another consumer first, and come early there."""
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
+    _nack(ledger, A, 0, size=3)
+    ledger.entries.note_read(*B)  # the application was given B, and works on it
+    before = monotonic_ms()
+    ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
+    assert ids == [], "an entry must not go back while the application holds a member of it"
+    assert [key for key, _ in hold_back.held] == [(T, *A)] and hold_back.held[0][1] >= before + RECHECK_MS
+    assert ledger.state_of(A) is MessageState.PENDING
+    ledger.note_ack(*B, 3, made_up=False, topic=T)  # settled; C may still be queued behind it
+    ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
+    assert ids == [] and len(hold_back.held) == 2, "an entry read from within COPY_DRAIN_MS waits"
+    assert wait_until(lambda: not ledger.entries.busy(7, 1, COPY_DRAIN_MS, STALE_MS), 5), "the drain never ended"
+    ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
+    assert len(ids) == 1 and ledger.state_of(A) is MessageState.HANDED_OFF
+    ledger._check(0)
+
+
+def test_shared_an_entry_every_member_of_which_is_settled_goes_at_once() -> None:
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
+    _nack(ledger, A, 0, size=3)
+    ledger.entries.note_read(*B)
+    ledger.note_ack(*B, 3, made_up=False, topic=T)
+    ledger.note_ack(*C, 3, made_up=False, topic=T)  # the entry is complete: nothing of it can reach the application here
+    ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
+    assert len(ids) == 1 and hold_back.held == []
 
 
 def test_one_active_every_member_goes_at_its_own_time() -> None:

@@ -33,6 +33,10 @@ _ops = st.one_of(
               st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("watch"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("ack_message"), _keys, st.integers(-1, 130), _sizes, st.just(True), st.just(False)),
+    st.tuples(st.just("note_read"), _keys, st.integers(-1, 130), st.just(0), st.just(True), st.just(False)),
+    # busy(ledger, entry, drain_ms, held_ms) with bounds no test run reaches or 0: the same answer from both clocks
+    st.tuples(st.just("busy"), _keys, st.sampled_from([0, 10**6]), st.sampled_from([0, 10**6]), st.just(True),
+              st.just(False)),
 )
 
 
@@ -62,6 +66,10 @@ def _apply(table: object, op: tuple) -> object:
         return table.open(ledger, entry, size)
     if name == "settle":
         return table.settle(ledger, entry)
+    if name == "note_read":
+        return table.note_read(ledger, entry, index)
+    if name == "busy":
+        return table.busy(ledger, entry, index, size)
     return getattr(table, name)()
 
 
@@ -228,6 +236,27 @@ def test_admit_message_decides_copies_of_unwatched_entries_and_keeps_the_id(tabl
     table.watch_all = True
     assert table.admit_message(_Received(30, 1), _Wrapper()) == msgid.FRESH and table.guard_left == 0
     assert table.watched(99, 99)
+
+
+@pytest.mark.parametrize("table_type", TABLES)
+def test_an_entry_is_busy_while_its_member_given_last_is_unsettled_or_it_was_read_from_within_the_drain(table_type) -> None:
+    """On a shared subscription the consumer holds back the handoff of a busy entry (tests/test_entry_handoff.py)."""
+    table = table_type(8)
+    assert table.busy(5, 1, 10**6, 10**6) is False, "no record: nothing of it reaches the application here"
+    table.guard_left = 10
+    table.open(5, 1, 2)  # an entry of 2 members in flight
+    assert table.admit_message(_Received(5, 1, 0), _Wrapper()) == msgid.DELIVER
+    assert table.busy(5, 1, 0, 10**6) is True, "member 0 was given to the application and is unsettled"
+    assert table.busy(5, 1, 0, 0) is False, "held longer than held_ms: no longer counted"
+    table.nack(5, 1, 0, 2)
+    assert table.busy(5, 1, 0, 10**6) is False and table.busy(5, 1, 10**6, 0) is True, "settled: busy for the drain only"
+    assert wait_for(lambda: not table.busy(5, 1, 20, 10**6), 5.0), "the drain never ended"
+    table.note_read(5, 1, 1)  # the caller gave member 1 to the application
+    assert table.busy(5, 1, 0, 10**6) is True
+    table.ack(5, 1, 1, 2)  # every member settled: the record leaves
+    assert table.busy(5, 1, 10**6, 10**6) is False
+    with pytest.raises(ValueError, match="drain_ms"):
+        table.busy(5, 1, -1, 0)
 
 
 @pytest.mark.parametrize("table_type", TABLES)

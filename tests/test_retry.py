@@ -402,3 +402,106 @@ async def test_asyncio_consumer_holds_its_held_retries_until_due(session_broker)
         await consumer.acknowledge(copy)
     await consumer.close()
     await client.close()
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "failed"])
+@pytest.mark.parametrize("times", [0, 1], ids=["original", "retry-copy"])
+def test_a_copy_a_reconnect_brings_while_its_reconsume_is_on_its_way_is_kept_until_it_settles(
+    pulsar_client: Any, topic: str, monkeypatch: Any, stored: bool, times: int
+) -> None:
+    """The chaos CI run's duplicate (a retry copy delivered again 80 ms after it was reconsumed, 9 s after a broker
+    kill, then two chains of retries): the broker redelivers an unacknowledged message when the connection drops,
+    and a reconsume acknowledges its message only once the retry copy is stored.
+
+    The test holds the retry producer (a stand-in for a slow store: ``RetryLetter._producer`` waits for the test)
+    and has the broker redeliver the unacknowledged message (``redeliver_unacknowledged_messages``, as a reconnect
+    does). The plain client, as control, delivers that copy; ours keeps it while the reconsume is on its way, then
+    the reconsume's acknowledgement settles it (``stored``), or, when the reconsume fails, it is delivered again.
+    ``retry-copy``: the message reconsumed is itself a retry copy (read by the retry topic's consumer).
+    """
+    import concurrent.futures
+
+    from pulsar_nack.consumer.retry import RetryLetter
+
+    plain = pulsar_client.subscribe(topic, "control", consumer_type=SHARED, initial_position=EARLIEST)
+    consumer = retrying(pulsar_client, topic)
+    pulsar_client.create_producer(topic).send(b"once")
+    control = plain.receive(15_000)
+    plain.redeliver_unacknowledged_messages()
+    assert plain.receive(15_000).message_id() == control.message_id(), "the plain client delivers the copy"
+    plain.close()
+
+    gate: concurrent.futures.Future[None] = concurrent.futures.Future()
+    real = RetryLetter._producer
+
+    def held(letter: RetryLetter, batched: bool = False) -> concurrent.futures.Future[Any]:
+        producer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def release(opened: concurrent.futures.Future[None]) -> None:
+            if opened.exception() is not None:
+                producer.set_exception(opened.exception())  # type: ignore[arg-type]
+                return
+            real(letter, batched).add_done_callback(lambda done: producer.set_result(done.result()))
+
+        gate.add_done_callback(release)
+        return producer
+
+    message = receive(consumer)
+    for _ in range(times):  # reconsumed before the test holds the producer: the message is now a retry copy
+        consumer.reconsume_later(message, 0)
+        message = receive(consumer)
+    monkeypatch.setattr(RetryLetter, "_producer", held)
+    outcome = consumer.reconsume_later_async(message, 500)
+    consumer.redeliver_unacknowledged_messages()
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(2_000)  # the copy came (the control's did within this time) and is kept
+    if stored:
+        gate.set_result(None)
+        assert outcome.result(timeout=30) == "retry"
+        retried = receive(consumer)
+        assert retried.data() == b"once" and retried.properties()[RECONSUMETIMES] == str(times + 1)
+        consumer.acknowledge(retried)
+    else:
+        gate.set_exception(pulsar.ProducerBusy("held by the test"))
+        with pytest.raises(pulsar.ProducerBusy):
+            outcome.result(timeout=30)
+        again = receive(consumer)
+        assert again.message_id() == message.message_id() and again.properties().get(RECONSUMETIMES) == message.properties().get(RECONSUMETIMES)
+        consumer.acknowledge(again)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(1_500)  # nothing more: one life of the message
+    consumer.close()
+
+
+@pytest.mark.asyncio
+async def test_asyncio_a_copy_kept_while_its_reconsume_was_on_its_way_comes_back_when_it_fails(
+    session_broker: Any, monkeypatch: Any
+) -> None:
+    """The asyncio consumer's receive keeps the copy as the blocking one does (test above), and its redelivery
+    after the failed reconsume goes through the ``_pulsar.Consumer`` inside ``pulsar.asyncio``'s."""
+    import concurrent.futures
+
+    from pulsar_nack.consumer.retry import RetryLetter
+
+    gate: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    monkeypatch.setattr(RetryLetter, "_producer", lambda letter, batched=False: gate)  # held, then failed, by the test
+    client = pulsar.asyncio.Client(session_broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    topic = f"persistent://public/default/aio-in-flight-{uuid.uuid4().hex[:8]}"
+    consumer = await pulsar_nack.asyncio.subscribe(
+        client, topic, "sub", consumer_type=SHARED, initial_position=EARLIEST, retry_enable=True
+    )
+    producer = await client.create_producer(topic, batching_enabled=False)
+    await producer.send(b"once")
+    message = await asyncio.wait_for(consumer.receive(), 15)
+    reconsume = asyncio.ensure_future(consumer.reconsume_later(message, 500))
+    consumer.redeliver_unacknowledged_messages()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(consumer.receive(), 2)  # the copy came and is kept
+    gate.set_exception(pulsar.ProducerBusy("held by the test"))
+    with pytest.raises(pulsar.ProducerBusy):
+        await reconsume
+    again = await asyncio.wait_for(consumer.receive(), 15)
+    assert again.message_id() == message.message_id()
+    await consumer.acknowledge(again)
+    await consumer.close()
+    await client.close()

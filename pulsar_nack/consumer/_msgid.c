@@ -41,6 +41,13 @@
  * one of its nack sets as nacked, so a copy of a member in neither bit set is delivered
  * here, and its ack recorded here unless it completes the entry with a nacked member. The
  * marks only grow until unwatch(): too high a mark costs a Python call, never a wrong verdict.
+ *
+ * Reading: an open record also keeps the member last delivered here (last_read) and when a
+ * member was last read, delivered or settled here (touched_ms, a coarse clock). busy() tells
+ * the caller whether the application may still settle members of the entry: the one it was
+ * given last is unsettled, or the entry's copy was read from very recently (its other members
+ * may be queued behind). On a shared subscription an entry handed off then could be delivered
+ * to another consumer with a member this one nacks afterwards.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -294,6 +301,8 @@ typedef struct {
     uint32_t flags;
     uint64_t acked, nacked; /* size <= 64 */
     uint64_t *wide;         /* size > 64: words acked, then words nacked */
+    uint32_t touched_ms;    /* open record: a member last read, delivered or settled here (coarse ms) */
+    int32_t last_read;      /* open record: the member last delivered here, or -1 */
 } Rec;
 
 typedef struct {
@@ -312,6 +321,8 @@ typedef struct {
     char watch_all;    /* every copy goes to the caller's screen (a dead-letter count is kept) */
     long long guard_left; /* guarded deliveries left before the caller looks at going quiet */
 } EntryTable;
+
+static inline uint32_t coarse_ms(void);
 
 static inline uint32_t
 key_hash(int64_t ledger, int64_t entry, uint32_t mask)
@@ -490,6 +501,8 @@ table_insert(EntryTable *t, int64_t ledger, int64_t entry, int32_t size)
     r->flags = 0;
     r->acked = r->nacked = 0;
     r->wide = wide;
+    r->touched_ms = coarse_ms();
+    r->last_read = -1;
     uint32_t h = key_hash(ledger, entry, t->nbuckets - 1);
     r->next = t->buckets[h];
     t->buckets[h] = i;
@@ -526,6 +539,19 @@ monotonic_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+}
+
+/* The monotonic clock at its coarse resolution (a few ms): cheap enough for every read. */
+static inline uint32_t
+coarse_ms(void)
+{
+#ifdef CLOCK_MONOTONIC_COARSE
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
+#else
+    return monotonic_ms();
+#endif
 }
 
 /* Drop the oldest settlement of the ring (its record, unless freed and reused since). */
@@ -678,11 +704,10 @@ EntryTable_dealloc(EntryTable *t)
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
-/* The verdict for member (ledger, entry, index) of an entry of `size` members. */
+/* The verdict for member `index` of record i (NIL: none). */
 static int
-verdict(EntryTable *t, int64_t ledger, int64_t entry, int index)
+verdict_of(EntryTable *t, uint32_t i, int index)
 {
-    uint32_t i = table_find(t, ledger, entry);
     if (i == NIL)
         return V_FRESH;
     Rec *r = &t->recs[i];
@@ -693,6 +718,27 @@ verdict(EntryTable *t, int64_t ledger, int64_t entry, int index)
     if (bit_get(r, 0, index))
         return V_ACKED;
     return bit_get(r, 1, index) ? V_NACKED : V_DELIVER;
+}
+
+/* The verdict for member (ledger, entry, index). */
+static int
+verdict(EntryTable *t, int64_t ledger, int64_t entry, int index)
+{
+    return verdict_of(t, table_find(t, ledger, entry), index);
+}
+
+/* A member of record i (NIL: none) was read; `given`: delivered to the application. */
+static inline void
+touch(EntryTable *t, uint32_t i, int index, int given)
+{
+    if (i == NIL)
+        return;
+    Rec *r = &t->recs[i];
+    if ((r->flags & F_SETTLED) || r->size <= 0)
+        return;
+    r->touched_ms = coarse_ms();
+    if (given && index >= 0 && index < r->size)
+        r->last_read = index;
 }
 
 PyDoc_STRVAR(admit_doc,
@@ -738,16 +784,18 @@ EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         PyErr_Clear();
     }
-    int v = verdict(t, f[0], f[1], (int)f[3]);
+    uint32_t i = table_find(t, f[0], f[1]);
+    int v = verdict_of(t, i, (int)f[3]);
     if (t->watch_all)
         return PyLong_FromLong(v);
     if (v == V_FRESH) {
         if (is_watched(t, f[0], f[1]))
             return PyLong_FromLong(v);
-        if (f[3] >= 0 && f[4] > 0 && table_insert(t, f[0], f[1], (int32_t)f[4]) == NIL)
+        if (f[3] >= 0 && f[4] > 0 && (i = table_insert(t, f[0], f[1], (int32_t)f[4])) == NIL)
             return NULL;
         v = V_DELIVER;
     }
+    touch(t, i, (int)f[3], v == V_DELIVER);
     if (v == V_DELIVER && --t->guard_left <= 0)
         v = V_DELIVER_LAST;
     return PyLong_FromLong(v);
@@ -769,6 +817,7 @@ ack_watched_member(EntryTable *t, uint32_t i, int index)
     bit_set(r, 0, index);
     switch (coverage(r)) {
     case 0:
+        touch(t, i, index, 0);
         return 1;
     case 1: /* every member acked (none nacked): settled, as ack() does */
         table_settle(t, i);
@@ -919,6 +968,7 @@ record(EntryTable *t, int64_t ledger, int64_t entry, int index, int size, int na
         table_delete(t, i);
         return PyLong_FromLong(R_COMPLETE);
     default:
+        touch(t, i, index, 0);
         return PyLong_FromLong(R_NONE);
     }
 }
@@ -990,6 +1040,45 @@ EntryTable_settle(EntryTable *t, PyObject *args)
         return NULL;
     table_settle(t, i);
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(note_read_doc, "note_read(ledger, entry, index): the caller delivered this member of an open record to the application.");
+
+static PyObject *
+EntryTable_note_read(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    int index;
+    if (!PyArg_ParseTuple(args, "LLi", &l, &e, &index))
+        return NULL;
+    touch(t, table_find(t, l, e), index, 1);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(busy_doc,
+"busy(ledger, entry, drain_ms, held_ms) -> bool\n\n"
+"True if the application may still settle members of the entry here: it has an open record\n"
+"(a member unsettled) and the member last delivered is unsettled and was given less than\n"
+"held_ms ago, or a member was read, delivered or settled less than drain_ms ago.");
+
+static PyObject *
+EntryTable_busy(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    int drain_ms, held_ms;
+    if (!PyArg_ParseTuple(args, "LLii", &l, &e, &drain_ms, &held_ms))
+        return NULL;
+    if (drain_ms < 0 || held_ms < 0) {
+        PyErr_SetString(PyExc_ValueError, "drain_ms and held_ms must be >= 0");
+        return NULL;
+    }
+    uint32_t i = table_find(t, l, e);
+    if (i == NIL || (t->recs[i].flags & F_SETTLED) || t->recs[i].size <= 0)
+        Py_RETURN_FALSE;
+    Rec *r = &t->recs[i];
+    uint32_t idle = coarse_ms() - r->touched_ms;
+    int held = r->last_read >= 0 && !bit_get(r, 0, r->last_read) && !bit_get(r, 1, r->last_read);
+    return PyBool_FromLong(idle < (uint32_t)(held ? held_ms : drain_ms));
 }
 
 PyDoc_STRVAR(size_of_doc, "size_of(ledger, entry) -> int: the batch size of an open record, else 0.");
@@ -1151,6 +1240,8 @@ static PyMethodDef EntryTable_methods[] = {
     {"nack", (PyCFunction)(void (*)(void))EntryTable_nack, METH_VARARGS | METH_KEYWORDS, nack_doc},
     {"settle", (PyCFunction)EntryTable_settle, METH_VARARGS, settle_doc},
     {"size_of", (PyCFunction)EntryTable_size_of, METH_VARARGS, size_of_doc},
+    {"note_read", (PyCFunction)EntryTable_note_read, METH_VARARGS, note_read_doc},
+    {"busy", (PyCFunction)EntryTable_busy, METH_VARARGS, busy_doc},
     {"forget_settled", (PyCFunction)EntryTable_forget_settled, METH_NOARGS, forget_settled_doc},
     {"sweep", (PyCFunction)EntryTable_sweep, METH_NOARGS, sweep_doc},
     {"clear_nacks", (PyCFunction)EntryTable_clear_nacks, METH_NOARGS, clear_nacks_doc},

@@ -74,7 +74,7 @@ from typing import Any
 from ..core.base import DueKeys
 from ..core.keys import PARTITION_SUFFIX, MessageKey
 from ..core.timer import monotonic_ms
-from ..timing import SETTLED_MAX_AGE_MS, STALE_MS
+from ..timing import COPY_DRAIN_MS, SETTLED_MAX_AGE_MS, STALE_MS
 from . import msgid as _msgid
 from ._client import RawMessageId
 from ._client import entry_id as raw_entry_id
@@ -155,17 +155,20 @@ class RecentHandoffs:
     (True, False)
     """
 
-    __slots__ = ("_at", "_log", "deadlines", "lead_ms")
+    __slots__ = ("_at", "_log", "deadlines", "lead_ms", "recheck_ms")
 
     lead_ms: int
     deadlines: EntryDeadlines | None
     """On a shared subscription: the latest deadline of each batch entry's pending members, else None."""
+    recheck_ms: int
+    """On a shared subscription: how long after a handoff a held-back busy entry is looked at again."""
     _at: dict[tuple[int, int], int]
     _log: deque[tuple[int, list[tuple[int, int]]]]
 
-    def __init__(self, lead_ms: int, deadlines: EntryDeadlines | None = None) -> None:
+    def __init__(self, lead_ms: int, deadlines: EntryDeadlines | None = None, recheck_ms: int = 0) -> None:
         self.lead_ms = lead_ms
         self.deadlines = deadlines
+        self.recheck_ms = recheck_ms
         self._at = {}  # (ledger, entry) -> ms of its last handoff
         self._log = deque()  # (ms, entries handed off then), oldest first
 
@@ -208,9 +211,14 @@ class AdmissionLedger:
     watch_all : bool
         Every copy and ack is the ledger's (an ack timeout), not only those of watched entries.
     wait_for_last : bool
-        A batch entry with several pending members is handed off when the last is due
+        A batch entry with several pending members is handed off when the last is due,
+        and not while the application may still settle members of it here
         (a shared subscription: :mod:`~pulsar_nack.consumer.entry_handoff`, :meth:`hand_off`);
         False: at each member's time.
+    recheck_ms : int
+        With ``wait_for_last``: how long after a handoff an entry the application may still
+        settle members of is looked at again (past the lead and a bucket, so that the
+        tracker does not hand it back at once).
     """
 
     pending: PendingNacks
@@ -246,7 +254,7 @@ class AdmissionLedger:
 
     def __init__(
         self, counts: DeliveryCounts | None, *, lead_ms: int, always_guard: bool, guard_messages: int, start_guard: int,
-        watch_all: bool = False, wait_for_last: bool = False,
+        watch_all: bool = False, wait_for_last: bool = False, recheck_ms: int = 0,
     ) -> None:
         self.counts = counts
         self._always_guard, self._guard_messages = always_guard, guard_messages
@@ -258,7 +266,7 @@ class AdmissionLedger:
         self.entries.watch_all = watch_all or counts is not None
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
-        self._recent = RecentHandoffs(lead_ms, EntryDeadlines() if wait_for_last else None)
+        self._recent = RecentHandoffs(lead_ms, EntryDeadlines() if wait_for_last else None, recheck_ms)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
         self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
@@ -325,9 +333,10 @@ class AdmissionLedger:
         with self._lock:
             if data is None:
                 verdict, data = self.entries.admit(raw)
-                if verdict == _DELIVER and self.counts is None:
-                    return verdict, data
                 ledger, entry, _, index, size = _msgid.parse_id(data)
+                if verdict == _DELIVER and self.counts is None:
+                    self.entries.note_read(ledger, entry, index)
+                    return verdict, data
             else:
                 ledger, entry, _, index, size = _msgid.parse_id(data)
                 verdict = self.entries.verdict(ledger, entry, index)  # again: an ack or nack may have come meanwhile
@@ -348,6 +357,7 @@ class AdmissionLedger:
                 self.entries.open(ledger, entry, size)
                 if self._orphans:
                     self._renack(ledger, entry, size)
+            self.entries.note_read(ledger, entry, index)
             return _DELIVER, data
 
     def _screen(self, raw: Any, verdict: int, item: Item) -> int | None:
@@ -673,7 +683,7 @@ class AdmissionLedger:
         entries: list[tuple[int, int]] = []
         with self._lock:
             now = monotonic_ms()  # before the client has any of the ids
-            waiting = self._waiting(due, now, hold_back) if hold_back is not None and self._recent.deadlines else ()
+            waiting = self._waiting(due, now, hold_back) if hold_back is not None and self._recent.deadlines is not None else ()
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()
                 for _, ledger_id, entry_id, batch_index in keys:
@@ -725,27 +735,38 @@ class AdmissionLedger:
     ) -> set[tuple[int, int]]:
         """Under the lock (``wait_for_last``): the batch entries of *due* that wait.
 
-        One waits if a member of it is pending and not due now, and a member's deadline is
-        later than this burst releases (now plus the lead); its due keys go to *hold_back*
-        with the latest deadline. O(due keys).
+        Their due keys go to *hold_back* with the time the entry waits for
+        (:meth:`_wait_until`). O(due keys).
         """
-        deadlines = self._recent.deadlines
-        assert deadlines is not None
         due_members: dict[tuple[int, int], list[MessageKey]] = {}
         for keys in due.values():
             for key in keys:
                 if key[3] >= 0 and (key[1], key[2], key[3]) in self.pending:
                     due_members.setdefault((key[1], key[2]), []).append(key)
         waiting: set[tuple[int, int]] = set()
-        horizon = now + self._recent.lead_ms
         for entry, keys in due_members.items():
-            if self.pending.entry_count(*entry) <= len(set(keys)):  # (a key may be due twice)
-                continue  # every pending member is due: the entry goes now
-            deadline = deadlines.wait_until(entry, horizon)
+            deadline = self._wait_until(entry, keys, now)
             # All or none: an entry whose keys the tracker refused (closing) is handed off now.
             if deadline is not None and all(hold_back(key, deadline) for key in keys):
                 waiting.add(entry)
         return waiting
+
+    def _wait_until(self, entry: tuple[int, int], keys: list[MessageKey], now: int) -> int | None:
+        """Under the lock (``wait_for_last``): when a batch entry with due members *keys* is looked at again, or None: it goes now.
+
+        It waits while the application may still settle members of it here (one it was
+        given is unsettled, or its copy was read from within ``COPY_DRAIN_MS``): a member
+        nacked after the handoff could reach another consumer of the subscription first.
+        Else, if a member is pending and not due now, for the latest deadline of its
+        members when that is later than this burst releases (now plus the lead).
+        """
+        if self._returned.has_entry(*entry) or self.entries.busy(*entry, COPY_DRAIN_MS, STALE_MS):
+            return now + self._recent.recheck_ms
+        if self.pending.entry_count(*entry) <= len(set(keys)):  # (a key may be due twice)
+            return None  # every pending member is due: the entry goes now
+        deadlines = self._recent.deadlines
+        assert deadlines is not None
+        return deadlines.wait_until(entry, now + self._recent.lead_ms)
 
     def _chunk_ids(
         self, topic: str, last: tuple[int, int], chunked: dict[tuple[int, int], tuple[int, int]]

@@ -152,7 +152,7 @@ class AsyncNackingConsumer(ConsumerBase):
             if self._main_receive in done:
                 main, self._main_receive = self._main_receive, None
                 message = main.result()
-                if admit(message):
+                if not retry.swallowed(message, self._redeliver) and admit(message):
                     return message
 
     def _drop_main_receive(self) -> None:

@@ -266,7 +266,7 @@ class NackingConsumer(ConsumerBase):
                 if deadline is not None and monotonic_ms() >= deadline and retry.ms_to_next_due() != 0:
                     raise
                 continue
-            if core.admit(message):
+            if not retry.swallowed(message, self._redeliver) and core.admit(message):
                 return message
 
     def _receive_wrapped(self, timeout_millis: int | None) -> pulsar.Message:

@@ -20,7 +20,7 @@ from .._validate import check_properties
 from ..core.tracker import NegativeAcksTracker, TrackerStats
 from ..errors import ConsumerClosedError, DeadLetterError
 from ..timing import DEAD_LETTER_DRAIN_S
-from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer
+from ._client import RawMessageId, consumer_client, consumer_schema, raw_consumer, received
 from .dead_letter import DeadLetter, DeadLetterRoute
 from .nacking import NackingCore, TopicMatcher
 from .retry import RetryLetter
@@ -143,6 +143,14 @@ class ConsumerBase:
         nack = self._raw.negative_acknowledge if self._raw is not None else self._plain.negative_acknowledge
         for message_id in ids:
             nack(message_id)
+
+    def _redeliver(self, message: Any) -> None:
+        """Ask the client to redeliver a received *message*: a copy kept while its reconsume was on its way,
+        which failed (:meth:`~pulsar_nack.consumer.retry.RetryLetter.swallowed`). It never waits."""
+        if self._raw is not None:
+            self._raw.negative_acknowledge(received(message))
+        else:
+            self._plain.negative_acknowledge(message)
 
     def _ack_quietly(self, message: Any) -> None:
         """Core callback: acknowledge a copy the application does not see (or a whole entry).

@@ -6,7 +6,9 @@ entry to any consumer of the subscription, which knows nothing of the nacks the 
 is still holding for the entry's other members and delivers them at once. Nothing but the
 broker links the consumers, so the one rule that never delivers a member early there is
 to hand an entry off when the *last* of its pending nacked members is due: earlier
-members come late, never early, and acked members still never come back. With one active
+members come late, never early, and acked members still never come back. Nor while the
+application may still nack a member of it (the ledger asks the entry table,
+``EntryTable.busy``): one nacked after the handoff would be early on another consumer. With one active
 consumer (Exclusive, Failover: ``Sharing.ONE_ACTIVE``) the consumer that hands an entry
 off receives it, swallows the copies of the members still pending and hands the entry off
 again at their time, so each member keeps its own time.

@@ -224,14 +224,24 @@ def py_received_key(message: Any, wrapper: Any) -> tuple[str, int, int, int, int
 
 
 class _Record:
-    """One entry: its batch size (0: a non-batched message), acked and nacked members as int bit sets."""
+    """One entry: its batch size (0: a non-batched message), acked and nacked members as int bit sets,
+    and (open) the member last delivered here and when a member was last read, delivered or settled."""
 
-    __slots__ = ("acked", "foreign", "gen", "nacked", "settled", "size")
+    __slots__ = ("acked", "foreign", "gen", "last_read", "nacked", "settled", "size", "touched_ms")
 
     def __init__(self, size: int, gen: int) -> None:
         self.size, self.gen = size, gen
         self.acked = self.nacked = 0
         self.settled = self.foreign = False
+        self.touched_ms, self.last_read = monotonic_ms(), -1
+
+    def touch(self, index: int, given: bool) -> None:
+        """A member was read (*given*: delivered to the application) or settled."""
+        if self.settled or self.size <= 0:
+            return
+        self.touched_ms = monotonic_ms()
+        if given and 0 <= index < self.size:
+            self.last_read = index
 
     def coverage(self) -> int:
         """1 if every member is acked, 2 if every member is acked or nacked, else 0."""
@@ -305,6 +315,9 @@ class PyEntryTable:
             if index >= 0 and size > 0:
                 self._insert(ledger, entry, size)
             verdict = DELIVER
+        record = self._records.get((ledger, entry))
+        if record is not None:
+            record.touch(index, verdict == DELIVER)
         if verdict == DELIVER:
             self.guard_left -= 1
             if self.guard_left <= 0:
@@ -350,6 +363,8 @@ class PyEntryTable:
             return False
         if coverage == 1:
             self._settle(key, record)
+        else:
+            record.touch(index, False)
         return True
 
     def watch(self, ledger: int, entry: int) -> None:
@@ -406,6 +421,27 @@ class PyEntryTable:
         if record is not None:
             self._delete((ledger, entry))
         self._settle((ledger, entry), self._insert(ledger, entry, 0))
+
+    def note_read(self, ledger: int, entry: int, index: int) -> None:
+        """The caller delivered this member of an open record to the application."""
+        record = self._records.get((ledger, entry))
+        if record is not None:
+            record.touch(index, True)
+
+    def busy(self, ledger: int, entry: int, drain_ms: int, held_ms: int) -> bool:
+        """True if the application may still settle members of the entry here.
+
+        That is: it has an open record (a member unsettled), and the member last delivered
+        is unsettled and was given less than *held_ms* ago, or a member was read, delivered
+        or settled less than *drain_ms* ago.
+        """
+        if drain_ms < 0 or held_ms < 0:
+            raise ValueError("drain_ms and held_ms must be >= 0")
+        record = self._records.get((ledger, entry))
+        if record is None or record.settled or record.size <= 0:
+            return False
+        held = record.last_read >= 0 and not (record.acked | record.nacked) >> record.last_read & 1
+        return monotonic_ms() - record.touched_ms < (held_ms if held else drain_ms)
 
     def size_of(self, ledger: int, entry: int) -> int:
         """The batch size of an open record, else 0."""
@@ -509,6 +545,7 @@ class PyEntryTable:
         if coverage == 2:
             self._delete(key)
             return COMPLETE
+        record.touch(index, False)
         return NONE
 
     def _sweep(self, keep: Any) -> None:

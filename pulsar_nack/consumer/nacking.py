@@ -38,10 +38,11 @@ from typing import Any
 
 from .._validate import check_int, check_ms, check_topics
 from ..core.base import DueKeys
+from ..core.buckets import bucket_ms
 from ..core.keys import MAX_BATCH_INDEX, PARTITION_SUFFIX, MessageKey, full_topic_name, redelivery_count_of
 from ..core.tracker import NegativeAcksTracker
 from ..errors import ClosedError
-from ..timing import DEAD_LETTER_RETRY_MS, handoff_lead_ms
+from ..timing import COPY_DRAIN_MS, DEAD_LETTER_RETRY_MS, handoff_lead_ms
 from . import msgid as _msgid
 from ._client import MESSAGE_TYPE, RawMessageId, inner_message, is_raw_message_id, raw_id, unwrap_message
 from .ack_timeout import AckTimeout
@@ -257,6 +258,8 @@ class NackingCore:
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
             start_guard=min(guard_messages, START_GUARD_MESSAGES),
             wait_for_last=settings.sharing is Sharing.SHARED,
+            # past the lead and a bucket: a held-back entry is not handed back at the next tick
+            recheck_ms=COPY_DRAIN_MS + lead_ms + bucket_ms(settings.negative_ack_precision_bit_cnt),
         )
         # The receive path reads the table's verdict without the lock when one C call reads
         # it, and screens under the lock only what the table does not settle (everything with counts).

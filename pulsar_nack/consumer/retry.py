@@ -104,6 +104,7 @@ from ._client import (
 )
 from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
+from .in_flight import ReconsumesInFlight
 from .message_pool import KeepingProducer
 from .msgid import message_key
 from .nacking import NackingCore, full_topic_name
@@ -279,6 +280,11 @@ def retry_properties(
 
 
 # ---------------------------------------------------------------------- settings
+
+
+def _succeeded(future: concurrent.futures.Future[Any]) -> bool:
+    """Whether a done *future* holds a result (not an exception, not cancelled)."""
+    return not future.cancelled() and future.exception() is None
 
 
 @dataclass(frozen=True)
@@ -536,8 +542,9 @@ class RetryLetter:
             client, subscription, topic=topics.dead_letter_topic, initial_subscription=topics.initial_subscription_name
         )
         self._copies = None
-        self._deliver: Callable[[RawMessage], None] | None = None
-        self._wake: Callable[[], None] | None = None
+        # (deliver, wake): the listener's hand-over of a due copy, and the receive loop's wake-up (subscribe)
+        self._listeners: tuple[Callable[[RawMessage], None] | None, Callable[[], None] | None] = (None, None)
+        self._in_flight = ReconsumesInFlight()
         self._producer_futures = {}
         # (due epoch ms, its message key: unique there, so the copies are never compared, copy, arrival)
         self._in_memory: list[tuple[int, tuple[str, int, int, int], RawMessage, int]] = []
@@ -577,21 +584,37 @@ class RetryLetter:
             initial_position=subscribe_kwargs.get("initial_position"),
             batch_index_ack=bool(subscribe_kwargs.get("batch_index_ack_enabled", True)),
         )
-        self._deliver, self._wake = deliver, wake
+        self._listeners = (deliver, wake)
         self._copies = self._raw_client.subscribe(self.topics.retry_letter_topic, self.subscription, conf)
 
     def _on_copy(self, _consumer: Any, raw: RawMessage) -> None:
         """Listener of the retry topic's consumer (a client thread): hold, queue or hand over a copy."""
         try:
-            if self._closed or not self._admit_copy(raw, in_memory=self._deliver is None, queue_due=True):
+            deliver = self._listeners[0]
+            if self._closed or not self._admit_copy(raw, in_memory=deliver is None, queue_due=True):
                 return
-            deliver = self._deliver
             if deliver is not None:
                 with self._lock:
                     self._counts["retry_delivered"] += 1
                 deliver(raw)
         except Exception:  # a failing listener must not stop the client's thread
             _log.exception("handling a retry copy failed; it stays unacknowledged")
+
+    def _redeliver_copy(self, raw: RawMessage) -> None:
+        """A copy kept while its reconsume was on its way, which failed: the retry topic's consumer redelivers it."""
+        consumer = self._copies
+        if consumer is not None:
+            consumer.negative_acknowledge(raw)
+
+    def swallowed(self, message: Any, redeliver: Callable[[Any], None]) -> bool:
+        """True if *message*, received on the consumer's own topics, is a copy of one whose reconsume is on its way.
+
+        It is kept, unacknowledged (the reconsume's acknowledgement settles it), and given
+        to *redeliver* if the reconsume fails (:mod:`~pulsar_nack.consumer.in_flight`).
+        O(1); no id read while no reconsume is on its way.
+        """
+        in_flight = self._in_flight
+        return bool(in_flight) and in_flight.swallow(message_key(received(message)), message, redeliver)
 
     def _hand_off(self, ids: list[RawMessageId]) -> None:
         """The hold tracker's handoff: the retry topic's consumer redelivers each due copy."""
@@ -704,10 +727,17 @@ class RetryLetter:
         broker_delay = 0 if dead or held else delay
         built = build_message(data, props, raw.partition_key(), raw.ordering_key(), raw.event_timestamp(), broker_delay)
         outcome: concurrent.futures.Future[str] = concurrent.futures.Future()
-        if dead:
-            self._send_dead_letter(built, outcome, on_stored)
-        else:
-            self._send_retry(built, outcome, held, on_stored)
+        key = message_key(raw)
+        self._in_flight.start(key)  # until stored and acknowledged (or failed): its copies are kept meanwhile
+        outcome.add_done_callback(lambda done: self._in_flight.end(key, stored=_succeeded(done)))
+        try:
+            if dead:
+                self._send_dead_letter(built, outcome, on_stored)
+            else:
+                self._send_retry(built, outcome, held, on_stored)
+        except BaseException:
+            outcome.cancel()  # nothing was sent: it is no longer on its way
+            raise
         return outcome
 
     @staticmethod
@@ -821,6 +851,8 @@ class RetryLetter:
 
     def _admit_copy(self, raw: RawMessage, in_memory: bool, queue_due: bool) -> bool:
         """:meth:`admit`; with *queue_due* a copy due now is queued for :meth:`pop_due` (and False returned)."""
+        if self._in_flight and self._in_flight.swallow(message_key(raw), raw, self._redeliver_copy):
+            return False  # its reconsume is on its way: a reconnect's copy, kept unacked
         if not self._hold.admit(raw):
             return False
         due = due_time_ms(raw)
@@ -831,7 +863,7 @@ class RetryLetter:
         if left <= 0 and not (queue_due and in_memory):
             return True
         if in_memory and self._keep(raw, left):
-            wake = self._wake
+            wake = self._listeners[1]
             if wake is not None:
                 wake()
             return False

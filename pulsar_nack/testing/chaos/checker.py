@@ -416,7 +416,7 @@ class _Checker:
 
     def _answer(self, sub: str, message_id: str, r: dict[str, Any], state: _State) -> _Answer | str | None:
         """What delivery *r* answers (checked for earliness): the reconsume of its copy, the oldest
-        unanswered nack, :data:`_FIRST` for the first delivery; None for nothing (a duplicate)."""
+        unanswered nack it can answer, :data:`_FIRST` for the first delivery; None for nothing (a duplicate)."""
         if r["copy"] is not None:
             answer = state.tokens.pop(r["copy"], None)
             if answer is None:
@@ -431,10 +431,13 @@ class _Checker:
             return answer
         if not state.first_seen:
             return _FIRST
-        if state.nacks:
-            answer = state.nacks.pop(0)
-            self._check_nack_answer(sub, message_id, answer[0], r, state.twin_of(r))
-            return answer
+        if state.twin_of(r) is not None:  # a dispatch sent twice answers one nack, at its first receiver
+            return None
+        for i, answer in enumerate(state.nacks):  # the oldest nack it can answer: not one a reconnect's copy shows
+            if not self._reconnect_copy(answer[0], r):
+                del state.nacks[i]
+                self._check_nack_answer(sub, message_id, answer[0], r, None)
+                return answer
         return None
 
     def _classify(self, sub: str, message_id: str, r: dict[str, Any], state: _State, answered: _Answer | str | None,
@@ -491,11 +494,20 @@ class _Checker:
                       f"{nack['proc']}.{nack['pid']}, delivered to {r['proc']}.{r['pid']}, {r['mid']})",
                       (nack["proc"], r["proc"]), r)  # fmt: skip
 
+    def _reconnect_copy(self, nack: dict[str, Any], r: dict[str, Any]) -> bool:
+        """Whether delivery *r* is the broker's redelivery of *nack*'s copy after a reconnect, not its answer: at
+        another consumer, with no higher redelivery count than the nacked delivery (the broker counts each
+        redelivery a nack asks for, not those a dropped connection makes), with a reconnect between."""
+        return (_incarnation(r) != _incarnation(nack) and r["rc"] <= nack["rc"]
+                and bool(self.faults.overlapping(nack["t"] - RECONNECT_S, r["t"], RECONNECTS)))  # fmt: skip
+
     def _duplicate_cause(self, message_id: str, r: dict[str, Any], state: _State) -> Cause | None:
         if self._stored_twice(message_id, r, state):
             return Cause.STORED_TWICE
         if state.twin_of(r) is not None:
             return Cause.DOUBLE_DISPATCH
+        if any(self._reconnect_copy(nack, r) for nack, _ in state.nacks):
+            return Cause.OTHER_CONSUMER_AFTER_RECONNECT
         for who, (t, failed) in state.unsettled.items():
             if failed:
                 return Cause.SETTLE_FAILED
