@@ -3,13 +3,7 @@
 Two runs of :data:`MINUTES` minutes each of the chaos workload under the nemesis: one with a
 fixed seed (reproducible: the same fates and the same sequence of faults), one with a random
 seed, printed on failure so that it can be run again (``python -m bench.chaos --seed S``).
-Every promise of :mod:`pulsar_nack.testing.chaos.checker` must hold, but for two shapes left
-open (``docs/benchmarks.md``, the items marked "Left"): a finding with two consumer processes
-involved (a redelivered entry dispatched to both consumers of a Shared subscription further
-apart than the checker's window, so that the second knows nothing of the first one's pending
-nacks), and a retry copy delivered again, or as a duplicate, on a subscription whose consumers
-hold copies (``retry_hold_ms``; the copy of an ack a broker kill did not let the broker
-persist). Any other finding fails the test.
+Every promise of :mod:`pulsar_nack.testing.chaos.checker` must hold: any finding fails the test.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pulsar_nack.testing.chaos.checker import Promise, check
+from pulsar_nack.testing.chaos.checker import check
 from pulsar_nack.testing.chaos.history import read_history
 from pulsar_nack.testing.chaos.run import RunConfig, run
 
@@ -34,16 +28,6 @@ and the documented causes of duplicates (an ack a killed broker did not persist,
 SEEDS = [FIXED_SEED, random.SystemRandom().randrange(1 << 31)]
 
 
-def _known(finding: Any, spec: Any) -> bool:
-    """A known violation of the module's docstring, by its shape."""
-    if len(set(finding.processes)) > 1:  # two consumers of one subscription, each with its own knowledge
-        return True
-    if finding.promise in (Promise.AFTER_ACK, Promise.UNEXPLAINED_DUPLICATE) and finding.copy:
-        # copies a consumer holds unacked: with retry_hold_ms, and the held ones any consumer of it receives
-        return any(c.retry_hold_ms > 0 for c in spec.consumers if c.subscription == finding.sub)
-    return False
-
-
 @pytest.mark.broker
 @pytest.mark.parametrize("seed", SEEDS, ids=["fixed-seed", "random-seed"])
 def test_a_short_chaos_run_keeps_every_promise(cluster: Any, tmp_path: Path, seed: int) -> None:
@@ -54,6 +38,5 @@ def test_a_short_chaos_run_keeps_every_promise(cluster: Any, tmp_path: Path, see
     context = f"seed {seed} (python -m bench.chaos --minutes {MINUTES} --seed {seed}); faults {result.faults}"
     assert result.drained, f"{result.outstanding} messages unsettled after the drain; {context}"
     assert sum(result.faults.values()) >= 4, context
-    unexpected = [f for f in report.findings if not _known(f, result.spec)]
-    assert not unexpected, "\n".join([context, *report.lines()])
+    assert not report.findings, "\n".join([context, *report.lines()])
     assert totals["produced"] > 0 and totals["duplicate_rate"] <= DUPLICATE_BOUND, f"{totals}; {context}"
