@@ -20,6 +20,7 @@ __all__ = [
     "ACK_TIMEOUT_TICK_MS",
     "CLIENT_RECONNECT_MAX_MS",
     "COALESCE_MS",
+    "CONNECTION_POLL_MS",
     "COPY_DRAIN_MS",
     "DEAD_LETTER_DRAIN_S",
     "DEAD_LETTER_RETRY_MS",
@@ -140,6 +141,11 @@ DEAD_LETTER_DRAIN_S = 5.0
 """``close()`` waits this long for dead letters in flight, so their originals get acknowledged."""
 
 # ---------------------------------------------------------------- retry letter topics
+
+CONNECTION_POLL_MS = 20
+"""While a consumer keeps retry copies in memory, it looks at its retry topic's consumer this often
+(``is_connected``): the C++ client waits at least its reconnect backoff's first 100 ms before it
+reconnects, so several looks fall in that gap, even on a busy machine."""
 
 MEMORY_HOLD_MS = HANDOFF_DELAY_MS + COALESCE_MS
 """``NackingConsumer.receive`` keeps an early retry copy due within this many ms in memory (unacked)

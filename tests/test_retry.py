@@ -8,8 +8,11 @@ Lateness bounds are generous (a loaded 2-core machine); ``bench/retry.py`` measu
 from __future__ import annotations
 
 import asyncio
+import datetime
+import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import pulsar
@@ -31,6 +34,8 @@ from pulsar_nack.consumer.retry import (
     due_time_ms,
     java_message_id,
 )
+from pulsar_nack.testing import quiet_client
+from pulsar_nack.testing.admin import topic_path
 
 pytestmark = pytest.mark.broker
 
@@ -505,3 +510,90 @@ async def test_asyncio_a_copy_kept_while_its_reconsume_was_on_its_way_comes_back
     await consumer.acknowledge(again)
     await consumer.close()
     await client.close()
+
+
+HELD_COPIES = 40
+
+
+def _reconsume_then_record(
+    consumer: Any, name: str, delay_ms: int, dues: dict[bytes, int], seen: list[Any], stop: threading.Event
+) -> None:
+    """One consumer's loop: reconsume each first delivery for *delay_ms*; record and ack each retry copy."""
+    while not stop.is_set():
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        if isinstance(message, RetryMessage):
+            seen.append((message.data(), name, now_ms()))
+            consumer.acknowledge(message)
+        else:
+            dues[message.data()] = now_ms() + delay_ms
+            consumer.reconsume_later_async(message, delay_ms)
+
+
+def test_a_copy_held_in_memory_is_not_delivered_by_two_consumers_when_the_retry_topic_moves(apache_broker: Any) -> None:
+    """The chaos CI runs' open shape: two consumers of one subscription hold their retry copies in memory
+    (``retry_hold_ms``), unacknowledged; the retry topic is unloaded, so both reconnect and the broker sends each
+    consumer's unacknowledged copies again, some to the other consumer. A copy kept from before the reconnect must
+    not go out beside the broker's new one (as the client's receive queue, which it clears on a reconnect): each
+    copy is delivered once, never before its due time. The control, with the broker holding the delays, follows."""
+    client = quiet_client(apache_broker.url)
+    topic = f"persistent://public/default/held-move-{uuid.uuid4().hex[:8]}"
+    consumers = [retrying(client, topic, retry_hold_ms=10_000, consumer_name=f"c{i}") for i in range(2)]
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(HELD_COPIES):
+        producer.send(str(i).encode())
+    dues: dict[bytes, int] = {}
+    seen: list[Any] = []
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_reconsume_then_record, args=(c, f"c{i}", 4_000, dues, seen, stop))
+        for i, c in enumerate(consumers)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: sum(c.stats()["held"] for c in consumers) >= HELD_COPIES, 20), "copies not held"
+        assert not seen, "a copy went out before its 4 s delay"
+        apache_broker.admin.request("PUT", f"{topic_path(f'{topic}-sub-RETRY')}/unload")
+        assert wait_for(lambda: len({data for data, _, _ in seen}) == HELD_COPIES, 30), f"{len(seen)} delivered"
+        # a second delivery of a copy comes when the copy falls due, as the first: wait past the last due
+        assert wait_for(lambda: now_ms() > max(dues.values()) + 2_000, 10)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    counts = Counter(data for data, _, _ in seen)
+    twice = {data: [(name, at) for d, name, at in seen if d == data] for data, n in counts.items() if n > 1}
+    assert not twice, f"delivered more than once: {twice}"
+    early = {data: dues[data] - at for data, _, at in seen if at < dues[data]}
+    assert not early, f"ms before due: {early}"
+    for consumer in consumers:
+        consumer.close()
+    client.close()
+
+
+def test_control_the_plain_client_delivers_a_delayed_message_once_when_its_topic_moves(apache_broker: Any) -> None:
+    """The control of the test above: plain consumers of one subscription, the broker holding the delays
+    (``deliver_after``, as retry copies without ``retry_hold_ms``), the topic unloaded meanwhile."""
+    client = quiet_client(apache_broker.url)
+    topic = f"persistent://public/default/delayed-move-{uuid.uuid4().hex[:8]}"
+    seen: list[bytes] = []
+
+    def record(consumer: Any, message: Any) -> None:
+        seen.append(message.data())
+        consumer.acknowledge(message)
+
+    consumers = [client.subscribe(topic, "sub", consumer_type=SHARED, message_listener=record) for _ in range(2)]
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(HELD_COPIES):
+        producer.send(str(i).encode(), deliver_after=datetime.timedelta(milliseconds=4_000))
+    sent = now_ms()
+    apache_broker.admin.request("PUT", f"{topic_path(topic)}/unload")
+    assert wait_for(lambda: len(set(seen)) == HELD_COPIES, 30), f"{len(seen)} delivered"
+    assert wait_for(lambda: now_ms() > sent + 4_000 + 2_000, 10)
+    assert sorted(Counter(seen).values()) == [1] * HELD_COPIES
+    for consumer in consumers:
+        consumer.close()
+    client.close()

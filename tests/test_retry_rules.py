@@ -252,11 +252,11 @@ def test_retry_stages_split_the_time_after_due_into_broker_and_consumer():
 def test_a_held_copy_is_kept_in_memory_until_due_within_the_hold_and_past_the_cap_in_the_tracker(monkeypatch):
     """``hold_ms``: a copy due within it is kept in memory (not only within ``MEMORY_HOLD_MS``), up to
     ``MEMORY_HOLD_MAX`` copies; the rest go to the hold tracker. A copy due later than the hold is nacked."""
-    from pulsar_nack.consumer import retry as retry_module
+    from pulsar_nack.consumer import memory_hold
     from pulsar_nack.consumer.retry import RetryLetter, RetryTopics
     from pulsar_nack.consumer.settings import ConsumerSettings
 
-    monkeypatch.setattr(retry_module, "MEMORY_HOLD_MAX", 2)
+    monkeypatch.setattr(memory_hold, "MEMORY_HOLD_MAX", 2)
     now = [10_000]
     client = pulsar.Client("pulsar://127.0.0.1:1")  # never connects: nothing here talks to a broker
     names = RetryTopics("persistent://public/default/t-s-RETRY", "persistent://public/default/t-s-DLQ", 16)

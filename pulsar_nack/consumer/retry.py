@@ -50,8 +50,10 @@ Held by the consumer (``retry_hold_ms``, off by default)
     sent instead by a second, batching producer, without a delivery time and with
     :data:`DELIVER_AT_TIME` (when it is due, epoch ms); the consumer that receives it
     holds it, unacked and so still durable, in memory until due (up to
-    :data:`MEMORY_HOLD_MAX` copies, the rest in the hold tracker), one copy per message
-    (a reconnect brings every unacked copy again). Fewer entries for the
+    :data:`MEMORY_HOLD_MAX` copies, the rest in the hold tracker), one copy per message;
+    when the retry topic's consumer reconnects the copies it kept are dropped, as the
+    client's receive queue is (the broker sends them again, maybe to another consumer:
+    :mod:`~pulsar_nack.consumer.memory_hold`). Fewer entries for the
     broker, fewer sends for the client (``bench/results/demo-retries.json``). The cost:
     a consumer that does not hold copies (Java's) gets these at once, so use it only
     where every consumer of the subscription is this library's. A payload above
@@ -73,7 +75,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import heapq
 import logging
 import threading
 import time
@@ -87,7 +88,7 @@ from .._validate import MAX_DELAY_MS, check_bool, check_properties
 from ..core.backoff import resolve_delay
 from ..core.keys import PARTITION_SUFFIX
 from ..errors import DeadLetterError
-from ..timing import HANDOFF_DELAY_MS, MEMORY_HOLD_MS
+from ..timing import HANDOFF_DELAY_MS
 from ._client import (
     RawClient,
     RawMessage,
@@ -105,6 +106,7 @@ from ._client import (
 from ._client import raw_client as _inner_client
 from .dead_letter import DeadLetter
 from .in_flight import ReconsumesInFlight
+from .memory_hold import MEMORY_HOLD_MAX, MemoryHold
 from .message_pool import KeepingProducer
 from .msgid import message_key
 from .nacking import NackingCore, full_topic_name
@@ -155,9 +157,6 @@ time + ``DELAY_TIME`` would make the later members of a batch due early."""
 HELD_MAX_BYTES = 128 * 1024
 """A payload above this goes the broker's way even under ``retry_hold_ms``: the client's
 default largest batch, and its batching producer cannot chunk."""
-MEMORY_HOLD_MAX = 10_000
-"""Copies held by the consumers that one consumer keeps in memory at most; the rest wait in
-the hold tracker (a few bytes each, a broker round trip to come back)."""
 
 HOLD_PRECISION_BITS = 4
 """Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
@@ -546,10 +545,7 @@ class RetryLetter:
         self._listeners: tuple[Callable[[RawMessage], None] | None, Callable[[], None] | None] = (None, None)
         self._in_flight = ReconsumesInFlight()
         self._producer_futures = {}
-        # (due epoch ms, its message key: unique there, so the copies are never compared, copy, arrival)
-        self._in_memory: list[tuple[int, tuple[str, int, int, int], RawMessage, int]] = []
-        self._in_memory_keys: set[tuple[str, int, int, int]] = set()  # the message keys of the copies in _in_memory
-        self._arrived: dict[int, int] = {}  # id(copy) -> its arrival (epoch ms), from pop_due to message()
+        self._memory = MemoryHold(self._clock_ms, self._copies_connected, self.hold_ms)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("reconsumed", "retry_dead_lettered", "held", "retry_delivered"), 0)
         self._closed = False
@@ -599,6 +595,11 @@ class RetryLetter:
                 deliver(raw)
         except Exception:  # a failing listener must not stop the client's thread
             _log.exception("handling a retry copy failed; it stays unacknowledged")
+
+    def _copies_connected(self) -> bool:
+        """True while the retry topic's consumer is connected (or not subscribed: no copy comes then)."""
+        consumer = self._copies
+        return consumer is None or bool(consumer.is_connected())
 
     def _redeliver_copy(self, raw: RawMessage) -> None:
         """A copy kept while its reconsume was on its way, which failed: the retry topic's consumer redelivers it."""
@@ -664,10 +665,7 @@ class RetryLetter:
     def redeliver_unacknowledged_messages(self) -> None:
         """Forget the holds and ask the broker to redeliver every unacked copy now."""
         self._hold.reset()
-        with self._lock:
-            self._in_memory.clear()
-            self._in_memory_keys.clear()
-            self._arrived.clear()
+        self._memory.clear()
         if self._copies is not None:
             self._copies.redeliver_unacknowledged_messages()
 
@@ -843,9 +841,10 @@ class RetryLetter:
         otherwise it is nacked into this letter's never-early tracker with the time
         left, and comes back when due (at most about a handoff, 100-150 ms, late). A
         copy of a message whose hold is pending (a batch sibling's redelivery) is
-        swallowed the same way, and so is one of a message kept here already (a
-        reconnect redelivers every unacked copy): the hold keeps one copy per message.
-        O(1); O(log n) for a copy kept in memory.
+        swallowed the same way. A copy of a message kept here already replaces it, and
+        the copies kept before the retry topic's consumer reconnected are dropped, left
+        unacked (:mod:`~pulsar_nack.consumer.memory_hold`): the broker has sent them
+        again, maybe to another consumer. O(1); O(log n) for a copy kept in memory.
         """
         return self._admit_copy(raw, in_memory, queue_due=False)
 
@@ -862,31 +861,13 @@ class RetryLetter:
                 self._counts["held"] += 1
         if left <= 0 and not (queue_due and in_memory):
             return True
-        if in_memory and self._keep(raw, left):
+        if in_memory and self._memory.keep(message_key(raw), raw, left):
             wake = self._listeners[1]
             if wake is not None:
                 wake()
             return False
         self._hold.nack(raw, min(left, MAX_DELAY_MS))
         return False
-
-    def _keep(self, raw: RawMessage, left: int) -> bool:
-        """Keep *raw*, due in *left* ms, in memory if it fits there; False if it goes to the hold tracker.
-
-        True also for a copy of a message kept here already (a reconnect's): dropped, left
-        unacked, so that the message goes out once, when due. O(log n).
-        """
-        key = message_key(raw)
-        with self._lock:
-            if key in self._in_memory_keys:
-                return True
-            if not (left <= MEMORY_HOLD_MS or (left <= self.hold_ms and len(self._in_memory) < MEMORY_HOLD_MAX)):
-                return False
-            if not self._closed:
-                now = self._clock_ms()
-                self._in_memory_keys.add(key)
-                heapq.heappush(self._in_memory, (now + max(left, 0), key, raw, now))
-        return True
 
     def pop_due(self) -> RawMessage | None:
         """The earliest copy queued here if it is due now, else None; counted as delivered. O(log n)."""
@@ -897,44 +878,26 @@ class RetryLetter:
         as delivered), ``(None, ms)`` while the earliest is not due, ``(None, None)`` with nothing
         queued. One clock read, and the lock only for a copy due: the receive loop calls it for every
         message, and with copies held by the consumers (``hold_ms``) some are always queued. O(log n)."""
-        queued = self._in_memory
-        try:
-            earliest = queued[0][0]  # a peek without the lock: one list read, atomic under the GIL
-        except IndexError:
-            return None, None
-        now = self._clock_ms()
-        if earliest > now:
-            return None, earliest - now
-        with self._lock:  # another thread may have taken it meanwhile: look again, at the same time
-            if not queued:
-                return None, None
-            if queued[0][0] > now:
-                return None, queued[0][0] - now
-            self._counts["retry_delivered"] += 1
-            _due, key, raw, arrived = heapq.heappop(queued)
-            self._in_memory_keys.discard(key)
-            self._arrived[id(raw)] = arrived
-            return raw, 0
+        copy, wait = self._memory.take_due()
+        if copy is not None:
+            with self._lock:
+                self._counts["retry_delivered"] += 1
+        return copy, wait
 
     def ms_to_next_due(self) -> int | None:
         """Milliseconds until the earliest copy queued here is due (0: now), or None. O(1)."""
-        if not self._in_memory:
-            return None
-        with self._lock:
-            if not self._in_memory:
-                return None
-            return max(self._in_memory[0][0] - self._clock_ms(), 0)
+        return self._memory.ms_to_next_due()
 
     def message(self, raw: RawMessage, schema: Any) -> RetryMessage:
         """The :class:`RetryMessage` the application gets for the copy *raw* (with its arrival, if queued here)."""
         wrapped = wrap_message(raw, schema if schema is not None else pulsar.schema.BytesSchema(), RetryMessage)
         assert isinstance(wrapped, RetryMessage)
-        wrapped.arrived_at_ms = self._arrived.pop(id(raw), None)
+        wrapped.arrived_at_ms = self._memory.arrival(raw)
         return wrapped
 
     def held(self) -> int:
         """Copies held now (delivered early, waiting here or in the hold tracker). O(1)."""
-        return len(self._in_memory) + len(self._hold.tracker)
+        return len(self._memory) + len(self._hold.tracker)
 
     def counts(self) -> dict[str, int]:
         """``reconsumed`` (retry copies stored), ``retry_dead_lettered`` (DLQ copies), ``held`` (early
@@ -955,9 +918,7 @@ class RetryLetter:
                 return
             self._closed = True
             producers, self._producer_futures = list(self._producer_futures.values()), {}
-            self._in_memory.clear()  # unacked: the broker redelivers them when the consumer closes
-            self._in_memory_keys.clear()
-            self._arrived.clear()
+        self._memory.close()  # its copies are unacked: the broker redelivers them when the consumer closes
         self._hold.close(redeliver_pending)
         consumer, self._copies = self._copies, None
         for closer in (
