@@ -19,16 +19,24 @@ test; the SIGKILL tests share a cluster of this module's own.
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from pulsar_nack.consumer.nacking import START_GUARD_MESSAGES
+from pulsar_nack.consumer.retry import RetryMessage
 from pulsar_nack.testing import PulsarCluster, faults
 from pulsar_nack.testing.faults import FaultRun, Findings
 
 pytestmark = pytest.mark.broker
 
+
+QUIET_AFTER = START_GUARD_MESSAGES + 100
+"""Copies enough that a consumer that may go quiet stops guarding (past its first ``START_GUARD_MESSAGES``)."""
 
 KILL_CLUSTER_CONFIG = {"managedLedgerDefaultMarkDeleteRateLimit": "0", "managedLedgerCursorPositionFlushSeconds": "1"}
 
@@ -164,3 +172,82 @@ def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) ->
     assert summary["nacked"] > 0 and summary["ok"]
     share = summary["duplicates"] / summary["produced"]
     assert share <= 0.01, f"{summary['duplicates']} duplicates ({100 * share:.2f} %) after the broker kill, above 1 %"
+
+
+def _ack_lost_in_a_crash(cluster: PulsarCluster, consumer: Any, read_from: str, retry: bool) -> set[bytes]:
+    """Hold ``keep`` unacked and ack ``done`` (read as retry copies when *retry*) while the broker that owns
+    *read_from* is frozen, so that it never has the ack; kill it, restart it; return the payloads that reach
+    the application again from *read_from*, ``keep`` (unacked) among them."""
+    import pulsar
+
+    received: dict[bytes, Any] = {}
+    deadline = time.monotonic() + 60
+    while len(received) < 2 and time.monotonic() < deadline:
+        message = consumer.receive(10_000)
+        if retry and not isinstance(message, RetryMessage):
+            consumer.reconsume_later(message, 0)
+            continue
+        received[message.data()] = message
+    owner = cluster.owner_of(read_from)
+    cluster.freeze_broker(owner)
+    consumer.acknowledge(received[b"done"])  # sent to a frozen broker, or dropped with the connection: lost
+    cluster.kill_broker(owner)
+    cluster.restart_broker(owner)
+    again: set[bytes] = set()
+    deadline = time.monotonic() + 90
+    while b"keep" not in again and time.monotonic() < deadline:
+        with contextlib.suppress(pulsar.Timeout):
+            message = consumer.receive(1_000)
+            if isinstance(message, RetryMessage) or not retry:
+                again.add(message.data())
+    with contextlib.suppress(pulsar.Timeout):
+        while True:  # whatever the broker sends with it, it sends at once: a short look for the rest
+            message = consumer.receive(1_000)
+            if isinstance(message, RetryMessage) or not retry:
+                again.add(message.data())
+    return again
+
+
+@pytest.mark.parametrize("arm", ["ours", "plain-control"])
+def test_a_retry_copy_whose_ack_a_broker_crash_lost_does_not_come_back_to_its_consumer(
+    cluster: PulsarCluster, arm: str
+) -> None:
+    """The chaos run's deliveries after an ack (``bench/results/chaos.json`` on ``1b6bc7a``): a consumer acked
+    retry copies, the broker was killed before it had the acks, and after the restart it sent them again to
+    the same consumer, which delivered them: its retry topic's consumer had gone quiet (no hold nack pending
+    and a thousand copies since the start), so it remembered no ack. It never goes quiet now, and filters
+    them as the consumer's own topics do while guarding. The control (the plain client, the same two
+    messages on a plain topic) shows that the ack is lost: the acked message comes back to it."""
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.testing import quiet_client
+
+    client = quiet_client(cluster.url)
+    topic = f"persistent://public/default/crash-ack-{uuid.uuid4().hex[:8]}"
+    producer = client.create_producer(topic, batching_enabled=False)
+    shared = pulsar.ConsumerType.Shared
+    if arm == "ours":
+        consumer = pulsar_nack.subscribe(client, topic, "sub", consumer_type=shared, retry_enable=True)
+        for i in range(QUIET_AFTER):  # as many copies as would make a consumer stop guarding
+            producer.send(b"warm-%d" % i)
+        warm = 0
+        while warm < QUIET_AFTER:
+            message = consumer.receive(10_000)
+            if isinstance(message, RetryMessage):
+                consumer.acknowledge(message)
+                warm += 1
+            else:
+                consumer.reconsume_later(message, 0)
+    else:
+        consumer = client.subscribe(topic, "sub", consumer_type=shared)
+    producer.send(b"keep")
+    producer.send(b"done")
+    again = _ack_lost_in_a_crash(cluster, consumer, f"{topic}-sub-RETRY" if arm == "ours" else topic, arm == "ours")
+    assert b"keep" in again, "the unacked message never came back"
+    if arm == "ours":
+        assert b"done" not in again, "a retry copy the consumer acked came back to it after the crash"
+    else:
+        assert b"done" in again, "the broker had the ack: the scenario lost none"
+    consumer.close()
+    client.close()

@@ -182,8 +182,10 @@ class NackingCore:
         message, and an entry-level ack when a member was acked through a made-up id.
         None: nothing is acked again (unit tests).
     guard_messages : int
-        Deliveries to keep guarding after the last nack state ended (at the start, at
-        most ``START_GUARD_MESSAGES``).
+        Deliveries to keep guarding after the last nack state ended.
+    start_guard : int, optional
+        Deliveries to guard at the start (default: ``guard_messages``, at most
+        ``START_GUARD_MESSAGES``).
 
     Dead letters
         With a dead-letter policy of ``max_redeliver_count`` N, the ledger's
@@ -232,6 +234,7 @@ class NackingCore:
         *,
         acknowledge: Callable[[Any], None] | None = None,
         guard_messages: int = GUARD_MESSAGES,
+        start_guard: int | None = None,
     ) -> None:
         if not callable(hand_off):
             raise TypeError("hand_off must be callable")
@@ -242,6 +245,9 @@ class NackingCore:
         elif not isinstance(settings, ConsumerSettings):
             raise TypeError(f"settings must be a ConsumerSettings, not {type(settings).__name__}")
         check_int("guard_messages", guard_messages, 0)
+        if start_guard is None:
+            start_guard = min(guard_messages, START_GUARD_MESSAGES)
+        check_int("start_guard", start_guard, 0)
         self.settings = settings
         self.topics = topics if isinstance(topics, TopicMatcher) else TopicMatcher(topics)
         self._hand_off_ids = hand_off
@@ -256,7 +262,7 @@ class NackingCore:
         self.ledger = ledger = AdmissionLedger(
             None if limit is None else DeliveryCounts(limit, settings.sharing),  # only with a dead-letter policy
             lead_ms=lead_ms, always_guard=settings.always_guard, guard_messages=guard_messages,
-            start_guard=min(guard_messages, START_GUARD_MESSAGES),
+            start_guard=start_guard,
             wait_for_last=settings.sharing is Sharing.SHARED,
             # past the lead and a bucket: a held-back entry is not handed back at the next tick
             recheck_ms=COPY_DRAIN_MS + lead_ms + bucket_ms(settings.negative_ack_precision_bit_cnt),

@@ -160,6 +160,10 @@ default largest batch, and its batching producer cannot chunk."""
 
 HOLD_PRECISION_BITS = 4
 """Precision of the tracker that holds early copies: 16 ms buckets, rounded up."""
+GUARD_ALWAYS = 1 << 62
+"""Guarded deliveries of the retry topic's consumer: it never goes quiet, so it remembers the
+copies it acked (as a consumer's own topics do while guarding) and filters the copies that a
+broker sends again after a crash lost those acks. Copies are few beside a topic's messages."""
 
 _CONSUMER_TYPES = ("Shared", "KeyShared")
 _log = logging.getLogger(__name__)
@@ -535,6 +539,8 @@ class RetryLetter:
             [topics.retry_letter_topic],
             ConsumerSettings(negative_ack_precision_bit_cnt=HOLD_PRECISION_BITS, never_early=True),
             acknowledge=self._ack_copy,
+            guard_messages=GUARD_ALWAYS,
+            start_guard=GUARD_ALWAYS,
         )
         self._own_dead_letter = dead_letter is None
         self._dead_letter = dead_letter or DeadLetter(
