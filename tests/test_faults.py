@@ -212,7 +212,7 @@ def _ack_lost_in_a_crash(cluster: PulsarCluster, consumer: Any, read_from: str, 
 def test_a_retry_copy_whose_ack_a_broker_crash_lost_does_not_come_back_to_its_consumer(
     cluster: PulsarCluster, arm: str
 ) -> None:
-    """The chaos run's deliveries after an ack (``bench/results/chaos.json`` on ``1b6bc7a``): a consumer acked
+    """The chaos run's deliveries after an ack (on ``1b6bc7a``, docs/benchmarks.md, "Chaos"): a consumer acked
     retry copies, the broker was killed before it had the acks, and after the restart it sent them again to
     the same consumer, which delivered them: its retry topic's consumer had gone quiet (no hold nack pending
     and a thousand copies since the start), so it remembered no ack. It never goes quiet now, and filters
