@@ -389,14 +389,18 @@ def read_all(lab: Lab, topic: str, subscription: str = "check", wait_ms: int = 1
     return helpers.read_all(lab.client, topic, subscription, wait_ms)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_dead_letter_the_broker_refuses_leaves_the_original_unacknowledged(lab: Lab, kind: str) -> None:
+def test_a_dead_letter_the_broker_refuses_leaves_the_original_unacknowledged(lab: Lab, kind: str, batched: bool) -> None:
     """The dead-letter topic is in a namespace that does not exist yet: its producer is refused.
 
     Both originals stay unacknowledged and are not delivered again. Once the namespace
     exists, ours store each dead letter once and acknowledge the originals (they keep
     trying, every ``DEAD_LETTER_RETRY_MS``); the plain client does not try again by
     itself (its dead-letter producer's callbacks are dropped when the creation fails).
+    Batched, the two are one entry (a backlog of 1): the copy that retries one member's
+    dead letter must not be taken for acked because its sibling's nack made the entry's
+    knowledge complete (the chaos run's lost members).
     """
     namespace = f"public/dl-{uuid.uuid4().hex[:8]}"
     dlq = f"persistent://{namespace}/dead"
@@ -404,10 +408,10 @@ def test_a_dead_letter_the_broker_refuses_leaves_the_original_unacknowledged(lab
     policy = pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq)
     driver = Driver(kind, lab, topic, consumer_type=pulsar.ConsumerType.Shared, dead_letter_policy=policy)
     try:
-        produce(lab, topic, partitioned=False, batched=False, count=2)
+        produce(lab, topic, partitioned=False, batched=batched, count=2)
         deliveries = nack_until_quiet(driver, want=4, quiet_s=3)
         assert dict(deliveries) == {b"m0": 2, b"m1": 2}, "a message whose dead letter was refused came back"
-        assert lab.admin.backlog(topic, "sub") == 2, "an original was acknowledged without its dead letter"
+        assert lab.admin.backlog(topic, "sub") == (1 if batched else 2), "an original was acknowledged without its dead letter"
         if kind == "plain":
             return
         lab.admin.request("PUT", f"namespaces/{namespace}")

@@ -51,6 +51,23 @@ def test_a_message_at_its_last_delivery_or_with_its_dead_letter_on_its_way_does_
     counts._check()
 
 
+def test_a_failed_dead_letter_is_taken_again_by_its_next_copy_and_does_not_age() -> None:
+    counts = DeliveryCounts(1)
+    assert not counts.counted_over(Copy(1), A)  # its last delivery
+    assert counts.take_last(A) is not None  # its dead letter is on its way
+    counts.dead_letter_failed(A)
+    assert not counts.is_sending(A)
+    for _ in range(3):
+        counts.age()
+    counts._check()
+    assert counts.take_failed(A), "the next copy of a failed dead letter is routed again"
+    assert counts.is_sending(A) and not counts.take_failed(A)
+    counts.dead_letter_failed(A)
+    counts.forget(A)  # settled (acked by the application, say)
+    assert not counts.take_failed(A) and not counts.keeps_counts()
+    counts._check()
+
+
 def test_a_settled_message_leaves_both_generations() -> None:
     counts = DeliveryCounts(3)
     counts.note_nack(A)

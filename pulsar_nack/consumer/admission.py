@@ -387,12 +387,16 @@ class AdmissionLedger:
         return _DELIVER
 
     def _screen_dead_letters(self, item: Item) -> int | None:
-        """Under the lock, counting: NACKED if *item*'s dead letter is on its way, ROUTE_STORED if stored, else None."""
+        """Under the lock, counting: NACKED if *item*'s dead letter is on its way, ROUTE if it failed (sent
+        again now), ROUTE_STORED if stored, else None."""
         counts = self.counts
         assert counts is not None
         if counts.is_sending(item):
             self.stats["swallowed"] += 1
             return _NACKED
+        if counts.take_failed(item):  # first: the complete-entry rule would call the member acked
+            self.stats["swallowed"] += 1
+            return _ROUTE
         if item in counts.stored:
             self.stats["swallowed"] += 1
             return _ROUTE_STORED  # a copy of a stored dead letter: acknowledge it again
@@ -518,10 +522,14 @@ class AdmissionLedger:
             return True
 
     def reject_failed(self, item: Item) -> None:
-        """The dead letter of a rejected *item* was not stored: its copies are delivered again."""
+        """The dead letter of a rejected *item* was not stored: it is the application's again, delivered and unsettled."""
         with self._lock:
             if self.counts is not None:
                 self.counts.reject_failed(item)
+            if item[2] >= 0:
+                # A batch member in no nack set of a complete entry passes for acked: it is returned instead.
+                self._returned.add(*item)
+                self._guard()
 
     def take_every_last(self) -> list[Any]:
         """The copies of every message at its last delivery, now on their way to the dead-letter topic.

@@ -8,7 +8,8 @@ then, or None, and that is the one place the policy is checked. It owns:
   shared subscription the broker's count, which covers the other consumers, is its floor), the
   application's nacks of it, and its copy at its last delivery (so that a redelivery
   request dead-letters it at once, as the C++ client does);
-* the messages whose dead letter is on its way, and those whose dead letter is stored;
+* the messages whose dead letter is on its way, those whose dead letter failed (their next
+  copy is routed again), and those whose dead letter is stored;
 * two generations of the messages counted lately (:meth:`age`), so that the counts of one
   another consumer settled go, as the ledger forgets handed-off and returned messages.
 
@@ -40,7 +41,7 @@ class DeliveryCounts:
     False
     """
 
-    __slots__ = ("_copies", "_last", "_nacks", "_old", "_sending", "_shown", "_young", "limit", "shared", "stored")
+    __slots__ = ("_copies", "_failed", "_last", "_nacks", "_old", "_sending", "_shown", "_young", "limit", "shared", "stored")
 
     limit: int
     """The policy's ``max_redeliver_count``."""
@@ -53,6 +54,8 @@ class DeliveryCounts:
     _nacks: dict[Item, int]
     _last: dict[Item, Any]
     _sending: set[Item]
+    _failed: set[Item]
+    """Messages whose dead letter failed: their next copy goes to the dead-letter topic again."""
     _young: set[Item]
     """Messages counted since the last :meth:`age`."""
     _old: set[Item]
@@ -63,7 +66,7 @@ class DeliveryCounts:
         self.shared = sharing is Sharing.SHARED
         self.stored = PendingNacks()
         self._copies, self._shown, self._nacks, self._last = {}, {}, {}, {}
-        self._sending, self._young, self._old = set(), set(), set()
+        self._sending, self._failed, self._young, self._old = set(), set(), set(), set()
 
     # ------------------------------------------------------------------ reading
 
@@ -75,11 +78,19 @@ class DeliveryCounts:
 
     def keeps_counts(self) -> bool:
         """True if some message's counts are kept (read on every acknowledgement, as a hint)."""
-        return bool(self._copies or self._shown or self._nacks or self._last)
+        return bool(self._copies or self._shown or self._nacks or self._last or self._failed)
 
     def is_sending(self, item: Item) -> bool:
         """True if the dead letter of *item* is on its way."""
         return bool(self._sending) and item in self._sending
+
+    def take_failed(self, item: Item) -> bool:
+        """True if the dead letter of *item* failed: its dead letter is on its way again now."""
+        if not self._failed or item not in self._failed:
+            return False
+        self._failed.discard(item)
+        self._sending.add(item)
+        return True
 
     def has_last(self) -> bool:
         """True if some message is at its last delivery."""
@@ -179,6 +190,7 @@ class DeliveryCounts:
     def dead_letter_failed(self, item: Item) -> None:
         """The dead letter of *item* could not be stored: its next arrival is routed, whatever the broker counts."""
         self._sending.discard(item)
+        self._failed.add(item)
         self._nacks[item] = max(self._nacks.get(item, 0), self.limit + 1)
         self._touch(item)
 
@@ -186,6 +198,7 @@ class DeliveryCounts:
         """Drop the counts of a settled message (acked or dead-lettered)."""
         for counts in (self._copies, self._shown, self._nacks, self._last):
             counts.pop(item, None)
+        self._failed.discard(item)
         self._young.discard(item)
         self._old.discard(item)
 
@@ -194,10 +207,10 @@ class DeliveryCounts:
 
         Called every ``STALE_MS`` by the ledger. A message another consumer of the
         subscription settled is never settled here, so only this forgets its counts. One
-        at its last delivery or whose dead letter is on its way stays: it is in flight here.
+        at its last delivery, or whose dead letter is on its way or failed, stays: it is in flight here.
         """
         for item in self._old:
-            if item in self._last or item in self._sending:
+            if item in self._last or item in self._sending or item in self._failed:
                 self._young.add(item)  # in flight here: aged again later
                 continue
             # Forgotten: if it comes back here, its tally restarts from the broker's
@@ -210,6 +223,7 @@ class DeliveryCounts:
         """Forget every count and every stored dead letter (a seek, a close)."""
         for counts in (self._copies, self._shown, self._nacks, self._last):
             counts.clear()
+        self._failed.clear()
         self._young.clear()
         self._old.clear()
         self.stored.clear()
@@ -219,6 +233,8 @@ class DeliveryCounts:
         self.stored._check()
         # A message is at most one of: at its last delivery, on its way to the DLQ.
         assert not (set(self._last) & self._sending)
+        # A failed dead letter is not on its way (until its next copy takes it again).
+        assert not (self._failed & self._sending)
         # A message is in at most one generation, and only while it has counts.
         assert not (self._young & self._old)
         assert (self._young | self._old) <= (self._copies.keys() | self._shown.keys() | self._nacks.keys())
