@@ -32,13 +32,13 @@ def _topic(prefix: str) -> str:
     return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _receive_all(consumer: Any, expected: set[bytes], timeout_s: float) -> set[bytes]:
-    """Receive (and ack) until every payload in *expected* came, or the deadline passes."""
+def _receive_all(consumer: Any, expected: set[bytes], timeout_s: float, enough: int | None = None) -> set[bytes]:
+    """Receive (and ack) until every payload in *expected* came (or *enough* payloads did), or the deadline passes."""
     import pulsar
 
     got: set[bytes] = set()
     deadline = time.monotonic() + timeout_s
-    while not expected <= got and time.monotonic() < deadline:
+    while not (expected <= got or (enough is not None and len(got) >= enough)) and time.monotonic() < deadline:
         try:
             message = consumer.receive(1000)
         except pulsar.Timeout:
@@ -159,7 +159,8 @@ def test_a_killed_broker_hands_its_partitions_to_the_survivor_and_nothing_is_los
         for payload in before:
             producer.send_async(payload, None)
         producer.flush()
-        got = _receive_all(consumer, set(before[:20]), 30.0)
+        # Any 20: across partitions the client may hand out hundreds before the first 20 sent.
+        got = _receive_all(consumer, set(before), 30.0, enough=20)
         assert len(got) < len(before) // 2, "most messages must still be on the brokers"
         victim = owners[0]
         pid = cluster.brokers[victim].pid
