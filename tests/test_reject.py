@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pulsar
@@ -100,6 +101,16 @@ class Asyncio:
 
 
 KINDS = {"blocking": Blocking, "asyncio": Asyncio}
+
+
+def ack_arrivals(driver: Any, acked: list[bytes], seconds: float, done: Callable[[], bool]) -> None:
+    """Ack every message that arrives, noting its payload in *acked*, for *seconds* or until *done()*."""
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        message = driver.receive(200)
+        if message is not None:
+            acked.append(message.data())
+            driver.call("acknowledge", message)
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
@@ -218,19 +229,10 @@ def test_a_batch_member_whose_reject_failed_is_the_applications_again_not_acked(
             driver.call("reject", back[b"m2"])
         driver.call("negative_acknowledge", back[b"m0"])
         acked: list[bytes] = []
-        end = time.monotonic() + 2  # m0's redelivery may come (with a copy of m2) while m2 is the application's
-        while time.monotonic() < end:
-            message = driver.receive(200)
-            if message is not None:
-                acked.append(message.data())
-                driver.call("acknowledge", message)
+        # m0's redelivery may come (with a copy of m2) while m2 is the application's.
+        ack_arrivals(driver, acked, 2, lambda: False)
         driver.call("negative_acknowledge", back[b"m2"])
-        end = time.monotonic() + 20
-        while sorted(acked) != [b"m0", b"m2"] and time.monotonic() < end:
-            message = driver.receive(200)
-            if message is not None:
-                acked.append(message.data())
-                driver.call("acknowledge", message)
+        ack_arrivals(driver, acked, 20, lambda: sorted(acked) == [b"m0", b"m2"])
         assert sorted(acked) == [b"m0", b"m2"], "m2 was lost: taken for acked after its reject failed"
         assert wait_for(lambda: admin.backlog(topic, "sub") == 0, 10, 0.1)
         assert driver.consumer.stats()["dead_lettered"] == 0
