@@ -213,7 +213,26 @@ class Lab:
                 with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
                     futures = {job: pool.submit(run_scenario, self, trigger, *job) for job in jobs}
                     self.results[trigger] = {job: future.result() for job, future in futures.items()}
+                self._rerun_unsound_controls(trigger)
             return self.results[trigger]
+
+    def _rerun_unsound_controls(self, trigger: str) -> None:
+        """Run a control again (twice at most) whose own run broke the plain client's rules.
+
+        The C++ client inside pulsar-client sometimes breaks them for a batch: in one full CI
+        run in several it delivered a batch a fourth time with ``max_redeliver_count=2``, or
+        sent a batch member's dead letter after a reconnect with its payload garbled
+        (``b' >'`` for ``m3``). Such a run is no reference for ours; the plain test still
+        fails if no try of the control is sound, and each unsound try is printed.
+        """
+        results = self.results[trigger]
+        for variant in VARIANTS:
+            for _attempt in range(2):
+                faults = control_faults(trigger, variant, results[(variant, "plain")])
+                if not faults:
+                    break
+                print(f"control {trigger}/{variant_id(variant)} unsound, run again: {faults}")
+                results[(variant, "plain")] = run_scenario(self, trigger, variant, "plain")
 
     def close(self) -> None:
         self.aio.close()
@@ -332,12 +351,27 @@ def comparable(run: Run) -> dict[bytes, dict[str, Any]]:
     return out
 
 
+def control_faults(trigger: str, variant: tuple[bool, bool, str], run: Run) -> list[str]:
+    """How a plain client's run breaks the rules every run of *trigger* must keep (none: [])."""
+    try:
+        check_run(trigger, variant, "plain", run)
+    except AssertionError as exc:
+        return [str(exc).splitlines()[0]]
+    return []
+
+
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 @pytest.mark.parametrize("trigger", TRIGGERS)
 def test_dead_letters_as_the_plain_client_sends_them(lab: Lab, trigger: str, variant: Any, kind: str) -> None:
     runs = lab.runs(trigger)
     run, control = runs[(variant, kind)], runs[(variant, "plain")]
+    check_run(trigger, variant, kind, run)
+    assert comparable(run) == comparable(control)
+
+
+def check_run(trigger: str, variant: tuple[bool, bool, str], kind: str, run: Run) -> None:
+    """The rules one run keeps, whichever client made it."""
     assert run.error is None, run.error
     payloads = {f"m{i}".encode() for i in range(N)}
     assert set(run.dead) == payloads, f"dead letters {sorted(run.dead)}; deliveries {dict(run.deliveries)}"
@@ -361,7 +395,6 @@ def test_dead_letters_as_the_plain_client_sends_them(lab: Lab, trigger: str, var
         assert letter["properties"] == {"pk-1": "pv-1", "i": str(i), "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": message_id}
         assert letter["event_timestamp"] == 0  # the C++ client does not carry it
     assert run.backlog == 0, "an original stayed unacknowledged"
-    assert comparable(run) == comparable(control)
 
 
 # ---------------------------------------------------------------- one scenario at a time
