@@ -42,12 +42,17 @@ def _consumers(kind: str, client: Any, topic: str, dlq: str) -> list[Any]:
 @pytest.mark.parametrize("kind", ["plain", "ours"])
 def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apache_broker: Any, topic: str, kind: str) -> None:
     """Every message nacked at every delivery, by whichever of two consumers gets it: each goes to the
-    dead-letter topic after exactly max_redeliver_count + 1 deliveries in all, as with the plain client."""
+    dead-letter topic after exactly max_redeliver_count + 1 deliveries in all, as with the plain client.
+
+    The broker sometimes dispatches one redelivery to both consumers (the same redelivery count,
+    a few ms apart: seen in one run in about 30 on a loaded machine, and in a clean-clone CI);
+    either client delivers both copies, so such a copy is a duplicate, not a delivery that counts.
+    """
     import pulsar
 
     client = quiet_client(apache_broker.url)
     dlq = f"{topic}-DLQ"
-    deliveries: Counter[bytes] = Counter()
+    deliveries: dict[bytes, list[tuple[int, int]]] = {}  # payload: (consumer, redelivery count) of each delivery
     lock = threading.Lock()
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -56,17 +61,17 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
                                   consumer_type=pulsar.ConsumerType.Shared)  # the dead-letter sender subscribes too
         consumers = _consumers(kind, client, topic, dlq)
 
-        def pump(consumer: Any) -> None:
+        def pump(index: int, consumer: Any) -> None:
             while not stop.is_set():
                 try:
                     message = consumer.receive(100)
                 except pulsar.Timeout:
                     continue
                 with lock:
-                    deliveries[message.data()] += 1
+                    deliveries.setdefault(message.data(), []).append((index, message.redelivery_count()))
                 consumer.negative_acknowledge(message)
 
-        threads += [threading.Thread(target=pump, args=(c,), daemon=True) for c in consumers]
+        threads += [threading.Thread(target=pump, args=(i, c), daemon=True) for i, c in enumerate(consumers)]
         for thread in threads:
             thread.start()
         producer = client.create_producer(topic, batching_enabled=False)
@@ -79,8 +84,24 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
         for thread in threads:
             thread.join(5)
         client.close()
-    wrong = {p.decode(): n for p in payloads if (n := deliveries[p]) != MAX_REDELIVER + 1}
-    assert not wrong, f"deliveries before the dead letter (expected {MAX_REDELIVER + 1}): {wrong}"
+    counted = {p: _without_broker_duplicates(deliveries.get(p, [])) for p in payloads}
+    wrong = {p.decode(): deliveries.get(p) for p, seen in counted.items() if seen != MAX_REDELIVER + 1}
+    assert not wrong, f"deliveries (consumer, redelivery count) before the dead letter, {MAX_REDELIVER + 1} expected: {wrong}"
+    duplicates = sum(len(deliveries.get(p, [])) - seen for p, seen in counted.items())
+    assert duplicates <= MESSAGES // 10, f"{duplicates} copies the broker sent to both consumers: {deliveries}"
+
+
+def _without_broker_duplicates(deliveries: list[tuple[int, int]]) -> int:
+    """How many of one message's *deliveries* count: not a copy at one consumer of a redelivery count
+    the other consumer had already been given (the broker sent it to both)."""
+    given: dict[int, set[int]] = {}
+    counted = 0
+    for consumer, count in deliveries:
+        others = given.setdefault(count, set())
+        if not others - {consumer}:
+            counted += 1
+        others.add(consumer)
+    return counted
 
 
 COPIES = 30
