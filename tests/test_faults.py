@@ -20,6 +20,7 @@ test; the SIGKILL tests share a cluster of this module's own.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -168,7 +169,11 @@ def test_spark_demo_with_a_broker_killed_mid_run(kill_cluster: PulsarCluster) ->
     assert summary is not None, result["log_tail"]
     assert result["killed_broker"] is not None, "the demo ended before the kill"
     assert summary["subscription"] == DEMO_SUBSCRIPTION and summary["workers"] == 2, summary
-    assert summary["lost"] == 0 and summary["left_in_subscription"] == 0, summary
+    ends = {k: v for k, v in result.items() if k not in ("summary", "tracker", "log_tail")}
+    assert summary["lost"] == 0 and summary["left_in_subscription"] == 0, (
+        f"lost {summary['lost']}, left in the subscription {summary['left_in_subscription']}, "
+        f"the kill {ends}, the summary {json.dumps(summary)}, the demo's log: {result['log_tail']}"
+    )  # in full: one failure in a clean-clone CI on a freshly booted machine (lost 13,449, processed 7,223)
     assert summary["nacked"] > 0 and summary["ok"]
     share = summary["duplicates"] / summary["produced"]
     assert share <= 0.01, f"{summary['duplicates']} duplicates ({100 * share:.2f} %) after the broker kill, above 1 %"
