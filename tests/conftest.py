@@ -39,6 +39,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+HEAVY_MODULES = frozenset(
+    {"test_chaos", "test_cli", "test_cluster", "test_examples", "test_faults", "test_spark", "test_spark_cluster"}
+)
+"""The modules that start a Pulsar cluster or Spark: one xdist worker runs them all, one after another,
+so that no two clusters or Spark jobs share the two cores (see ``pytest_collection_modifyitems``)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject.toml): each module is a group of its own,
+    so that its module-scoped runs stay on one worker, and the heavy modules are one group."""
+    for item in items:
+        module = Path(item.nodeid.split("::", 1)[0]).stem
+        item.add_marker(pytest.mark.xdist_group("heavy" if module in HEAVY_MODULES else module))
+
+
 def _version_params(config: pytest.Config) -> list[Any]:
     """One ``apache-<version>`` param per version asked for (deduplicated), or a skipped one
     for a default version that no installed JDK runs."""
