@@ -79,7 +79,10 @@ def test_unload_with_pending_nacks_loses_nothing_and_is_never_early_or_twice(
     run = faults.topic_unload(cluster, batched=batched, move=move)
     ours = guarantees_hold(run)
     assert ours.nacks == 100
-    assert ours.stats["swallowed"] >= 1, "the reconnect's copies of the pending nacks should have been held back"
+    if run.timings["nacked_to_fault_s"] + run.timings["fault_s"] < 2.0:
+        # The reconnect came well before the nacks' 4 s: its copies were early, and held back (never
+        # early is checked above either way). On a loaded machine the fault can end later (seen once).
+        assert ours.stats["swallowed"] >= 1, f"the reconnect's copies of the pending nacks should have been held back {run.timings}"
     if move:
         assert cluster.owner_of(run.settings["topic"]) == run.settings["owner_after"]
 

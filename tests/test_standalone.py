@@ -262,3 +262,38 @@ def test_each_version_starts_with_its_own_batch_index_ack_default(session_broker
         expected = release.default_batch_index_ack
     assert session_broker.batch_index_ack is expected
     assert _first_index_back_after_acking_index_0(session_broker) == (1 if expected else 0)
+
+
+def test_an_unload_the_broker_answers_with_http_500_is_asked_again_and_other_errors_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in for the broker's answers (no broker fails an unload on demand): an HTTP 500
+    is asked again, twice at most; any other error at once."""
+    from pulsar_nack.errors import BrokerError
+    from pulsar_nack.testing.admin import PulsarAdmin
+
+    admin = PulsarAdmin("http://127.0.0.1:1")
+    answers: list[BrokerError | None] = []
+    calls: list[str] = []
+
+    def request(method: str, path: str, body: object = None) -> None:
+        calls.append(f"{method} {path}")
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(admin, "request", request)
+    busy = BrokerError("PUT x/unload: HTTP 500 Consumer already closed")
+    answers[:] = [busy, None]
+    admin.unload_topic("persistent://public/default/t")
+    assert calls == ["PUT persistent/public/default/t/unload"] * 2
+    calls.clear()
+    answers[:] = [busy, busy, busy]
+    with pytest.raises(BrokerError, match="HTTP 500"):
+        admin.unload_namespace("public/default")
+    assert len(calls) == 3
+    calls.clear()
+    answers[:] = [BrokerError("PUT x/unload: HTTP 404 not found")]
+    with pytest.raises(BrokerError, match="HTTP 404"):
+        admin.unload_bundle("public/default", "0x00000000_0x10000000")
+    assert len(calls) == 1

@@ -23,6 +23,7 @@ __all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
 
 _TIMEOUT_S = 30.0
 _MAX_REDIRECTS = 3
+_UNLOAD_TRIES = 3
 
 
 def topic_path(topic: str) -> str:
@@ -144,16 +145,31 @@ class PulsarAdmin:
 
     def unload_topic(self, topic: str) -> None:
         """Unload *topic* (every partition of a partitioned one); clients reconnect."""
-        self.request("PUT", f"{topic_path(topic)}/unload")
+        self._unload(f"{topic_path(topic)}/unload")
 
     def unload_namespace(self, namespace: str) -> None:
         """Unload every bundle of *namespace*; the load manager places them again on lookup."""
-        self.request("PUT", f"namespaces/{namespace_path(namespace)}/unload")
+        self._unload(f"namespaces/{namespace_path(namespace)}/unload")
 
     def unload_bundle(self, namespace: str, bundle: str, destination_broker: str | None = None) -> None:
         """Unload one bundle; with *destination_broker* (a ``host:web_port`` id), place it there."""
         query = "" if destination_broker is None else f"?destinationBroker={destination_broker}"
-        self.request("PUT", f"namespaces/{namespace_path(namespace)}/{_check_bundle(bundle)}/unload{query}")
+        self._unload(f"namespaces/{namespace_path(namespace)}/{_check_bundle(bundle)}/unload{query}")
+
+    def _unload(self, path: str) -> None:
+        """One unload, asked again (twice at most) when the broker answers HTTP 500.
+
+        An unload closes the topic's producers and consumers, the broker's own included; one that
+        closes meanwhile fails the whole call ("Consumer already closed", seen on Apache Pulsar
+        4.0.8 under load). Asking again unloads what is left; an unloaded topic is not an error.
+        """
+        for attempt in range(_UNLOAD_TRIES):
+            try:
+                self.request("PUT", path)
+                return
+            except BrokerError as exc:
+                if "HTTP 500" not in str(exc) or attempt == _UNLOAD_TRIES - 1:
+                    raise
 
     def split_bundle(self, namespace: str, bundle: str) -> None:
         """Split one bundle in two halves (``range_equally_divide``) and unload both."""
