@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from .._validate import check_int
@@ -23,7 +25,8 @@ __all__ = ["PulsarAdmin", "namespace_path", "topic_path"]
 
 _TIMEOUT_S = 30.0
 _MAX_REDIRECTS = 3
-_UNLOAD_TRIES = 3
+_TRANSIENT_TRIES = 3
+_TRANSIENT_PAUSE_S = 0.2
 
 
 def topic_path(topic: str) -> str:
@@ -131,8 +134,12 @@ class PulsarAdmin:
         return list(self.request("GET", f"brokers/{cluster}"))
 
     def lookup(self, topic: str) -> dict[str, Any]:
-        """Which broker serves *topic* (``brokerUrl``, ``httpUrl``); assigns it if nobody does."""
-        return dict(self._send("GET", f"lookup/v2/topic/{topic_path(topic)}"))
+        """Which broker serves *topic* (``brokerUrl``, ``httpUrl``); assigns it if nobody does.
+
+        Asked again on HTTP 500, twice at most: a broker answers "Failed to acquire ownership for
+        namespace bundle" while the bundle is being assigned (seen right after a bundle moved).
+        """
+        return dict(self._again_on_500(lambda: self._send("GET", f"lookup/v2/topic/{topic_path(topic)}")))
 
     def topic_bundle(self, topic: str) -> str:
         """The namespace bundle that holds *topic*, such as ``0x40000000_0x80000000``."""
@@ -163,13 +170,19 @@ class PulsarAdmin:
         closes meanwhile fails the whole call ("Consumer already closed", seen on Apache Pulsar
         4.0.8 under load). Asking again unloads what is left; an unloaded topic is not an error.
         """
-        for attempt in range(_UNLOAD_TRIES):
+        self._again_on_500(lambda: self.request("PUT", path))
+
+    @staticmethod
+    def _again_on_500(call: Callable[[], Any]) -> Any:
+        """*call*'s answer, asked again (twice at most, a moment apart) while the broker answers HTTP 500."""
+        for attempt in range(_TRANSIENT_TRIES):
             try:
-                self.request("PUT", path)
-                return
+                return call()
             except BrokerError as exc:
-                if "HTTP 500" not in str(exc) or attempt == _UNLOAD_TRIES - 1:
+                if "HTTP 500" not in str(exc) or attempt == _TRANSIENT_TRIES - 1:
                     raise
+            time.sleep(_TRANSIENT_PAUSE_S)  # the broker is mid-way through an ownership change
+        raise AssertionError("unreachable")
 
     def split_bundle(self, namespace: str, bundle: str) -> None:
         """Split one bundle in two halves (``range_equally_divide``) and unload both."""
