@@ -20,6 +20,7 @@ import pytest
 
 import pulsar_nack
 from helpers import read_all, wait_for
+from pulsar_nack.consumer import msgid as _msgid
 from pulsar_nack.testing import quiet_client
 from pulsar_nack.testing.admin import PulsarAdmin
 
@@ -230,3 +231,24 @@ def test_a_chunked_message_left_to_the_ack_timeout_comes_back_whole(client, chun
     assert len(back["plain"][b"sml-0000"]) == 1 and not back["plain"][b"big-0000"], (
         "the plain client's ack timeout brought a chunked message back: update docs/consumer.md"
     )
+
+
+@pytest.mark.skipif(not _msgid.NATIVE_IDS, reason="this pulsar-client offers no native id reads (before 3.9)")
+def test_a_chunked_message_is_read_through_serialize(client):
+    """Its first chunk is in the serialized id only: the native id reader declines it
+    (``pulsar_nack.consumer.native_ids``), and ``received_key`` still finds the first chunk's entry."""
+    topic = new_topic()
+    consumer = client.subscribe(topic, "ids")
+    messages = payloads(1, 1)
+    produce(client, topic, messages)
+    big, small = (consumer.receive(10_000)._message for _ in messages)
+
+    class Wrapper:
+        """A ``pulsar.Message`` stand-in that keeps attributes (none kept here)."""
+
+    assert _msgid._c.native_fields(big) is None
+    key = _msgid.received_key(big, Wrapper())
+    assert key[5] is not None and key[5] < key[1:3], key  # the first chunk's (ledger, entry): an earlier entry
+    assert key == _msgid.py_received_key(big, Wrapper())
+    assert _msgid._c.native_fields(small) == _msgid.py_parse_id(small.message_id().serialize())
+    consumer.close()

@@ -150,3 +150,62 @@ def test_received_key_reads_the_first_chunk_from_the_same_bytes(received_key, ke
         if kept:
             vars(wrapper)[_msgid.STASH] = data
         assert received_key(_Received(data), wrapper) == expected
+
+
+# ---------------------------------------------------------------- native id reads (native_ids, _native_id.h)
+
+NATIVE = pytest.mark.skipif(not _msgid.NATIVE_IDS, reason="this pulsar-client offers no native id reads (before 3.9)")
+
+
+def _serialized_fields(inner: _pulsar.Message) -> tuple[int, int, int, int, int]:
+    return _msgid.py_parse_id(inner.message_id().serialize())
+
+
+@NATIVE
+def test_native_reads_are_on_where_the_client_offers_the_conduit() -> None:
+    """pulsar-client 3.9 and later: bound once at import; unbinding and binding again is allowed."""
+    c = _msgid._c
+    assert c.native_bound()
+    _msgid.native_ids.unbind(c)
+    try:
+        assert not c.native_bound() and c.native_fields(_pulsar.Message()) is None
+    finally:
+        assert _msgid.native_ids.bind(c)
+    assert c.native_fields(_pulsar.Message()) == _serialized_fields(_pulsar.Message())
+
+
+@NATIVE
+def test_native_reads_refuse_what_is_not_a_received_message() -> None:
+    """Another type, a stand-in, a wrapper: None (the reader falls back to the bindings), never a crash."""
+    c = _msgid._c
+    for thing in (None, 5, b"x", _pulsar.MessageId(1, 2, 3, 4), _Received(_message_id_data([(1, 7), (2, 8)]))):
+        assert c.native_fields(thing) is None
+
+
+@NATIVE
+@pytest.mark.broker
+@pytest.mark.parametrize("partitions", [0, 2], ids=["topic", "partitioned"])
+@pytest.mark.parametrize("batch_size", [0, 4], ids=["unbatched", "batched"])
+def test_native_reads_agree_with_serialize_on_received_messages(apache_broker, topic, partitions, batch_size) -> None:
+    """Every field of every received message (plain, batched, of a partition, through a multi-topic
+    consumer) reads natively as ``serialize()`` says, and the C table's reads agree."""
+    topics = [apache_broker.create_partitioned_topic(topic, partitions) if partitions else topic, topic + "-b"]
+    client = quiet_client(apache_broker.url)
+    try:
+        consumer = client.subscribe(topics, "native")
+        for name in topics:
+            produce(client, name, [b"m%d" % i for i in range(8)], batch_size=batch_size)
+        seen = []
+        for _ in range(16):
+            inner = consumer.receive(10_000)._message
+            seen.append(_msgid._c.native_fields(inner))
+            assert seen[-1] == _serialized_fields(inner)
+            assert _msgid.message_key(inner) == _msgid.py_message_key(inner)
+            assert _msgid.received_key(inner, _Wrapper()) == _msgid.py_received_key(inner, _Wrapper())
+            consumer.acknowledge(inner)
+        assert {fields[3] >= 0 for fields in seen} == {bool(batch_size)}
+        assert bool(partitions) == any(fields[2] >= 0 for fields in seen)
+        consumer.close()
+    finally:
+        client.close()
+

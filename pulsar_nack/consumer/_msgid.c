@@ -60,6 +60,27 @@ static PyObject *str_message_id;
 static PyObject *str_serialize;
 static PyObject *str_topic_name;
 static PyObject *str_stash;
+static PyObject *str_inner;
+
+#include "_native_id.h"
+
+/* native_read() of the _pulsar.Message a pulsar.Message wrapper holds (attribute _message); 0 where
+ * the caller must read the id another way, a bare _pulsar.Message included (it keeps no id, as
+ * before: the caller acks it by its own path). Never raises. */
+static int
+native_read_wrapper(PyObject *wrapper, int64_t f[5])
+{
+    if (native.type == NULL || Py_TYPE(wrapper) == native.type)
+        return 0;
+    PyObject *inner = PyObject_GetAttr(wrapper, str_inner);
+    if (inner == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int read = native_read(inner, f);
+    Py_DECREF(inner);
+    return read;
+}
 
 /* The id a wrapper keeps (attribute _pulsar_nack_id): a new reference, or NULL (none kept: no
  * exception, none raised, since most messages keep none) or NULL with an exception set. */
@@ -227,11 +248,13 @@ static PyObject *
 message_key(PyObject *module, PyObject *message)
 {
     int64_t f[5];
-    PyObject *data = read_message_id(message, f);
-    if (data == NULL)
-        return NULL;
-    Py_DECREF(data);
-    PyObject *topic = PyObject_CallMethodNoArgs(message, str_topic_name);
+    if (!native_read(message, f)) {
+        PyObject *data = read_message_id(message, f);
+        if (data == NULL)
+            return NULL;
+        Py_DECREF(data);
+    }
+    PyObject *topic = native_topic(message, str_topic_name);
     if (topic == NULL)
         return NULL;
     return Py_BuildValue("(NLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3]);
@@ -257,13 +280,17 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (data != NULL && !PyBytes_Check(data))
         Py_CLEAR(data);
-    if (data == NULL && (data = message_id_bytes(args[0])) == NULL)
-        return NULL;
-    int parsed = parse_chunked((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f, chunk);
-    Py_DECREF(data);
-    if (parsed < 0)
-        return NULL;
-    PyObject *topic = PyObject_CallMethodNoArgs(args[0], str_topic_name);
+    if (data == NULL && native_read(args[0], f)) {
+        chunk[2] = 0; /* read natively: a plain or batched id, never a chunked one */
+    } else {
+        if (data == NULL && (data = message_id_bytes(args[0])) == NULL)
+            return NULL;
+        int parsed = parse_chunked((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f, chunk);
+        Py_DECREF(data);
+        if (parsed < 0)
+            return NULL;
+    }
+    PyObject *topic = native_topic(args[0], str_topic_name);
     if (topic == NULL)
         return NULL;
     if (chunk[2])
@@ -774,15 +801,17 @@ EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "admit_message(message, wrapper) takes two arguments");
         return NULL;
     }
-    PyObject *data = read_message_id(args[0], f);
-    if (data == NULL)
-        return NULL;
-    int stashed = PyObject_SetAttr(args[1], str_stash, data);
-    Py_DECREF(data);
-    if (stashed < 0) { /* a wrapper without attributes keeps nothing, as msgid's stand-in */
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+    if (!native_read(args[0], f)) { /* read natively, the id needs no keeping: ack_message() reads it again */
+        PyObject *data = read_message_id(args[0], f);
+        if (data == NULL)
             return NULL;
-        PyErr_Clear();
+        int stashed = PyObject_SetAttr(args[1], str_stash, data);
+        Py_DECREF(data);
+        if (stashed < 0) { /* a wrapper without attributes keeps nothing, as msgid's stand-in */
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return NULL;
+            PyErr_Clear();
+        }
     }
     uint32_t i = table_find(t, f[0], f[1]);
     int v = verdict_of(t, i, (int)f[3]);
@@ -846,16 +875,17 @@ EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
     if (data == NULL) {
         if (PyErr_Occurred())
             return NULL;
-        Py_RETURN_FALSE;
-    }
-    if (!PyBytes_Check(data)) {
+        if (!native_read_wrapper(wrapper, f)) /* no id kept: one read natively, where the reader is on */
+            Py_RETURN_FALSE;
+    } else if (!PyBytes_Check(data)) {
         Py_DECREF(data);
         Py_RETURN_FALSE;
+    } else {
+        int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
+        Py_DECREF(data);
+        if (parsed < 0)
+            return NULL;
     }
-    int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
-    Py_DECREF(data);
-    if (parsed < 0)
-        return NULL;
     uint32_t i = table_find(t, f[0], f[1]);
     if (is_watched(t, f[0], f[1]))
         return PyBool_FromLong(ack_watched_member(t, i, (int)f[3]));
@@ -1364,6 +1394,7 @@ static PyMethodDef methods[] = {
     {"parse_id", parse_id, METH_O, parse_id_doc},
     {"message_key", message_key, METH_O, message_key_doc},
     {"received_key", (PyCFunction)(void (*)(void))received_key, METH_FASTCALL, received_key_doc},
+    NATIVE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -1392,7 +1423,8 @@ PyInit__msgid(void)
     str_serialize = PyUnicode_InternFromString("serialize");
     str_topic_name = PyUnicode_InternFromString("topic_name");
     str_stash = PyUnicode_InternFromString("_pulsar_nack_id");
-    if (!str_message_id || !str_serialize || !str_topic_name || !str_stash)
+    str_inner = PyUnicode_InternFromString("_message");
+    if (!str_message_id || !str_serialize || !str_topic_name || !str_stash || !str_inner)
         return NULL;
     if (PyType_Ready(&EntryTable_Type) < 0)
         return NULL;

@@ -6,7 +6,10 @@ is given. The C reader takes them from one ``serialize()`` of the id instead of 
 calls (``bench/client.py`` measures both). :class:`PyEntryTable` (C: ``EntryTable``) keeps,
 per batch entry in flight, which members the application acked and nacked, and the last
 settled entries (see ``_msgid.c``). ``PULSAR_NACK_PURE_PYTHON=1`` before import forces the
-stand-ins.
+stand-ins. Where the installed client allows it, the C reader reads the fields through
+libpulsar's C++ accessors instead, with no Python call (:data:`NATIVE_IDS`,
+:mod:`~pulsar_nack.consumer.native_ids`); the table then keeps no id on the wrapper and reads
+it again at the ack.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from ..core.accel import load_optional
 from ..core.keys import message_key as py_message_key
 from ..core.timer import monotonic_ms
+from . import native_ids
 
 __all__ = [
     "ACKED",
@@ -30,6 +34,7 @@ __all__ = [
     "MISSING",
     "MSGID",
     "NACKED",
+    "NATIVE_IDS",
     "ROUTE",
     "ROUTE_STORED",
     "SETTLED_FOREIGN",
@@ -564,6 +569,8 @@ if _c is not None and (getattr(_c, "VERDICTS", None), getattr(_c, "OUTCOMES", No
     _c = None
 MSGID = _c is not None
 """Whether the C reader is in use."""
+NATIVE_IDS = native_ids.bind(_c)
+"""Whether the C reader reads received ids through libpulsar's C++ API (:mod:`~pulsar_nack.consumer.native_ids`)."""
 EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable
 """``EntryTable(settled_capacity, settled_max_age_ms=0)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
 message_key: Any = py_message_key if _c is None else _c.message_key
