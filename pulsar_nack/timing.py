@@ -33,6 +33,7 @@ __all__ = [
     "MEMORY_HOLD_MS",
     "RECONNECT_GRACE_S",
     "RECONNECT_POLL_S",
+    "RESUBSCRIBE_WAIT_S",
     "RETRY_POLL_MS",
     "SEND_TIMEOUT_S",
     "SETTLED_MAX_AGE_MS",
@@ -50,6 +51,8 @@ ACK_GROUPING_MS = 100
 """The client's ack grouping time (``ackGroupingTimeMs``): an ack goes on the wire up to this late."""
 CLIENT_SEND_TIMEOUT_MS = 30_000
 """The client's default producer send timeout."""
+CLIENT_OPERATION_TIMEOUT_S = 30
+"""The client's default operation timeout (``operation_timeout_seconds``): a request unanswered this long fails."""
 BROKER_DELAY_TICK_MS = 1_000
 """The broker's stock delayed-delivery tick (``delayedDeliveryTickTimeMillis``)."""
 
@@ -176,6 +179,11 @@ HARVEST_TIMEOUT_S = SEND_TIMEOUT_S
 """How long a task ending waits for one reconsume still in flight: a send's whole timeout."""
 RECONNECT_POLL_S = 0.02
 """While its consumer is disconnected, a task takes no message and looks again this often."""
+RESUBSCRIBE_WAIT_S = float(CLIENT_OPERATION_TIMEOUT_S)
+"""After a reconnect, a task's idle time starts at its consumer's first message, or this long after the
+reconnect at the latest: the C++ client reports a consumer connected as soon as it has the connection,
+before the broker has answered its subscribe (after a failover the new owner loads the topic first), and
+a subscribe unanswered for the operation timeout fails: the consumer is disconnected again, not idle."""
 RECONNECT_GRACE_S = 2.0
 """A worker's consumer still disconnected this long at a task's start is replaced: the client's
 reconnect backoff starts at 100 ms and doubles, so this covers its first four attempts (1.5 s)."""

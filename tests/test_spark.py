@@ -348,6 +348,72 @@ def test_a_task_takes_no_message_while_its_consumer_is_disconnected(url, client)
     assert calls[10] >= away_until, f"a message was handled {away_until - calls[10]:.3f} s before the reconnect"
 
 
+def _reconnect_then_produce(url, client, away: str, later: int, **options) -> tuple[dict, float]:
+    """A task (idle timeout 300 ms) whose consumer's ``is_connected`` reports False for 0.3 s, during the
+    task after 10 messages or as the task starts (``away``), then True while the broker has nothing for it;
+    *later* messages are produced 1.5 s after the reconnect. Its stats and how long after the reconnect it ended."""
+    import threading
+
+    topic = new_topic()
+    first = 10 if away == "during-the-task" else 0
+    produce(client, topic, first)
+    config = make_config(url, topic, f"resubscribe-{away}", **options)
+    consumer = executor_consumer(config)  # the one the task will use
+    away_until = 0.0 if first else time.monotonic() + 0.3  # during the task: set by the handler
+    calls: list[float] = []
+
+    def handler(_message) -> None:
+        nonlocal away_until
+        calls.append(time.monotonic())
+        if len(calls) == first:
+            away_until = time.monotonic() + 0.3
+
+    def produce_later() -> None:
+        deadline = time.monotonic() + 30
+        while (len(calls) < first or time.monotonic() < away_until + 1.5) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(first, first + later):
+            producer.send(str(i).encode())
+        producer.close()
+
+    consumer.is_connected = lambda: time.monotonic() >= away_until  # type: ignore[method-assign]
+    thread = threading.Thread(target=produce_later, daemon=True)
+    thread.start()
+    try:
+        stats = consume_partition(config, handler, TaskBudget(max_time_ms=60_000, idle_timeout_ms=300))
+        ended = time.monotonic()
+    finally:
+        thread.join(30)
+        close_executor_consumers()
+    return stats, ended - away_until
+
+
+@pytest.mark.parametrize("away", ["during-the-task", "before-the-task"])
+def test_a_task_is_not_idle_after_a_reconnect_until_its_consumer_gets_a_message(url, client, away):
+    """The C++ client reports a consumer connected as soon as it has a connection, before the broker has
+    answered its subscribe; after a failover the new owner loads the topic first, seconds on a loaded
+    machine, and sends nothing meanwhile (``test_faults.py``'s Spark demo kill: the tasks ended there
+    with the backlog left). So after a reconnect the idle timeout runs from the consumer's first message
+    (or the client's operation timeout). The reconnect is a stand-in (``is_connected``), as no broker
+    can hold a subscribe answer back on cue; the broker's silence is real (the 40 messages come 1.5 s
+    after the reconnect, 5 idle timeouts). A reconnect seen as the task starts (``executor_consumer``'s
+    health check) counts too."""
+    stats, _after = _reconnect_then_produce(url, client, away, later=40)
+    first = 10 if away == "during-the-task" else 0
+    assert stats["received"] == first + 40 and stats["acked"] == first + 40, stats["stop_reason"]
+    assert stats["stop_reason"] == "idle"
+
+
+def test_after_a_reconnect_with_nothing_to_get_a_task_ends_after_the_operation_timeout(url, client):
+    """The wait for a first message after a reconnect is bounded by the client's operation timeout
+    (``operation_timeout_seconds``, 2 s here): a subscribe unanswered that long fails, and the consumer is
+    disconnected again. With nothing more to get, the task ends idle the idle timeout after that."""
+    stats, after = _reconnect_then_produce(url, client, "during-the-task", later=0, client_options={"operation_timeout_seconds": 2})
+    assert stats["received"] == 10 and stats["stop_reason"] == "idle"
+    assert 2.3 <= after < 2.3 + 5, f"the task ended {after:.2f} s after the reconnect"  # (+ 5 s: a loaded machine)
+
+
 def test_a_task_reports_when_its_first_message_came(url, client):
     """``first_received_at_ms`` (the demo's ``first_message_s``): after the task began, no
     later than the handler's first call; None for a task that got nothing."""

@@ -366,8 +366,10 @@ class TaskBudget:
 
     A task stops at the first of: ``max_messages`` handed to the handler;
     ``max_time_ms`` since it started; or ``idle_timeout_ms`` with nothing received
-    while its consumer is connected (a broker failover is not idleness) and, with
-    ``drain_pending``, nothing waiting in this worker's tracker. Pending
+    while its consumer is connected (a broker failover is not idleness; after a
+    reconnect the idle time starts at the consumer's first message, or the client's
+    operation timeout later, since the broker sends nothing before it has answered the
+    subscribe) and, with ``drain_pending``, nothing waiting in this worker's tracker. Pending
     retries left when a task stops stay in the worker's consumer and fire on time,
     to be handled by whichever task receives them next.
 

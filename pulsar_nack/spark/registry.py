@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -36,7 +37,7 @@ _NO_LIMIT = 2**31 - 1
 class Entry:
     """One worker's client + consumer for one ``(service_url, topics, subscription)``."""
 
-    __slots__ = ("client", "consumer", "dead_letter", "pid", "retry_dues", "settings", "tasks", "uid")
+    __slots__ = ("client", "consumer", "dead_letter", "pid", "resumed_at", "retry_dues", "settings", "tasks", "uid")
 
     settings: tuple[Any, ...]
     pid: int
@@ -46,6 +47,8 @@ class Entry:
     tasks: int
     dead_letter: DeadLetter | None  # created by the first dead letter
     retry_dues: list[float]  # retries="durable": a heap of monotonic times its tasks drain until
+    resumed_at: float | None  # monotonic time a task saw the consumer connected again after a disconnect
+    # (math.inf while it is away), until its next message; None when no reconnect is pending
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close consumer, dead-letter producers and client; log, never raise."""
@@ -144,6 +147,7 @@ def _build(config: ConsumerConfig) -> Entry:
     entry.tasks = 0
     entry.dead_letter = None
     entry.retry_dues = []
+    entry.resumed_at = None  # subscribe() returns once the broker has answered
     return entry
 
 
@@ -167,6 +171,7 @@ def _healthy(entry: Entry) -> bool:
                 return True
         except Exception:
             return False
+        entry.resumed_at = math.inf  # away: the task notes when it is back (see _TaskRun._loop)
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)  # the client reconnects by itself; wait for that, bounded

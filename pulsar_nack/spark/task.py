@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from .._validate import check_ms
 from ..core.keys import message_key
-from ..timing import DURABLE_GRACE_S, HARVEST_TIMEOUT_S, HELD_GRACE_S, HOUSEKEEPING_S, RECONNECT_POLL_S
+from ..timing import (
+    DURABLE_GRACE_S,
+    HARVEST_TIMEOUT_S,
+    HELD_GRACE_S,
+    HOUSEKEEPING_S,
+    RECONNECT_POLL_S,
+    RESUBSCRIBE_WAIT_S,
+)
 from .config import ConsumerConfig, TaskBudget
 from .policy import retry_action
 from .registry import Entry, acquire, discard, next_worker_task
@@ -226,6 +233,7 @@ class _TaskRun:
         self.next_housekeeping = self.start
         self.stop_reason = "error"
         self.flush_ms = 0.0
+        self.resubscribe_wait_s = float(config.client_options.get("operation_timeout_seconds", RESUBSCRIBE_WAIT_S))
 
     # -- the loop ------------------------------------------------------------------
 
@@ -263,7 +271,7 @@ class _TaskRun:
             if now >= self.end:
                 self.stop_reason = "max_time"
                 return
-            if not self.consumer.is_connected():
+            if not self._connected(now):
                 # Its broker is away (a failover). What the receive queue still holds came over
                 # the old connection: the client drops it when it reconnects, and the broker
                 # redelivers it, maybe to another executor's consumer; handled now, its ack
@@ -280,14 +288,36 @@ class _TaskRun:
                     last_busy = now  # a nack comes back after its handoff: idle counts from then
                 elif budget.drain_pending and self._pending_retries(now):
                     continue  # a durable retry not yet due (+ grace): the idle time runs meanwhile
-                elif not self.consumer.is_connected():
+                elif not self._connected(now):
                     last_busy = now  # its broker is away (a failover): not idle, the messages are still there
-                elif now - last_busy >= budget.idle_timeout_ms / 1000:
+                elif now - self._idle_from(last_busy) >= budget.idle_timeout_ms / 1000:
                     self.stop_reason = "idle"
                     return
                 continue
             last_busy = now
+            self.entry.resumed_at = None  # the broker dispatches to it: the subscribe was answered
             self._handle(message)
+
+    def _connected(self, now: float) -> bool:
+        """Whether the consumer is connected; notes on its entry when it is away and when it is back (:meth:`_idle_from`). O(1)."""
+        entry = self.entry
+        if not self.consumer.is_connected():
+            entry.resumed_at = math.inf
+            return False
+        if entry.resumed_at == math.inf:
+            entry.resumed_at = now  # back; its subscribe may not be answered yet
+        return True
+
+    def _idle_from(self, last_busy: float) -> float:
+        """When the task's idle time began: at *last_busy*, or after a reconnect not yet followed by a message,
+        at the reconnect plus :data:`~pulsar_nack.timing.RESUBSCRIBE_WAIT_S` (the client's operation timeout).
+
+        The client reports the consumer connected before the broker has answered its subscribe, and the
+        broker sends nothing until then: a task that counted that wait as idle could end (and a run with
+        ``until_drained`` stop) with the whole backlog left. O(1).
+        """
+        resumed = self.entry.resumed_at
+        return last_busy if resumed is None else max(last_busy, resumed + self.resubscribe_wait_s)
 
     def _handle(self, message: Any) -> None:
         """Call the handler on one message and settle it: ack, nack, dead-letter or raise."""
