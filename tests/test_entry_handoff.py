@@ -1,14 +1,15 @@
 """The batch handoff rule on the admission ledger alone (no broker): when an entry with nacked members goes back.
 
 On a shared subscription (``Sharing.SHARED``) an entry waits for its last pending nacked
-member, and while the application may still settle members of it (the member it was given
+member (its due keys parked until a key of the entry falls due again), and while the application may still settle members of it (the member it was given
 last is unsettled, or the entry was read from within ``COPY_DRAIN_MS``); with one active
 consumer each member goes at its own time.
 
 On a broker the rule's effect is tested end to end in tests/test_consumer.py
 (``test_batch_siblings_retry_by_the_subscriptions_rule``) and tests/test_chaos_findings.py
 (two consumers on one Shared subscription); these tests pin the ledger's steps: which keys
-wait, until when, and that nothing is left behind.
+wait, until when, and that nothing is left behind. The tracker is played by hand here:
+``hand_off`` is given the keys a tracker would release at each step.
 """
 
 from __future__ import annotations
@@ -38,12 +39,9 @@ def _ledger(sharing: Sharing) -> AdmissionLedger:
                            recheck_ms=RECHECK_MS)  # fmt: skip
 
 
-def _nack(ledger: AdmissionLedger, item: tuple[int, int, int], in_ms: int, size: int = 10) -> int:
+def _nack(ledger: AdmissionLedger, item: tuple[int, int, int], size: int = 10) -> None:
     """Nack *item* of an entry of *size* members; an entry whose every member is nacked here has no member left to settle."""
     assert ledger.note_nack(item, size, None)
-    deadline = monotonic_ms() + in_ms
-    ledger.note_deadline(item, deadline)
-    return deadline
 
 
 class HoldBack:
@@ -60,54 +58,105 @@ class HoldBack:
         return True
 
 
+def _entries(ids: list[Any]) -> list[tuple[int, int]]:
+    return [(i.ledger_id(), i.entry_id()) for i in ids]
+
+
 def test_shared_an_entry_waits_for_its_last_pending_member_then_goes_once() -> None:
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 300, size=2)
-    last = _nack(ledger, B, 60_000, size=2)
+    _nack(ledger, A, size=2)
+    _nack(ledger, B, size=2)
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert ids == [], "an entry with a member pending for longer must not go back to the broker"
-    assert hold_back.held == [((T, *A), last)], "the due member waits for the entry's last deadline"
+    assert hold_back.held == [] and ledger.waiting_entries() == 1, "the due member waits, parked, for B's own key"
     assert ledger.state_of(A) is MessageState.PENDING  # its copies are still swallowed meanwhile
-    ids, _ = ledger.hand_off({T: [(T, *A), (T, *B)]}, hold_back)
-    assert [(i.ledger_id(), i.entry_id()) for i in ids] == [(7, 1)]
+    ledger._check(1)
+    ids, _ = ledger.hand_off({T: [(T, *B)]}, hold_back)  # B's key falls due: A comes back with it
+    assert _entries(ids) == [(7, 1)]
     assert ledger.state_of(A) is ledger.state_of(B) is MessageState.HANDED_OFF
+    assert ledger.waiting_entries() == 0
     ledger._check(0)
+
+
+def test_shared_an_entry_goes_when_its_last_member_is_due_whatever_other_entries_wait_for() -> None:
+    """The broker-kill finding: members of one entry falling due in two bursts (a bucket apart) made the entry
+    wait for the latest deadline noted for *any* message (another entry's 18 s retry), 14.7 s past its own."""
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
+    other = (7, 9, 0)
+    _nack(ledger, other, size=2)  # another entry's member, nacked for much longer (its key falls due much later)
+    _nack(ledger, (7, 9, 1), size=2)
+    _nack(ledger, A, size=2)
+    _nack(ledger, B, size=2)  # B's key falls in the next bucket
+    assert ledger.hand_off({T: [(T, *A)]}, hold_back)[0] == []
+    ids, _ = ledger.hand_off({T: [(T, *B)]}, hold_back)
+    assert _entries(ids) == [(7, 1)], "the entry must go with its own last member, not with another entry's deadline"
+    assert hold_back.held == [] and ledger.state_of(other) is MessageState.PENDING
+    ledger._check(2)
 
 
 def test_shared_a_member_acked_meanwhile_leaves_the_wait_late_never_early_and_nothing_behind() -> None:
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 300, size=3)
-    _nack(ledger, B, 60_000, size=3)
-    last = _nack(ledger, C, 90_000, size=3)
-    ledger.note_ack(*C, 3, made_up=False, topic=T)  # the longest nack is acked: its deadline stays, late
+    _nack(ledger, A, size=3)
+    _nack(ledger, B, size=3)
+    _nack(ledger, C, size=3)
+    ledger.note_ack(*C, 3, made_up=False, topic=T)  # the longest nack is acked: its key stays in the tracker
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
-    assert ids == [] and hold_back.held == [((T, *A), last)]
-    ledger.note_ack(*B, 3, made_up=False, topic=T)  # no member pending but the waiting one
-    ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
-    assert len(ids) == 1 and ledger.state_of(A) is MessageState.HANDED_OFF
-    hold_back.held.clear()
-    _nack(ledger, A, 300, size=3)  # nacked again: the entry's record went with its last pending member
-    again = _nack(ledger, B, 400, size=3)
+    assert ids == [] and ledger.waiting_entries() == 1
+    ids, _ = ledger.hand_off({T: [(T, *C)]}, hold_back)  # C's stale key: B still pending, A waits on
+    assert ids == [] and ledger.state_of(A) is MessageState.PENDING
+    ledger.note_ack(*B, 3, made_up=False, topic=T)  # no member pending but the parked one
+    assert ledger.waiting_entries() == 1 and ledger.state_of(A) is MessageState.PENDING
+    ids, _ = ledger.hand_off({T: [(T, *B)]}, hold_back)  # B's stale key brings A back: the entry goes
+    assert _entries(ids) == [(7, 1)] and ledger.state_of(A) is MessageState.HANDED_OFF
+    assert ledger.waiting_entries() == 0
+    _nack(ledger, A, size=3)  # nacked again: nothing of the entry's last wait is left
+    _nack(ledger, B, size=3)
     assert ledger.hand_off({T: [(T, *A)]}, hold_back)[0] == []
-    # The first member's deadline is not kept: the entry waits for the latest deadline noted for any member (C's), late.
-    assert hold_back.held == [((T, *A), last)] and last > again
+    assert _entries(ledger.hand_off({T: [(T, *B)]}, hold_back)[0]) == [(7, 1)]
+    assert hold_back.held == [] and ledger.waiting_entries() == 0
+    ledger._check(0)
+
+
+def test_shared_a_parked_entry_whose_handoff_the_client_refused_is_parked_again() -> None:
+    """The tracker retries only the keys it released: the undo parks the entry's other due keys again."""
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
+    _nack(ledger, A, size=2)
+    _nack(ledger, B, size=2)
+    ledger.hand_off({T: [(T, *A)]}, hold_back)
+    ids, undo = ledger.hand_off({T: [(T, *B)]}, hold_back)
+    assert len(ids) == 1
+    undo()
+    assert ledger.state_of(A) is ledger.state_of(B) is MessageState.PENDING and ledger.waiting_entries() == 1
+    assert _entries(ledger.hand_off({T: [(T, *B)]}, hold_back)[0]) == [(7, 1)]  # the tracker's retry of B
+    assert ledger.state_of(A) is MessageState.HANDED_OFF
+    ledger._check(0)
+
+
+def test_shared_a_reset_returns_the_parked_keys_with_the_trackers() -> None:
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
+    _nack(ledger, A, size=2)
+    _nack(ledger, B, size=2)
+    ledger.hand_off({T: [(T, *A)]}, hold_back)
+    assert ledger.reset(False, lambda: {T: [(T, *B)]}) == {T: [(T, *B), (T, *A)]}
+    assert ledger.waiting_entries() == 0
     ledger._check(0)
 
 
 def test_shared_an_entry_with_one_pending_member_keeps_no_record() -> None:
-    """The rule's memory is for entries with several pending members only: one nacked member per entry adds nothing."""
-    ledger = _ledger(Sharing.SHARED)
+    """The rule keeps no memory per nacked member or entry: only the due keys of entries that wait."""
+    ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
     for entry in range(100):
-        _nack(ledger, (7, entry, 3), 300)
+        _nack(ledger, (7, entry, 0), size=2)
+    _nack(ledger, (7, 5, 1), size=2)
     assert ledger.waiting_entries() == 0
-    _nack(ledger, (7, 5, 4), 600)
-    assert ledger.waiting_entries() == 1
+    ledger.hand_off({T: [(T, 7, 5, 0)]}, hold_back)
+    assert ledger.waiting_entries() == 1 and hold_back.held == []
 
 
 def test_shared_an_entry_waits_while_the_application_holds_a_member_it_was_given() -> None:
     """A member nacked after its entry went back could reach another consumer first, and come early there."""
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 0, size=3)
+    _nack(ledger, A, size=3)
     ledger.entries.note_read(*B)  # the application was given B, and works on it
     before = monotonic_ms()
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
@@ -125,7 +174,7 @@ def test_shared_an_entry_waits_while_the_application_holds_a_member_it_was_given
 
 def test_shared_an_entry_every_member_of_which_is_settled_goes_at_once() -> None:
     ledger, hold_back = _ledger(Sharing.SHARED), HoldBack()
-    _nack(ledger, A, 0, size=3)
+    _nack(ledger, A, size=3)
     ledger.entries.note_read(*B)
     ledger.note_ack(*B, 3, made_up=False, topic=T)
     ledger.note_ack(*C, 3, made_up=False, topic=T)  # the entry is complete: nothing of it can reach the application here
@@ -135,8 +184,8 @@ def test_shared_an_entry_every_member_of_which_is_settled_goes_at_once() -> None
 
 def test_one_active_every_member_goes_at_its_own_time() -> None:
     ledger, hold_back = _ledger(Sharing.ONE_ACTIVE), HoldBack()
-    _nack(ledger, A, 300)
-    _nack(ledger, B, 60_000)
+    _nack(ledger, A)
+    _nack(ledger, B)
     ids, _ = ledger.hand_off({T: [(T, *A)]}, hold_back)
     assert len(ids) == 1 and hold_back.held == []
     assert ledger.state_of(A) is MessageState.HANDED_OFF and ledger.state_of(B) is MessageState.PENDING
@@ -144,8 +193,8 @@ def test_one_active_every_member_goes_at_its_own_time() -> None:
 
 def test_shared_a_refused_hold_back_closing_hands_the_entry_off_now() -> None:
     ledger = _ledger(Sharing.SHARED)
-    _nack(ledger, A, 300)
-    _nack(ledger, B, 60_000)
+    _nack(ledger, A)
+    _nack(ledger, B)
     ids, _ = ledger.hand_off({T: [(T, *A)]}, HoldBack(closed=True))
     assert len(ids) == 1 and ledger.state_of(A) is MessageState.HANDED_OFF
 

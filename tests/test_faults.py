@@ -98,26 +98,17 @@ def test_broker_restart_with_pending_nacks_on_partly_acked_batches(cluster: Puls
     assert ours.stats["swallowed"] >= 1, "the restart's copies of the pending nacks should have been held back"
 
 
-@pytest.mark.xfail(
-    reason="open finding: one batch entry of a moved partition came 8.8 s past the bound in 2 of 4 clean-clone "
-    "CI runs on a loaded machine (lateness, never loss or early); see docs/benchmarks.md",
-    strict=False,
-)
 def test_broker_killed_with_1000_pending_nacks_on_a_partitioned_topic(kill_cluster: PulsarCluster) -> None:
     """4 partitions over both brokers, 1,000 nacks pending with a MultiplierRedeliveryBackoff,
     the owner of partition 0 killed with SIGKILL. Its partitions move once its metadata session
     (6 s) expires and the client reconnects (its reconnect backoff: 6-13 s after the kill here).
 
-    The bound asserted: every retry arrives within 5 s of its due time, or, for a retry of a
-    moved partition that fell due before the consumer was connected again, within 5 s of that
-    reconnect (1 s on a quiet machine; see below). 200 messages sent after the kill arrive too: the consumer keeps working.
+    The bound asserted: every retry arrives within 1 s of its due time, or, for a retry of a
+    moved partition that fell due before the consumer was connected again, within 1 s of that
+    reconnect. 200 messages sent after the kill arrive too: the consumer keeps working.
     """
     run = faults.broker_kill(kill_cluster)
-    late = dict(run.arms["ours"].late)
-    ours = guarantees_hold(run, on_time=False)
-    # 1 s is the bound on a quiet machine; beside the other xdist worker one batch entry came
-    # 3.7 s past it once (and 8.8 s once on a freshly booted machine, serially): 5 s here.
-    assert max(late.values(), default=0.0) <= 4_000, f"{len(late)} late (ms past 1 s): {sorted(late.items())[:5]} {run.timings}"
+    ours = guarantees_hold(run)
     assert run.settings["pending_at_kill"]["ours"] == 1000
     assert set(run.settings["owners"].values()) == {0, 1}
     assert run.timings["lookups_moved_s"] is not None, "the killed broker's partitions never moved"

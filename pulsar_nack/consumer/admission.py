@@ -80,7 +80,7 @@ from ._client import RawMessageId
 from ._client import entry_id as raw_entry_id
 from .chunks import chunk_entries
 from .delivery_counts import DeliveryCounts
-from .entry_handoff import EntryDeadlines
+from .entry_handoff import ParkedKeys
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
 __all__ = [
@@ -101,6 +101,8 @@ UNTITLED = ""
 
 _DELIVER, _ACKED, _NACKED, _FRESH = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED, _msgid.FRESH
 _ROUTE, _ROUTE_STORED, _COMPLETE = _msgid.ROUTE, _msgid.ROUTE_STORED, _msgid.COMPLETE
+_PARK = -1
+"""``_wait_until``: the entry's due keys are parked until a key of a member still pending falls due."""
 
 
 class Screening(enum.Enum):
@@ -146,7 +148,7 @@ def handoff_id(topic: str, ledger_id: int, entry_id: int) -> RawMessageId:
 
 class RecentHandoffs:
     """When each entry was last handed off, for as long as a copy of it could still be a reconnect's (the lead),
-    and, on a shared subscription, until when each batch entry with pending nacks waits for its handoff.
+    and, on a shared subscription, the due keys of the batch entries that wait for their other pending members.
 
     Not thread-safe: the ledger holds its lock.
 
@@ -155,19 +157,19 @@ class RecentHandoffs:
     (True, False)
     """
 
-    __slots__ = ("_at", "_log", "deadlines", "lead_ms", "recheck_ms")
+    __slots__ = ("_at", "_log", "lead_ms", "parked", "recheck_ms")
 
     lead_ms: int
-    deadlines: EntryDeadlines | None
-    """On a shared subscription: the latest deadline of each batch entry's pending members, else None."""
+    parked: ParkedKeys | None
+    """On a shared subscription: the due keys of the batch entries that wait, else None."""
     recheck_ms: int
     """On a shared subscription: how long after a handoff a held-back busy entry is looked at again."""
     _at: dict[tuple[int, int], int]
     _log: deque[tuple[int, list[tuple[int, int]]]]
 
-    def __init__(self, lead_ms: int, deadlines: EntryDeadlines | None = None, recheck_ms: int = 0) -> None:
+    def __init__(self, lead_ms: int, parked: ParkedKeys | None = None, recheck_ms: int = 0) -> None:
         self.lead_ms = lead_ms
-        self.deadlines = deadlines
+        self.parked = parked
         self.recheck_ms = recheck_ms
         self._at = {}  # (ledger, entry) -> ms of its last handoff
         self._log = deque()  # (ms, entries handed off then), oldest first
@@ -266,7 +268,7 @@ class AdmissionLedger:
         self.entries.watch_all = watch_all or counts is not None
         self.atomic_table = _msgid.EntryTable is not _msgid.PyEntryTable
         self._held, self._bare, self._orphans, self._chunks = {}, {}, set(), {}
-        self._recent = RecentHandoffs(lead_ms, EntryDeadlines() if wait_for_last else None, recheck_ms)
+        self._recent = RecentHandoffs(lead_ms, ParkedKeys() if wait_for_last else None, recheck_ms)
         self._aged_at = monotonic_ms()
         self.to_ack_again = []
         self.stats = dict.fromkeys(("swallowed", "filtered", "dead_lettered", "handed_off_entries", "handoff_bursts"), 0)
@@ -478,27 +480,16 @@ class AdmissionLedger:
             if self.counts is not None:
                 self.counts.undo_nack(item)
 
-    def note_deadline(self, item: Item, deadline_ms: int) -> None:
-        """The tracker holds the nack of *item* until *deadline_ms* (what its ``add`` returned). O(1).
-
-        Kept only for batch members on a shared subscription (``wait_for_last``), for :meth:`hand_off`.
-        """
-        if self._recent.deadlines is not None and item[2] >= 0:
-            with self._lock:
-                if item in self.pending:  # else handed off or acked meanwhile: nothing waits for it
-                    alone = self.pending.entry_count(item[0], item[1]) == 1
-                    self._recent.deadlines.note(item, deadline_ms, alone=alone)
-
     def waiting_entries(self) -> int:
-        """Batch entries with several pending nacked members, whose handoff waits for the last one (shared subscriptions)."""
+        """Batch entries whose due keys wait, parked, for their other pending members (shared subscriptions)."""
         with self._lock:
-            return 0 if self._recent.deadlines is None else len(self._recent.deadlines)
+            return 0 if self._recent.parked is None else len(self._recent.parked)
 
     def _left_pending(self, item: Item) -> None:
-        """Under the lock: *item* left the pending set; its entry's deadline goes with its last pending member."""
-        deadlines = self._recent.deadlines
-        if deadlines is not None and len(deadlines) and item[2] >= 0 and not self.pending.has_entry(item[0], item[1]):
-            deadlines.forget(item[:2])
+        """Under the lock: *item* left the pending set; its entry's parked keys go with its last pending member."""
+        parked = self._recent.parked
+        if parked is not None and len(parked) and item[2] >= 0 and not self.pending.has_entry(item[0], item[1]):
+            parked.take(item[:2])
 
     def take_last(self, item: Item) -> Any:
         """The copy of *item* at its last delivery, now on its way to the dead-letter topic; None if there is none."""
@@ -680,9 +671,12 @@ class AdmissionLedger:
         Call the undo if the client refused the ids: they are pending again.
 
         With ``wait_for_last`` (a shared subscription), a batch entry with a pending member
-        not due yet waits for the latest deadline of its members: its due keys stay
-        pending and go to ``hold_back(key, deadline_ms)`` (the tracker's ``add_at``; False
-        if it refused them, and the entry is handed off now).
+        not due yet waits for it: its due keys stay pending and are parked
+        (:class:`~pulsar_nack.consumer.entry_handoff.ParkedKeys`) until a key of the entry
+        falls due again, which brings them back here. An entry the application may still
+        settle members of is looked at again later: its due keys go to
+        ``hold_back(key, deadline_ms)`` (the tracker's ``add_at``; False if it refused
+        them, and the entry is handed off now).
         """
         ids: list[RawMessageId] = []
         moved: list[Item] = []
@@ -691,12 +685,13 @@ class AdmissionLedger:
         entries: list[tuple[int, int]] = []
         with self._lock:
             now = monotonic_ms()  # before the client has any of the ids
-            waiting = self._waiting(due, now, hold_back) if hold_back is not None and self._recent.deadlines is not None else ()
+            due, unparked = self._unpark(due)
+            waiting = self._waiting(due, now, hold_back) if hold_back is not None and self._recent.parked is not None else ()
             for topic, keys in due.items():
                 seen: set[tuple[int, int]] = set()
                 for _, ledger_id, entry_id, batch_index in keys:
                     if waiting and (ledger_id, entry_id) in waiting:
-                        continue  # its due members are pending still, tracked again for the entry's last deadline
+                        continue  # its due members are pending still: parked, or tracked again for a recheck
                     item = (ledger_id, entry_id, batch_index)
                     if item in self.pending:
                         self.pending.discard(*item)
@@ -722,6 +717,7 @@ class AdmissionLedger:
                         self.pending.add(*item)
                 self._bare.update(bare_ids)
                 self._chunks.update(chunked)
+                self._repark(unparked)
 
         return ids, undo
 
@@ -738,13 +734,34 @@ class AdmissionLedger:
             return [bare]
         return [handoff_id(topic, *entry), *self._chunk_ids(topic, entry, chunked)]
 
+    def _repark(self, unparked: list[MessageKey]) -> None:
+        """Under the lock: park again the keys a refused handoff had unparked (the tracker retries only its own)."""
+        if unparked and self._recent.parked is not None:
+            self._recent.parked.park([key for key in unparked if key[1:] in self.pending])
+
+    def _unpark(self, due: DueKeys) -> tuple[DueKeys, list[MessageKey]]:
+        """Under the lock: *due* with the parked keys of its entries (no longer parked), and those keys. O(due keys)."""
+        parked = self._recent.parked
+        if parked is None or not len(parked):
+            return due, []
+        unparked: list[MessageKey] = []
+        for keys in due.values():
+            for key in keys:
+                unparked += parked.take((key[1], key[2]))
+        if not unparked:
+            return due, unparked
+        merged = {topic: list(keys) for topic, keys in due.items()}
+        for key in unparked:
+            merged.setdefault(key[0], []).append(key)
+        return merged, unparked
+
     def _waiting(
         self, due: DueKeys, now: int, hold_back: Callable[[MessageKey, int], bool]
     ) -> set[tuple[int, int]]:
         """Under the lock (``wait_for_last``): the batch entries of *due* that wait.
 
-        Their due keys go to *hold_back* with the time the entry waits for
-        (:meth:`_wait_until`). O(due keys).
+        Their due keys are parked, or go to *hold_back* with the time the entry is looked
+        at again (:meth:`_wait_until`). O(due keys).
         """
         due_members: dict[tuple[int, int], list[MessageKey]] = {}
         for keys in due.values():
@@ -752,29 +769,33 @@ class AdmissionLedger:
                 if key[3] >= 0 and (key[1], key[2], key[3]) in self.pending:
                     due_members.setdefault((key[1], key[2]), []).append(key)
         waiting: set[tuple[int, int]] = set()
+        parked = self._recent.parked
+        assert parked is not None
         for entry, keys in due_members.items():
             deadline = self._wait_until(entry, keys, now)
+            if deadline == _PARK:
+                parked.park(keys)  # a key of a member still pending brings them back
+                waiting.add(entry)
             # All or none: an entry whose keys the tracker refused (closing) is handed off now.
-            if deadline is not None and all(hold_back(key, deadline) for key in keys):
+            elif deadline is not None and all(hold_back(key, deadline) for key in keys):
                 waiting.add(entry)
         return waiting
 
     def _wait_until(self, entry: tuple[int, int], keys: list[MessageKey], now: int) -> int | None:
-        """Under the lock (``wait_for_last``): when a batch entry with due members *keys* is looked at again, or None: it goes now.
+        """Under the lock (``wait_for_last``): when a batch entry with due members *keys* is looked at again,
+        ``_PARK`` (when a key of the entry falls due again), or None: it goes now.
 
         It waits while the application may still settle members of it here (one it was
         given is unsettled, or its copy was read from within ``COPY_DRAIN_MS``): a member
         nacked after the handoff could reach another consumer of the subscription first.
-        Else, if a member is pending and not due now, for the latest deadline of its
-        members when that is later than this burst releases (now plus the lead).
+        Else it waits, parked, while a member is pending and not due: that member's own
+        key in the tracker brings the entry back when it falls due.
         """
         if self._returned.has_entry(*entry) or self.entries.busy(*entry, COPY_DRAIN_MS, STALE_MS):
             return now + self._recent.recheck_ms
         if self.pending.entry_count(*entry) <= len(set(keys)):  # (a key may be due twice)
             return None  # every pending member is due: the entry goes now
-        deadlines = self._recent.deadlines
-        assert deadlines is not None
-        return deadlines.wait_until(entry, now + self._recent.lead_ms)
+        return _PARK
 
     def _chunk_ids(
         self, topic: str, last: tuple[int, int], chunked: dict[tuple[int, int], tuple[int, int]]
@@ -852,6 +873,11 @@ class AdmissionLedger:
         """
         with self._lock:
             dropped = drain()
+            parked = self._recent.parked
+            if parked is not None and len(parked):  # pending nacks out of the tracker: dropped too
+                dropped = {topic: list(keys) for topic, keys in dropped.items()}
+                for key in parked.all_keys():
+                    dropped.setdefault(key[0], []).append(key)
             self._clear_nack_state()
             self.to_ack_again.clear()
             if forget_counts:
@@ -880,8 +906,8 @@ class AdmissionLedger:
         self._orphans.clear()
         self._bare.clear()
         self._chunks.clear()
-        if self._recent.deadlines is not None:
-            self._recent.deadlines.clear()
+        if self._recent.parked is not None:
+            self._recent.parked.clear()
         self.entries.unwatch()
 
     # ------------------------------------------------------------------ counters
@@ -908,5 +934,8 @@ class AdmissionLedger:
             pending, handed, returned = (set(s.items()) for s in (self.pending, self._handed, self._returned))
             assert not (pending & handed or pending & returned or handed & returned)
             assert set(self._held) <= returned
+            # A parked key's entry has a pending member (the parked keys go with its last one).
+            if self._recent.parked is not None:
+                assert all(self.pending.has_entry(key[1], key[2]) for key in self._recent.parked.all_keys())
             # Every bare id waiting for its handoff is a pending key.
             assert len(self._bare) <= tracked or not self._bare

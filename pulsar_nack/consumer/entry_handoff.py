@@ -13,76 +13,69 @@ consumer (Exclusive, Failover: ``Sharing.ONE_ACTIVE``) the consumer that hands a
 off receives it, swallows the copies of the members still pending and hands the entry off
 again at their time, so each member keeps its own time.
 
-:class:`EntryDeadlines` keeps, per batch entry with pending nacks, the latest deadline
-of its members; the admission ledger
-(:class:`~pulsar_nack.consumer.admission.AdmissionLedger`) holds one and asks it, at each
-handoff, whether an entry waits (:meth:`EntryDeadlines.wait_until`).
+No deadline is kept per member or per entry: every pending member's key is in the
+tracker, under its own deadline, until it falls due. :class:`ParkedKeys` keeps the due
+keys of the entries that wait (*parked*, out of the tracker), and the admission ledger
+(:class:`~pulsar_nack.consumer.admission.AdmissionLedger`), at each handoff, takes an
+entry's parked keys back whenever any key of the entry falls due
+(:meth:`ParkedKeys.take`): the entry goes when every pending member is due or parked,
+i.e. when its last pending member's own key falls due. An entry with one nacked member
+costs nothing here.
 """
 
 from __future__ import annotations
 
-__all__ = ["EntryDeadlines"]
+from ..core.keys import MessageKey
+
+__all__ = ["ParkedKeys"]
 
 
-class EntryDeadlines:
-    """The latest deadline of the pending nacked members of each batch entry with two or more (on a shared subscription).
+class ParkedKeys:
+    """The due keys of the batch entries that wait for their other pending members (on a shared subscription).
 
-    An entry's only pending member needs no record: nothing waits for it. A record is
-    made when a second member of the entry is nacked; the first one's deadline is not
-    kept, so the record takes the latest deadline noted for any member so far, which is
-    never earlier than it: the entry may come late, never early. This keeps the rule's
-    memory to the entries with several pending members.
+    Each parked key's message stays pending; its entry's other pending members keep their
+    keys in the tracker, so a key of the entry falls due again, at the latest at the last
+    member's deadline, and brings the parked keys back into the handoff. A member acked
+    meanwhile keeps its key in the tracker (the tracker forgets nothing), so the entry is
+    looked at again at that member's deadline at the latest: late, never early.
 
     Not thread-safe: the ledger holds its lock around every call.
 
-    >>> deadlines = EntryDeadlines()
-    >>> deadlines.note((7, 1, 0), 1_000, alone=True); deadlines.note((7, 1, 1), 4_000, alone=False)
-    >>> deadlines.note((7, 2, 0), 2_000, alone=True); len(deadlines)
-    1
-    >>> deadlines.wait_until((7, 1), 900), deadlines.wait_until((7, 1), 4_000), deadlines.wait_until((7, 2), 900)
-    (4000, None, None)
-    >>> deadlines.note((7, 2, 1), 1_500, alone=False); deadlines.wait_until((7, 2), 900)
-    4000
-    >>> deadlines.forget((7, 1)); deadlines.wait_until((7, 1), 900)
+    >>> parked = ParkedKeys()
+    >>> parked.park([("t", 7, 1, 0), ("t", 7, 1, 2)]); len(parked), parked.count((7, 1))
+    (1, 2)
+    >>> parked.take((7, 1)), parked.take((7, 1)), len(parked)
+    ([('t', 7, 1, 0), ('t', 7, 1, 2)], [], 0)
     """
 
-    __slots__ = ("_bound", "_latest")
-    _latest: dict[tuple[int, int], int]
-    """(ledger, entry) -> the deadline (ms, untrimmed) an entry with several pending members waits for."""
-    _bound: int
-    """The latest deadline noted for any member: a bound of every pending member's deadline."""
+    __slots__ = ("_keys",)
+    _keys: dict[tuple[int, int], list[MessageKey]]
+    """(ledger, entry) -> the due keys of its members that wait, parked."""
 
     def __init__(self) -> None:
-        self._latest = {}
-        self._bound = -1
+        self._keys = {}
 
     def __len__(self) -> int:
-        return len(self._latest)
+        """The entries that wait."""
+        return len(self._keys)
 
-    def note(self, item: tuple[int, int, int], deadline_ms: int, *, alone: bool) -> None:
-        """The batch member *item* is pending until *deadline_ms*; *alone*: no other member of its entry is. O(1)."""
-        if deadline_ms > self._bound:
-            self._bound = deadline_ms
-        if alone:
-            return
-        entry = item[:2]
-        if self._bound > self._latest.get(entry, -1):
-            self._latest[entry] = self._bound
+    def park(self, keys: list[MessageKey]) -> None:
+        """Keep the due *keys* (of one entry) until a key of their entry falls due again. O(len(keys))."""
+        for key in keys:
+            self._keys.setdefault((key[1], key[2]), []).append(key)
 
-    def wait_until(self, entry: tuple[int, int], horizon_ms: int) -> int | None:
-        """The deadline *entry* waits for, if later than *horizon_ms* (what the handoff releases now), else None.
+    def take(self, entry: tuple[int, int]) -> list[MessageKey]:
+        """The parked keys of *entry*, which are no longer parked (empty if none). O(1)."""
+        return self._keys.pop(entry, []) if self._keys else []
 
-        A later deadline can be stale (that member was acked since): the entry then comes
-        late, never early. O(1).
-        """
-        latest = self._latest.get(entry)
-        return latest if latest is not None and latest > horizon_ms else None
+    def count(self, entry: tuple[int, int]) -> int:
+        """How many keys of *entry* are parked. O(1)."""
+        return len(self._keys.get(entry, ()))
 
-    def forget(self, entry: tuple[int, int]) -> None:
-        """*entry* has no pending member left (handed off, acked). O(1)."""
-        self._latest.pop(entry, None)
+    def all_keys(self) -> list[MessageKey]:
+        """Every parked key (a reset drops them with the tracker's). O(n)."""
+        return [key for keys in self._keys.values() for key in keys]
 
     def clear(self) -> None:
-        """Forget every entry (a reset, a close)."""
-        self._latest.clear()
-        self._bound = -1
+        """Forget every parked key (a reset, a close: their nacks are forgotten with them)."""
+        self._keys.clear()

@@ -564,10 +564,8 @@ class NackingCore:
         next(self._nacked)
 
     def _track(self, key: MessageKey, delay_ms: int | None, count: int | None = None) -> None:
-        """Add a noted nack's *key* to the tracker and tell the ledger its deadline (the batch handoff rule's)."""
-        deadline = self.tracker.add(key, delay_ms, count)
-        if key[3] >= 0:
-            self.ledger.note_deadline((key[1], key[2], key[3]), deadline)
+        """Add a noted nack's *key* to the tracker."""
+        self.tracker.add(key, delay_ms, count)
 
     def _nacked_at_last(self, key: MessageKey, item: Item) -> bool:
         """With delivery counts: a nack of a message at its last delivery sends its dead letter instead; True if it did."""
