@@ -1,14 +1,16 @@
-"""What reading a received message's id costs through the bindings, beside the plain consumer's receive + ack.
+"""What reading a received message's id costs, through the bindings or libpulsar, beside the plain consumer's receive + ack.
 
 A consumer that guards (nacks pending) must know each received message's entry to tell
 a copy of a nacked entry from a new message, so it reads the id of every message:
 ``message_id()`` then ``serialize()`` on the client's bindings, inside
-``EntryTable.admit_message`` (``pulsar_nack.consumer._msgid``). The client exposes no
-cheaper way to the entry. This measures, per message, on messages received from Apache
-Pulsar standalone (batches of 10): the plain consumer's ``acknowledge(receive())``, the
-two binding calls alone, and ``admit_message`` + ``ack_message`` (all a guarded receive
-and ack add in C). ``floor_ratio`` is (plain + admit + ack) / plain: the guarded receive +
-ack over the plain one if every other line of ours cost nothing.
+``EntryTable.admit_message`` (``pulsar_nack.consumer._msgid``), or, where pulsar-client
+3.9+ allows it, through libpulsar's C++ accessors (``pulsar_nack.consumer.native_ids``).
+This measures, per message, on messages received from Apache Pulsar standalone (batches
+of 10): the plain consumer's ``acknowledge(receive())``, the two binding calls alone, and
+``admit_message`` + ``ack_message`` (all a guarded receive and ack add in C), both ways.
+``floor_ratio`` is (plain + admit + ack) / plain: the guarded receive + ack over the plain
+one if every other line of ours cost nothing (``floor_ratio_bindings``: reading every id
+through the bindings).
 
 Run ``python -m bench.id_read [--quick]``; writes ``bench/results/id-read.json``. Thread
 CPU time (as bench/consumer.py), minima over repetitions (the least disturbed), each repetition
@@ -22,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from pulsar_nack.consumer import msgid
+from pulsar_nack.consumer import msgid, native_ids
 from pulsar_nack.consumer._client import unwrap_message, wrap_message
 
 from ._common import broker_label, finish, parser, standalone, start_context
@@ -105,6 +107,12 @@ def run(n: int, reps: int) -> dict[str, Any]:
     empty = _binding(raw, lambda message: None, reps)
     serialized = _binding(raw, lambda message: message.message_id().serialize(), reps) - empty
     admit_ack = min(_table_pass(raw, True) for _ in range(reps)) - empty
+    native = msgid.NATIVE_IDS
+    native_ids.unbind(msgid._c)  # the same table reading every id through the bindings, as before 3.9
+    try:
+        admit_ack_bindings = min(_table_pass(raw, True) for _ in range(reps)) - empty
+    finally:
+        native_ids.bind(msgid._c)
     return {
         "broker": label,
         "messages": n,
@@ -116,9 +124,12 @@ def run(n: int, reps: int) -> dict[str, Any]:
             "message_id_serialize": serialized,
             "admit_message": min(_table_pass(raw, False) for _ in range(reps)) - empty,
             "admit_and_ack_message": admit_ack,
+            "admit_and_ack_message_bindings": admit_ack_bindings,
         },
+        "native_ids": native,
         "id_read_over_plain": serialized / plain,
         "floor_ratio": (plain + admit_ack) / plain,
+        "floor_ratio_bindings": (plain + admit_ack_bindings) / plain,
     }
 
 

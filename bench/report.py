@@ -1182,13 +1182,18 @@ def id_read_table(result: dict[str, Any] | None = None) -> str:
     rows = [("the plain consumer's receive + acknowledge", us["plain_receive_ack"]),
             ("`message_id()`", us["message_id"]),
             ("`message_id().serialize()`", us["message_id_serialize"]),
-            ("`EntryTable.admit_message` + `ack_message` (the id read, the verdict, the ack's record)",
-             us["admit_and_ack_message"])]  # fmt: skip
+            ("`EntryTable.admit_message` + `ack_message` (the id read, the verdict, the ack's record), ids read "
+             + ("through libpulsar" if data.get("native_ids") else "through the bindings"), us["admit_and_ack_message"])]
+    floors = f"{data['floor_ratio']:.2f}×"
+    if "admit_and_ack_message_bindings" in us:
+        rows.append(("the same, every id read through the bindings (`message_id()` + `serialize()`)",
+                     us["admit_and_ack_message_bindings"]))
+        floors += f" ({data['floor_ratio_bindings']:.2f}× with every id read through the bindings)"
     lines = ["| per received message | µs (CPU) |", "|---|---:|"] + [f"| {name} | {value:.2f} |" for name, value in rows]
     return "\n".join(lines) + (
         f"\n\n{data['broker']}: {data['messages']:,} messages (batches of 10), "
         f"the least of {data['repetitions']} repetitions. With nothing else of ours on the path, a guarded receive + "
-        f"acknowledge would cost {data['floor_ratio']:.2f}× the plain one.")
+        f"acknowledge would cost {floors} the plain one.")
 
 
 def sharing_wait_table(result: dict[str, Any] | None = None) -> str:

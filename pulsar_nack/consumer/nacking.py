@@ -394,7 +394,7 @@ class NackingCore:
             size = self.ledger.size_of(key[1], key[2]) if key[3] >= 0 else 0
             if self.ledger.note_nack(item, size, None, first_chunk):  # else a nack of it is pending already
                 try:
-                    self._track(key, 0)
+                    self.tracker.add(key, 0)
                 except ClosedError:
                     return  # closing: the broker redelivers it when this consumer is gone
 
@@ -452,7 +452,7 @@ class NackingCore:
         """
         self.ledger.dead_letter_failed(_item_of(raw_id(message)))
         try:
-            self._track(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
+            self.tracker.add(self.key_of(message)[0], DEAD_LETTER_RETRY_MS)
         except ClosedError:
             pass  # closing: the broker redelivers it when this consumer is gone
 
@@ -494,8 +494,7 @@ class NackingCore:
         inner = inner_message(message)
         if inner is not None:  # a pulsar.Message: the common path, no checks needed
             key = _msgid.message_key(inner)
-            if key[0] not in self.topics.names and key[0] not in self.topics:
-                raise ValueError(f"message of topic {key[0]!r} does not belong to this consumer ({self.topics!r})")
+            self._check_topic(key[0])
             return key, inner.message_id()
         raw = raw_id(message)
         ledger, entry, partition, batch_index, size = _msgid.read_id(raw)  # ValueError for earliest, latest, ...
@@ -517,6 +516,11 @@ class NackingCore:
                 topic = f"{single}-partition-{partition}" if partition >= 0 else single
         return (topic, ledger, entry, batch_index), raw
 
+    def _check_topic(self, topic: str) -> None:
+        """Raise ValueError for a message of a topic this consumer does not read. O(1) (a pattern: one match)."""
+        if topic not in self.topics.names and topic not in self.topics:
+            raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+
     def nack(self, message: Any, delay_ms: int | None = None) -> None:
         """Track a negative acknowledgement: the message comes back after its delay.
 
@@ -534,8 +538,8 @@ class NackingCore:
         inner = unwrap_message(message) if type(message) is MESSAGE_TYPE else inner_message(message)
         if inner is not None:  # its key and first chunk in one C call (the id kept on admission, or read once)
             topic, ledger_id, entry, index, size, first = _msgid.received_key(inner, message)
-            if topic not in self.topics.names and topic not in self.topics:
-                raise ValueError(f"message of topic {topic!r} does not belong to this consumer ({self.topics!r})")
+            if topic not in self.topics.names:  # (the common case: a topic named at subscribe)
+                self._check_topic(topic)
             key: MessageKey = (topic, ledger_id, entry, index)
             raw = None
         else:
@@ -555,17 +559,13 @@ class NackingCore:
         if not ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
-            self._track(key, delay_ms, count)
+            self.tracker.add(key, delay_ms, count)
         except BaseException:
             ledger.undo_nack(item)
             raise
         if self._ack_timeout is not None:
             self._settle_timeout(key)
         next(self._nacked)
-
-    def _track(self, key: MessageKey, delay_ms: int | None, count: int | None = None) -> None:
-        """Add a noted nack's *key* to the tracker."""
-        self.tracker.add(key, delay_ms, count)
 
     def _nacked_at_last(self, key: MessageKey, item: Item) -> bool:
         """With delivery counts: a nack of a message at its last delivery sends its dead letter instead; True if it did."""
@@ -600,6 +600,12 @@ class NackingCore:
             return unwrap_message(message)  # a pulsar.Message: only those keep an id
         if ledger.quiet and not ledger.keeps_counts() and _is_message(message):
             return raw_id(message)  # a received message while quiet: nothing to record
+        if type(message) is MESSAGE_TYPE:  # a received pulsar.Message that kept no id: its fields in one C call
+            inner = unwrap_message(message)
+            topic, ledger_id, entry, index, size, _ = _msgid.received_key(inner, message)
+            self._check_topic(topic)
+            ledger.note_ack(ledger_id, entry, index, size, made_up=False, topic=topic)
+            return inner
         key, raw = self.key_of(message)
         topic, ledger_id, entry, index = key
         size = batch_size_of(raw) if index >= 0 else 0
