@@ -24,7 +24,9 @@ cProfile sees the calls made from Python code: our functions, the client's bindi
 acknowledgement, missing from the counts). Calls a C extension makes itself are not
 seen; :data:`C_CALLS` lists them by extension method, and the summary adds them to the
 binding count (an upper bound for ``received_key``, which reads the id only when the
-message kept none: then ``topic_name()`` is its one call).
+message kept none: then ``topic_name()`` is its one call). With native id reads
+(pulsar-client 3.9+, ``pulsar_nack.consumer.native_ids``) those methods call libpulsar
+instead, and only :data:`NATIVE_C_CALLS` are counted.
 
 Run ``python -m bench.profile_consumer [--messages 20000] [--out NAME] [--cases A,B]``; writes
 ``bench/results/consumer-profile.json`` (or ``NAME.json``). ``--url``/``--admin-url`` use a
@@ -52,6 +54,16 @@ C_CALLS = {
     "received_key": ("message_id", "serialize", "topic_name"),
 }
 """Calls into the client's bindings that our C extension methods make themselves (not seen by cProfile)."""
+NATIVE_C_CALLS = {"admit": C_CALLS["admit"], "read_id": C_CALLS["read_id"]}
+"""The same with native id reads on (``msgid.NATIVE_IDS``): the others read through libpulsar, not the bindings
+(but for a chunked message, which no case here receives)."""
+
+
+def c_calls() -> dict[str, tuple[str, ...]]:
+    """:data:`C_CALLS` or :data:`NATIVE_C_CALLS`, as this process reads ids."""
+    from pulsar_nack.consumer import msgid
+
+    return NATIVE_C_CALLS if msgid.NATIVE_IDS else C_CALLS
 
 CASES = (
     "guarding_batched", "guarding_unbatched", "nack_message", "working_10pct_batched", "working_10pct_unbatched",
@@ -99,10 +111,11 @@ def profile_loop(loop: Callable[[], int]) -> dict[str, Any]:
     builtin_calls = sum(r["calls_per_message"] for r in rows if r["function"].startswith("<"))
     binding_calls = sum(r["calls_per_message"] for r in rows if _is_binding(r["function"]))
     hidden = 0.0
+    inside = c_calls()
     for r in rows:
         method = _extension_method(r["function"])
-        if method in C_CALLS:
-            hidden += r["calls_per_message"] * len(C_CALLS[method])
+        if method in inside:
+            hidden += r["calls_per_message"] * len(inside[method])
     return {
         "messages": count,
         "python_calls_per_message": python_calls,
@@ -170,7 +183,10 @@ def run(url: str, admin: Any, n: int, broker: str, cases_run: tuple[str, ...] = 
         cases = {case: run_case(client, admin, case, n) for case in cases_run}
     finally:
         client.close()
-    return {"broker": broker, "messages": n, "c_calls": {k: list(v) for k, v in C_CALLS.items()}, "cases": cases}
+    from pulsar_nack.consumer import msgid
+
+    return {"broker": broker, "messages": n, "native_ids": msgid.NATIVE_IDS,
+            "c_calls": {k: list(v) for k, v in c_calls().items()}, "cases": cases}  # fmt: skip
 
 
 def _report(payload: dict[str, Any], top: int = 12) -> None:

@@ -579,7 +579,10 @@ def consumer_profile_table() -> str:
         f"(commit {before['meta']['git']['commit'][:7]}, `bench/results/consumer-profile-before.json`) → after "
         f"(commit {after['meta']['git']['commit'][:7]}, `consumer-profile-after.json`). Binding calls include "
         "those our C extension makes itself (`message_id()`, `serialize()`, `topic_name()`: an upper bound for "
-        "the nack, which reads the id only when the message kept none).\n\n" + table
+        "the nack, which reads the id only when the message kept none)"
+        + (", where it reads ids through the bindings; after, it read them through libpulsar's accessors "
+           "(`pulsar_nack.consumer.native_ids`), which are no binding calls" if after.get("native_ids") else "")
+        + ".\n\n" + table
     )
 
 

@@ -233,7 +233,7 @@ def test_a_chunked_message_left_to_the_ack_timeout_comes_back_whole(client, chun
     )
 
 
-@pytest.mark.skipif(not _msgid.NATIVE_IDS, reason="this pulsar-client offers no native id reads (before 3.9)")
+@pytest.mark.skipif(not _msgid.NATIVE_IDS, reason="native id reads are off (tests/test_msgid.py says why)")
 def test_a_chunked_message_is_read_through_serialize(client):
     """Its first chunk is in the serialized id only: the native id reader declines it
     (``pulsar_nack.consumer.native_ids``), and ``received_key`` still finds the first chunk's entry."""

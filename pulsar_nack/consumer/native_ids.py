@@ -2,9 +2,10 @@
 
 The C reader (``pulsar_nack.consumer._msgid``) reads a message's id through two binding
 calls, ``message_id()`` and ``serialize()``. Where the installed pulsar-client lets it
-(its ``_pulsar`` module built with pybind11's ``_pybind11_conduit_v1_``, from
-pulsar-client 3.9 on, and libpulsar exporting the id accessors of its public headers), it
-reads the fields through libpulsar instead, without a Python call or an allocation.
+(its ``_pulsar`` module built with pybind11's ``_pybind11_conduit_v1_``, as every
+supported release is, 3.9 to 3.13, and libpulsar exporting the id accessors of its public
+headers), it reads the fields through libpulsar instead, without a Python call or an
+allocation.
 :func:`bind` checks everything it relies on, once, and leaves the reader off otherwise;
 ``_native_id.h`` says what. The results are the same either way (``tests/test_msgid.py``
 compares them on received messages of every kind); only the cost differs.
