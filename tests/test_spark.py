@@ -11,6 +11,7 @@ is registered with cloudpickle to travel by value.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -599,6 +600,7 @@ def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
         text=True,
         cwd=str(REPO_ROOT),
         env=env,
+        start_new_session=True,  # its own group: a fork of it left behind (holding our pipes) is killed with it
     ) as demo:
         try:
             stdout, stderr = demo.communicate(timeout=timeout_s)
@@ -607,9 +609,11 @@ def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
             try:
                 _, stderr = demo.communicate(timeout=30)
             except subprocess.TimeoutExpired:
-                demo.kill()
-                _, stderr = demo.communicate()
-            pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{stderr[-6000:]}")
+                stderr = ""
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(demo.pid, signal.SIGKILL)  # and any fork of it, else communicate() waits for ever
+            _, rest = demo.communicate(timeout=30)
+            pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{(stderr or rest)[-6000:]}")
     assert demo.returncode == 0, stderr[-3000:]
     assert len(stdout.splitlines()) == 1, f"stdout holds more than the JSON line: {stdout[:2000]}"
     return json.loads(stdout), stderr

@@ -76,6 +76,7 @@ __all__ = [
     "load_asyncio",
     "message_receiver",
     "missing_names",
+    "native_probe",
     "plain_producer_configuration",
     "raw_client",
     "raw_consumer",
@@ -552,3 +553,9 @@ def shared_listener_configuration(
         conf.subscription_initial_position(initial_position)
     conf.batch_index_ack_enabled(batch_index_ack)
     return conf
+
+
+def native_probe() -> tuple[str, RawMessage]:
+    """The ``_pulsar`` extension's file and a fresh ``_pulsar.Message``: what
+    :func:`pulsar_nack.consumer.native_ids.bind` looks libpulsar's accessors up with and probes."""
+    return _pulsar.__file__, _pulsar.Message()

@@ -39,10 +39,10 @@ def bind(reader: Any) -> bool:
         return False
     if reader.native_bound():
         return True
-    import _pulsar
+    from ._client import native_probe
 
-    type_info = reader.native_type_info(_pulsar.__file__)
-    probe = _pulsar.Message()
+    path, probe = native_probe()
+    type_info = reader.native_type_info(path)
     conduit = getattr(probe, "_pybind11_conduit_v1_", None)
     if type_info is None or conduit is None:  # an older client, or libpulsar without the accessors
         return False
