@@ -198,6 +198,29 @@ def test_importing_the_module_imports_neither_pyspark_nor_pulsar():
     assert done.returncode == 0, done.stderr
 
 
+_LAUNCH_AND_STOP = """
+import os, sys, time
+from pulsar_nack.spark.session import launch_jvm, stop_session
+launch_jvm("local[1]", "launch-and-stop")
+children = {int(c) for t in os.listdir("/proc/self/task") for c in open(f"/proc/self/task/{t}/children").read().split()}
+stop_session(None)
+print(" ".join(map(str, children)), flush=True)
+print(" ".join(str(pid) for pid in children if os.path.exists(f"/proc/{pid}")), flush=True)  # before this process ends
+"""
+
+
+def test_a_jvm_launched_without_a_session_ends_with_stop_session(tmp_path):
+    """``launch_jvm`` then ``stop_session(None)`` (the demo's path when something fails before the session):
+    the JVM the launch started is gone when it returns (looked at before the launching process ends:
+    its end would close the JVM's stdin and end it anyway)."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run([sys.executable, "-c", _LAUNCH_AND_STOP], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    children, left = (line.split() for line in done.stdout.splitlines()[-2:])
+    assert children, "the launch started no process"
+    assert not left, f"still running after stop_session: {left} (the launch started {children})"
+
+
 def test_config_is_validated_and_pickles():
     import pickle
 

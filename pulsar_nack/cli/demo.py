@@ -552,20 +552,25 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
 
     *started* and *started_wall*: when the demo started (monotonic and wall clock).
     """
-    from ..spark import local_session, stop_session
+    from ..spark import stop_session
+    from ..spark.session import launch_jvm
     from ..testing import quiet_client
 
     broker = client = spark = None
+    launched = False
     try:
         broker, url = _start_broker(args)
         broker_start_s = time.monotonic() - started
+        _status(f"starting Spark ({args.master})")
+        spark_started = time.monotonic()
+        jvm = launch_jvm(args.master, "pulsar-nack demo")  # forks: before the client's and producer's threads exist
+        launched = True
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
         producer = _Producer(client, topic, args.messages, keyed=args.subscription == "KeyShared")
         producer.thread.start()  # the stream runs while Spark starts
-        _status(f"producing {args.messages:,} events to {topic}; starting Spark ({args.master})")
-        spark_started = time.monotonic()
-        spark = local_session(args.master, "pulsar-nack demo")
+        _status(f"producing {args.messages:,} events to {topic}")
+        spark = jvm.session()
         spark_start_s = time.monotonic() - spark_started
         consume_started = time.monotonic()
         stats = _consume(args, url, topic, spark)
@@ -575,11 +580,11 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
             raise producer.error
         _status("stopping Spark; checking the subscription")
         stop_session(spark)
-        spark = None
+        spark, launched = None, False
         left = _left_in_subscription(client, topic, args.subscription)
     finally:
-        if spark is not None:
-            stop_session(spark)
+        if spark is not None or launched:
+            stop_session(spark)  # also a JVM launched without a session
         if client is not None:
             client.close()
         if broker is not None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
 
-__all__ = ["local_session", "stop_session"]
+__all__ = ["LaunchedJvm", "launch_jvm", "local_session", "stop_session"]
 
 _LOG4J2_TEMPLATE = """\
 # Written by pulsar_nack.spark.local_session: only {level} and worse, on stderr.
@@ -92,7 +92,8 @@ def local_session(
     If a SparkContext is already running, or the script runs under ``spark-submit``
     (which launched the JVM), the session is ``SparkSession.builder.getOrCreate()``
     and *master*, *log_level* and *conf* are not applied. Stop it with
-    :func:`stop_session`, which also ends a JVM started here.
+    :func:`stop_session`, which also ends a JVM started here. Same as
+    ``launch_jvm(...).session()`` (:func:`launch_jvm`).
 
     Parameters
     ----------
@@ -104,14 +105,51 @@ def local_session(
     conf : mapping, optional
         More Spark settings, e.g. ``{"spark.python.worker.reuse": "false"}``.
     """
+    return launch_jvm(master, app_name, log_level=log_level, conf=conf).session()
+
+
+class LaunchedJvm:
+    """A JVM :func:`launch_jvm` started, before its SparkContext: :meth:`session` makes it.
+
+    Launching forks this process (PySpark starts the JVM with a ``preexec_fn``, Python code
+    run in the child before ``exec``), which can deadlock the child when other threads hold
+    locks at the fork; a program that starts threads (a Pulsar client, a producer) launches
+    the JVM first, starts them, then makes the session, which does not fork.
+    """
+
+    __slots__ = ("_conf", "_gateway", "_level")
+
+    def __init__(self, gateway: Any, spark_conf: Any, level: str) -> None:
+        self._gateway, self._conf, self._level = gateway, spark_conf, level
+
+    def session(self) -> SparkSession:
+        """The SparkSession on this JVM (or the running one). Stop it with :func:`stop_session`."""
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        if self._gateway is not None and SparkContext._active_spark_context is None:
+            sc = SparkContext(conf=self._conf, gateway=self._gateway)
+            sc.setLogLevel(self._level)
+        return SparkSession.builder.getOrCreate()
+
+
+def launch_jvm(
+    master: str = "local[2]",
+    app_name: str = "pulsar-nack",
+    *,
+    log_level: str = "ERROR",
+    conf: Mapping[str, str] | None = None,
+) -> LaunchedJvm:
+    """Start the JVM of a :func:`local_session` (the parameters are its), without the session yet.
+
+    :func:`stop_session` (``stop_session(None)`` before the session exists) ends it.
+    """
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
-    from pyspark.sql import SparkSession
 
-    active = SparkContext._active_spark_context
-    if active is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+    if SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         # Running already, or under spark-submit: its master and settings apply.
-        return SparkSession.builder.getOrCreate()
+        return LaunchedJvm(None, None, "")
     level = log_level.upper()
     if level not in ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"):
         raise ValueError(f"unknown log level {log_level!r}")
@@ -145,10 +183,8 @@ def local_session(
     finally:
         os.close(write_fd)
     threading.Thread(target=_relay_stderr, args=(read_fd,), name="spark-stderr", daemon=True).start()
-    sc = SparkContext(conf=spark_conf, gateway=gateway)
-    sc.setLogLevel(level)
     _SESSION_STATE.update(gateway=gateway, log_dir=log_dir)
-    return SparkSession.builder.getOrCreate()
+    return LaunchedJvm(gateway, spark_conf, level)
 
 
 def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
@@ -164,7 +200,7 @@ def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
         spark.stop()
     gateway: Any = _SESSION_STATE.pop("gateway", None)
     log_dir = _SESSION_STATE.pop("log_dir", None)
-    if gateway is not None and SparkContext._gateway is gateway:
+    if gateway is not None and SparkContext._gateway in (gateway, None):  # None: launched, no session made
         proc = getattr(gateway, "proc", None)
         with contextlib.suppress(Exception):
             _shutdown_gateway(gateway)
