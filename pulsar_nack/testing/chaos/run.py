@@ -55,6 +55,9 @@ class RunConfig:
     sample_s : float
     faults : tuple of str
         The nemesis's fault kinds (:class:`~.nemesis.Fault` values; empty: every kind).
+    min_faults : int
+        The load phase goes on past *minutes* until the nemesis has thrown this many faults
+        (a fault can take long on a slow machine: a broker restart), at most twice as long.
     """
 
     directory: Path
@@ -68,6 +71,7 @@ class RunConfig:
     sample_s: float = 10.0
     faults: tuple[str, ...] = ()
     broker_config: dict[str, str] = field(default_factory=lambda: {"delayedDeliveryTickTimeMillis": "100"})
+    min_faults: int = 0
 
 
 @dataclass
@@ -150,11 +154,12 @@ def _supervise(fleet: Fleet, writer: HistoryWriter) -> None:
 def _load_phase(config: RunConfig, cluster: PulsarCluster, fleet: Fleet, spec: WorkloadSpec,
                 writer: HistoryWriter) -> dict[str, int]:  # fmt: skip
     """Load (and faults, unless a soak) for ``config.minutes``; return the faults thrown by kind."""
-    end = time.monotonic() + config.minutes * 60
+    began = time.monotonic()
+    end, latest = began + config.minutes * 60, began + 2 * config.minutes * 60
     kinds = [Fault(kind) for kind in config.faults] or None
     nemesis = None if config.soak else Nemesis(cluster, fleet, spec, writer, config.seed, config.gap_s, kinds)
     next_fault = time.monotonic() + (nemesis.next_gap_s() if nemesis else 0)
-    while time.monotonic() < end:
+    while _loading(time.monotonic(), end, latest, nemesis, config.min_faults):
         _supervise(fleet, writer)
         if nemesis is not None and time.monotonic() >= next_fault:
             nemesis.step()
@@ -164,6 +169,12 @@ def _load_phase(config: RunConfig, cluster: PulsarCluster, fleet: Fleet, spec: W
         return {}
     nemesis.heal()
     return dict(nemesis.counts)
+
+
+def _loading(now: float, end: float, latest: float, nemesis: Nemesis | None, min_faults: int) -> bool:
+    """True while the load phase goes on: until *end*, then until *min_faults* faults were thrown or *latest*."""
+    short = nemesis is not None and sum(nemesis.counts.values()) < min_faults
+    return now < end or (short and now < latest)
 
 
 def _drain(config: RunConfig, fleet: Fleet, spec: WorkloadSpec, writer: HistoryWriter) -> tuple[bool, float, int]:
