@@ -5,6 +5,7 @@ the loop's body, from another thread, from another task)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import uuid
 from typing import Any
@@ -86,8 +87,21 @@ def test_for_loop_ends_after_the_body_closes_the_consumer(client, topic) -> None
     other.close()
 
 
+def _in_receive(thread: threading.Thread) -> bool:
+    """True if *thread* is inside a ``receive`` call (a frame of that name on its stack)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code.co_name != "receive":
+        frame = frame.f_back
+    return frame is not None
+
+
 def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
-    """Closing the client, not the consumer, is an error of the loop (the consumer is not closed)."""
+    """Closing the client, not the consumer, is an error of the loop (the consumer is not closed).
+
+    The client is closed once the loop waits in ``receive``: the C++ client (plain or ours) checks its
+    state, then queues the waiting receive, and a close between the two leaves it waiting for ever
+    (``ConsumerImpl::receiveAsync``), which a close at the loop's first step hit in a CI run.
+    """
     own = quiet_client(apache_broker.url)
     consumer = _blocking(own, topic, False)
     outcome: list[object] = []
@@ -102,6 +116,7 @@ def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
 
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
+    assert wait_for(lambda: _in_receive(worker), END_S), "the loop never reached receive"
     own.close()
     worker.join(END_S)
     assert not worker.is_alive()
