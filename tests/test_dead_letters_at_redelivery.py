@@ -32,6 +32,8 @@ import pulsar
 import pytest
 from test_dead_letters import CLIENTS, VARIANTS, Driver, Lab, new_topic, produce, variant_id
 
+from helpers import dead_letters_allowed
+
 pytestmark = pytest.mark.broker
 
 N = 10
@@ -150,10 +152,7 @@ def test_dead_letters_at_the_last_redelivery_without_a_further_receive(runs, sce
         f"dead letters of {sorted(outcome.dead)} only, {DEAD_WAIT_MS[scenario]} ms after the last receive"
     )
     for payload, letters in outcome.dead.items():
-        if kind != "plain" or not variant[0]:
-            assert len(letters) == 1, f"{payload!r} dead-lettered {len(letters)} times"
-        # else the control may send a batch member's dead letter twice, as in test_dead_letters.py
-        # (seen here once, the second copy without keys or properties); the first is checked.
-        letter = letters[0]
+        assert len(letters) <= dead_letters_allowed(kind, batched=variant[0]), f"{payload!r} dead-lettered {len(letters)} times"
+        letter = letters[0]  # the first (a plain client's second copy may lack keys and properties)
         assert (letter["partition_key"], letter["ordering_key"], letter["pk-1"]) == ("p-key", "o-key", "pv-1")
         assert letter["real_topic"] and letter["origin"]
