@@ -478,3 +478,13 @@ def test_a_broker_count_that_jumps_by_two_for_one_copy_does_not_dead_letter_earl
     assert deliveries == expected and len(routed) == 1, f"dead-lettered after {deliveries} deliveries"
     core.close(redeliver_pending=False)
 
+
+
+def test_a_chunked_message_is_handed_off_in_entry_order() -> None:
+    """Its first chunk's entry first, its last chunk's entry last: the client's nack timer may release the
+    ids in two ticks, and a later chunk that reaches the client before the first is dropped (the C++ client's
+    "chunk id is invalid"), so the message never comes back (seen on Apache Pulsar 3.0.7 under load)."""
+    ledger = admission.AdmissionLedger(None, lead_ms=0, always_guard=False, guard_messages=1, start_guard=1)
+    assert ledger.note_nack((7, 12, -1), 0, None, first_chunk=(7, 9))
+    ids, _ = ledger.hand_off({T: [(T, 7, 12, -1)]})
+    assert [(i.ledger_id(), i.entry_id()) for i in ids] == [(7, 9), (7, 10), (7, 11), (7, 12)]

@@ -732,7 +732,9 @@ class AdmissionLedger:
                 return []
             bare_ids[entry] = bare
             return [bare]
-        return [handoff_id(topic, *entry), *self._chunk_ids(topic, entry, chunked)]
+        # A chunked message's chunks in entry order, its last chunk's entry last: the client's nack timer
+        # may release the ids in two ticks, and a first chunk must reach it before the later ones.
+        return [*self._chunk_ids(topic, entry, chunked), handoff_id(topic, *entry)]
 
     def _repark(self, unparked: list[MessageKey]) -> None:
         """Under the lock: park again the keys a refused handoff had unparked (the tracker retries only its own)."""
