@@ -200,7 +200,7 @@ def test_importing_the_module_imports_neither_pyspark_nor_pulsar():
 
 _LAUNCH_AND_STOP = """
 import os, sys, time
-from pulsar_nack.spark.session import launch_jvm, stop_session
+from pulsar_nack.spark import launch_jvm, stop_session
 launch_jvm("local[1]", "launch-and-stop")
 children = {int(c) for t in os.listdir("/proc/self/task") for c in open(f"/proc/self/task/{t}/children").read().split()}
 stop_session(None)

@@ -552,8 +552,7 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
 
     *started* and *started_wall*: when the demo started (monotonic and wall clock).
     """
-    from ..spark import stop_session
-    from ..spark.session import launch_jvm
+    from ..spark import launch_jvm, stop_session
     from ..testing import quiet_client
 
     broker = client = spark = None

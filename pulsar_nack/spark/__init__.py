@@ -24,7 +24,9 @@ Pieces
     :func:`executor_consumer`, :func:`close_executor_consumers`
         The per-process registry, for custom task code.
     :func:`local_session`, :func:`stop_session`
-        A quiet local SparkSession (tests, examples, the demo) and its full shutdown.
+        A quiet local SparkSession (tests, examples, the demo) and its full shutdown;
+        :func:`launch_jvm` starts its JVM first, for a program that starts threads before
+        its session.
 
 Delivery semantics: at-least-once
     A message is acked only after ``handler(message)`` returned, so the handler's side
@@ -77,7 +79,7 @@ Modules, one concept each
     :mod:`~pulsar_nack.spark.registry` (the per-worker consumers),
     :mod:`~pulsar_nack.spark.task` (the task loop), :mod:`~pulsar_nack.spark.stats`
     (TaskStats, RunStats), :mod:`~pulsar_nack.spark.driver` (run_consumer_tasks) and
-    :mod:`~pulsar_nack.spark.session` (local_session, stop_session).
+    :mod:`~pulsar_nack.spark.session` (local_session, launch_jvm, stop_session).
 
 This package imports neither ``pulsar`` nor ``pyspark`` at import time: pulsar is imported
 when a consumer is built, pyspark inside the driver-side functions.
@@ -89,13 +91,14 @@ from .config import NON_RETRYABLE_ACTIONS, ConsumerConfig, TaskBudget, dead_lett
 from .driver import run_consumer_tasks
 from .policy import retry_action
 from .registry import close_executor_consumers, executor_consumer
-from .session import local_session, stop_session
+from .session import LaunchedJvm, launch_jvm, local_session, stop_session
 from .stats import RunStats, TaskStats, aggregate_task_stats
 from .task import consume_partition, consumer_task
 
 __all__ = [
     "NON_RETRYABLE_ACTIONS",
     "ConsumerConfig",
+    "LaunchedJvm",
     "RunStats",
     "TaskBudget",
     "TaskStats",
@@ -105,6 +108,7 @@ __all__ = [
     "consumer_task",
     "dead_letter_topic",
     "executor_consumer",
+    "launch_jvm",
     "local_session",
     "retry_action",
     "run_consumer_tasks",
