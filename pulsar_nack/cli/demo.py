@@ -556,14 +556,12 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
     from ..testing import quiet_client
 
     broker = client = spark = None
-    launched = False
     try:
         broker, url = _start_broker(args)
         broker_start_s = time.monotonic() - started
         _status(f"starting Spark ({args.master})")
         spark_started = time.monotonic()
         jvm = launch_jvm(args.master, "pulsar-nack demo")  # forks: before the client's and producer's threads exist
-        launched = True
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
         producer = _Producer(client, topic, args.messages, keyed=args.subscription == "KeyShared")
@@ -579,11 +577,10 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
             raise producer.error
         _status("stopping Spark; checking the subscription")
         stop_session(spark)
-        spark, launched = None, False
+        spark = None
         left = _left_in_subscription(client, topic, args.subscription)
     finally:
-        if spark is not None or launched:
-            stop_session(spark)  # also a JVM launched without a session
+        stop_session(spark)  # also a JVM launched without a session; nothing if none is left
         if client is not None:
             client.close()
         if broker is not None:
