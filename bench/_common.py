@@ -169,43 +169,6 @@ def standalone() -> Iterator[Any]:
         yield broker
 
 
-@contextlib.contextmanager
-def pinned_apart(broker: Any) -> Iterator[dict[str, list[int]] | None]:
-    """Pin *broker*'s process (every thread it has; the ones it starts later inherit it) to the last CPU and
-    this process to the others, so that neither's work lands in the other's caches between timed calls; this
-    process gets its CPUs back at the end (a broker started later sizes its thread pools on all of them).
-
-    Both systems of a comparison run the same way. Yields the CPU sets, or None where there is nothing to
-    pin apart (one CPU, no ``sched_setaffinity``, or a broker this program did not start).
-    """
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
-    pid = getattr(broker, "pid", None)
-    if len(cpus) < 2 or pid is None:
-        yield None
-        return
-    pinned = {"broker": cpus[-1:], "bench": cpus[:-1]}
-    _pin_process(os.getpid(), set(pinned["bench"]))
-    _pin_process(pid, set(pinned["broker"]), descendants=True)
-    try:
-        yield pinned
-    finally:
-        _pin_process(os.getpid(), set(cpus))
-
-
-def _pin_process(pid: int, cpus: set[int], descendants: bool = False) -> None:
-    """Pin every thread of *pid*, and with *descendants* those of its descendants (a launcher script may run
-    the JVM as its child)."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended since the listing
-            os.sched_setaffinity(int(task), cpus)
-        if not descendants:
-            continue
-        with contextlib.suppress(OSError):
-            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-            for child in children:
-                _pin_process(int(child), cpus, descendants)
-
-
 def broker_label(broker: Any) -> str:
     """What a result records as its broker, e.g. "Apache Pulsar 4.0.8 standalone"."""
     version = getattr(broker, "version", None)

@@ -43,10 +43,7 @@ memory measurements on the first.
 
 Every timed loop records the wall clock and the calling thread's CPU time (``us`` and
 ``cpu_us`` per system, ``ratio_*`` and ``cpu_ratio_*`` medians): on a loaded shared
-machine the CPU time leaves out the waits to be scheduled. The broker runs pinned to one
-CPU and this program to the others (``pinned_cpus``, :func:`~bench._common.pinned_apart`), so
-the broker's work on the acks does not land in the timed thread's caches; both systems
-run the same way.
+machine the CPU time leaves out the waits to be scheduled.
 
 Run: ``python -m bench.consumer [--quick] [--messages N]``; writes
 ``bench/results/consumer.json`` (``consumer-quick.json`` with ``--quick``).
@@ -64,17 +61,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._common import (
-    pinned_apart,
-    print_table,
-    rss_bytes,
-    run_worker,
-    standalone,
-    start_context,
-    summarize,
-    trim_heap,
-    write_result,
-)
+from ._common import print_table, rss_bytes, run_worker, standalone, start_context, summarize, trim_heap, write_result
 
 HOUR_MS = 3_600_000
 TEN_MINUTES_MS = 600_000
@@ -597,7 +584,7 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
 
     from . import ack_timeout
 
-    with standalone() as broker, pinned_apart(broker) as pinned:
+    with standalone() as broker:
         calls = run_calls(broker.url, broker.admin, n, reps)
         working = run_working(broker.url, broker.admin, n, reps)
         timed = run_ack_timeout_calls(broker.url, broker.admin, n, reps)
@@ -605,7 +592,7 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
         plain_way = run_memory_plain(broker.url, memory_n, 3)
         unacked = ack_timeout.run_memory(broker.url, min(memory_n, ack_timeout.UNACKED), 3)
         version = broker.version
-    with PulsarStandalone(batch_index_ack=False) as broker, pinned_apart(broker):
+    with PulsarStandalone(batch_index_ack=False) as broker:
         calls_without = run_calls(broker.url, broker.admin, n, reps)
         working_without = run_working(broker.url, broker.admin, n, reps)
         timed_without = run_ack_timeout_calls(broker.url, broker.admin, n, reps)
@@ -613,7 +600,6 @@ def run(n: int, memory_n: int, reps: int) -> dict[str, Any]:
         "broker": f"Apache Pulsar {version} standalone",
         "batch_size": BATCH,
         "repetitions": reps,
-        "pinned_cpus": pinned,
         **calls,
         **working,
         **timed,
