@@ -8,8 +8,10 @@ memory measurements on the first.
 
 * **A, receive + acknowledge** (no nack at all): µs per message over ``n`` messages
   already pushed into the consumer's receive queue (``receiver_queue_size=n``; the
-  broker's ``msgOutCounter`` is awaited), batched (batches of 10) and non-batched. Repetitions alternate the
-  two systems in one process; the first repetition is the warmup. Both consumers are
+  broker's ``msgOutCounter`` is awaited), batched (batches of 10) and non-batched. The systems run side
+  by side in one process: each on its own full queue, timed in turns of 1,000 messages, the order
+  reversed every turn (:func:`_turns`), so a slow spell of the machine falls on each alike; the first
+  repetition is the warmup. Both consumers are
   subscribed with the same keywords (Shared, ``batch_index_ack_enabled=True``, which
   :func:`pulsar_nack.subscribe` sets by default). A third system, ``pulsar-nack-guarding``
   (``always_guard=True``), shows the cost while a consumer reads every id (as it does
@@ -27,7 +29,7 @@ memory measurements on the first.
   together. ``n`` messages already in the receive queue (batched and not), every 100th
   (1 %) or 10th (10 %) received message nacked with a one-hour delay, the rest acked; ours
   (:func:`pulsar_nack.subscribe`) beside the plain consumer with its built-in nack,
-  repetitions interleaved in one process, on both brokers. µs per message.
+  side by side in turns as in A, on both brokers. µs per message.
 * **T, with an ack timeout** (issue 33): receive + acknowledge as in A, batched and not, with
   ``unacked_messages_timeout_ms`` of ten minutes on both consumers: ours (which keeps the
   timeout itself) beside the plain consumer with its own ack timeout, repetitions
@@ -58,7 +60,8 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ._common import print_table, rss_bytes, run_worker, standalone, start_context, summarize, trim_heap, write_result
@@ -132,16 +135,45 @@ Cost = tuple[float, float]
 """µs per message: wall clock, and the calling thread's CPU time (``time.thread_time``)."""
 
 
-def _timed(loop: Callable[[], int]) -> Cost:
-    """Run *loop* (it returns its message count): wall and thread-CPU µs per message.
+BLOCK = 1_000
+"""Messages per timed turn: the systems of a case take turns over their queued messages (:func:`_turns`)."""
 
-    The CPU time leaves out the time the thread waited to be scheduled, which on a shared,
-    loaded machine is most of the noise in the wall clock; work done on other threads (the
-    client's I/O and timer threads, ours or the plain client's) is in neither side's figure.
+Blocks = Callable[[int, int], None]
+"""Handles messages ``[start, stop)`` of one prepared consumer."""
+
+
+def _turns(loops: dict[str, Blocks], count: int) -> dict[str, Cost]:
+    """Each system's *count* messages in turns of :data:`BLOCK`, the order reversed every turn: wall and
+    thread-CPU µs per message.
+
+    The systems of a case run side by side, each with its own queue already full, so a slow spell of the
+    machine (another job, the host, the broker's work on the acks) falls on each alike, not on whichever
+    system's loop it happened to meet. The CPU time leaves out the time the thread waited to be scheduled;
+    work done on other threads (the client's I/O and timer threads, ours or the plain client's) is in
+    neither side's figure.
     """
-    start, cpu = time.perf_counter(), time.thread_time()
-    count = loop()
-    return (time.perf_counter() - start) / count * 1e6, (time.thread_time() - cpu) / count * 1e6
+    wall, cpu = dict.fromkeys(loops, 0.0), dict.fromkeys(loops, 0.0)
+    order = list(loops)
+    for start in range(0, count, BLOCK):
+        stop = min(count, start + BLOCK)
+        for system in order:
+            began, began_cpu = time.perf_counter(), time.thread_time()
+            loops[system](start, stop)
+            wall[system] += time.perf_counter() - began
+            cpu[system] += time.thread_time() - began_cpu
+        order.reverse()
+    return {system: (wall[system] / count * 1e6, cpu[system] / count * 1e6) for system in loops}
+
+
+def _side_by_side(systems: Sequence[str], prepare: Callable[[str], tuple[Any, Blocks]], count: int) -> dict[str, Cost]:
+    """Prepare a consumer of each of *systems* (``prepare(system)``: the consumer and its loop), time them
+    over *count* messages in turns (:func:`_turns`), close them."""
+    prepared = {system: prepare(system) for system in systems}
+    try:
+        return _turns({system: loop for system, (_consumer, loop) in prepared.items()}, count)
+    finally:
+        for consumer, _loop in prepared.values():
+            _close(consumer)
 
 
 def _case_result(
@@ -217,95 +249,96 @@ def backlog_consumer(client: Any, admin: Any, system: str, n: int, batched: bool
     return consumer
 
 
-def _receive_ack_us(client: Any, admin: Any, system: str, n: int, batched: bool) -> Cost:
-    """µs per receive + acknowledge over *n* messages already in the consumer's queue."""
+def _receive_ack(client: Any, admin: Any, system: str, n: int, batched: bool) -> tuple[Any, Blocks]:
+    """Receive + acknowledge over *n* - 1 messages already in the consumer's queue."""
     consumer = backlog_consumer(client, admin, system, n, batched, "a")
     receive, acknowledge = consumer.receive, consumer.acknowledge
 
-    def loop() -> int:
-        for _ in range(n - 1):
+    def loop(start: int, stop: int) -> None:
+        for _ in range(start, stop):
             acknowledge(receive(30_000))
-        return n - 1
 
-    cost = _timed(loop)
-    _close(consumer)
-    return cost
+    return consumer, loop
 
 
-def _nack_us(client: Any, system: str, n: int) -> Cost:
-    """µs per ``negative_acknowledge(message)`` on *n* received non-batched messages."""
+def _nack(client: Any, system: str, n: int) -> tuple[Any, Blocks]:
+    """``negative_acknowledge(message)`` on *n* received non-batched messages."""
     topic = _topic("d")
     _produce(client, topic, n, batched=False)
     consumer = _subscribe(client, system, topic)
     messages = [consumer.receive(30_000) for _ in range(n)]
     nack = consumer.negative_acknowledge
 
-    def loop() -> int:
-        for message in messages:
-            nack(message)
-        return len(messages)
+    def loop(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            nack(messages[i])
 
-    cost = _timed(loop)
-    _close(consumer)
-    return cost
+    return consumer, loop
 
 
-def _interleave(
-    systems: tuple[str, ...], reps: int, measure: Callable[[str], dict[str, Cost]]
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
-    """*reps* repetitions after a warmup, the order of *systems* alternating; ``measure(system)`` gives each case's cost.
+Measured = dict[str, dict[str, Cost]]
+"""Case -> system -> cost, for one repetition."""
 
-    Returns the wall and CPU samples, per case and system.
-    """
+
+def _repeat(reps: int, measure: Callable[[int], Measured]) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """*reps* repetitions of ``measure(rep)`` after a warmup (rep 0): the wall and CPU samples, per case and system."""
     wall: dict[str, dict[str, list[float]]] = {}
     cpu: dict[str, dict[str, list[float]]] = {}
     for rep in range(reps + 1):
-        for system in systems if rep % 2 == 0 else systems[::-1]:
-            costs = measure(system)
-            if rep:  # the first repetition is the warmup
-                for case, (elapsed, thread) in costs.items():
-                    wall.setdefault(case, {s: [] for s in systems})[system].append(elapsed)
-                    cpu.setdefault(case, {s: [] for s in systems})[system].append(thread)
-            _print_rep(rep, system, costs)
+        costs = measure(rep)
+        if rep:  # the first repetition is the warmup
+            for case, by_system in costs.items():
+                for system, (elapsed, thread) in by_system.items():
+                    wall.setdefault(case, {}).setdefault(system, []).append(elapsed)
+                    cpu.setdefault(case, {}).setdefault(system, []).append(thread)
+        _print_rep(rep, costs)
     return wall, cpu
 
 
+def _rotated(systems: Sequence[str], rep: int) -> list[str]:
+    """*systems*, reversed on odd repetitions (which one takes the first turn alternates)."""
+    return list(systems) if rep % 2 == 0 else list(systems)[::-1]
+
+
 def run_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
-    """Goals A and D: interleaved repetitions of every system in this process."""
+    """Goals A and D: every system side by side in this process, repeated."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    nacks = min(n, 20_000)
 
-    def measure(system: str) -> dict[str, Cost]:
-        costs = {
-            "receive_ack_batched": _receive_ack_us(client, admin, system, n, batched=True),
-            "receive_ack_unbatched": _receive_ack_us(client, admin, system, n, batched=False),
-        }
-        if system != "pulsar-nack-guarding":
-            costs["nack_message"] = _nack_us(client, system, min(n, 20_000))
-        return costs
+    def measure(rep: int) -> Measured:
+        return {
+            "receive_ack_batched": _side_by_side(
+                _rotated(CALL_SYSTEMS, rep), partial(_receive_ack, client, admin, n=n, batched=True), n - 1),
+            "receive_ack_unbatched": _side_by_side(
+                _rotated(CALL_SYSTEMS, rep), partial(_receive_ack, client, admin, n=n, batched=False), n - 1),
+            "nack_message": _side_by_side(_rotated(SYSTEMS, rep), partial(_nack, client, n=nacks), nacks),
+        }  # fmt: skip
 
-    wall, cpu = _interleave(CALL_SYSTEMS, reps, measure)
+    wall, cpu = _repeat(reps, measure)
     client.close()
     return {
-        case: _case_result(wall[case], cpu[case], messages=n if case != "nack_message" else min(n, 20_000))
+        case: _case_result(wall[case], cpu[case], messages=n if case != "nack_message" else nacks)
         for case in wall
     }
 
 
 def run_ack_timeout_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
-    """Receive + acknowledge with an ack timeout: ours beside the plain consumer with its own, interleaved."""
+    """Receive + acknowledge with an ack timeout: ours beside the plain consumer with its own, side by side."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 
-    def measure(system: str) -> dict[str, Cost]:
+    def measure(rep: int) -> Measured:
         return {
-            f"ack_timeout_receive_ack_{kind}": _receive_ack_us(client, admin, system, n, batched=kind == "batched")
+            f"ack_timeout_receive_ack_{kind}": _side_by_side(
+                _rotated(ACK_TIMEOUT_SYSTEMS, rep), partial(_receive_ack, client, admin, n=n, batched=kind == "batched"),
+                n - 1)
             for kind in ("batched", "unbatched")
-        }
+        }  # fmt: skip
 
-    wall, cpu = _interleave(ACK_TIMEOUT_SYSTEMS, reps, measure)
+    wall, cpu = _repeat(reps, measure)
     client.close()
     return {
         case: _case_result(wall[case], cpu[case], ACK_TIMEOUT_SYSTEMS, messages=n, timeout_ms=TEN_MINUTES_MS)
@@ -313,32 +346,30 @@ def run_ack_timeout_calls(url: str, admin: Any, n: int, reps: int) -> dict[str, 
     }
 
 
-def _print_rep(rep: int, system: str, costs: dict[str, Cost]) -> None:
-    print(f"  rep {rep} {system}: " + ", ".join(f"{c} {w:.2f} µs ({t:.2f} CPU)" for c, (w, t) in costs.items()),
-          flush=True)
+def _print_rep(rep: int, costs: Measured) -> None:
+    for case, by_system in costs.items():
+        print(f"  rep {rep} {case}: " + ", ".join(f"{s} {w:.2f} µs ({t:.2f} CPU)" for s, (w, t) in by_system.items()),
+              flush=True)  # fmt: skip
 
 
-def _working_us(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> Cost:
-    """µs per message of a working consumer: every *every*-th message nacked (one hour), the rest acked.
+def _working(client: Any, admin: Any, system: str, n: int, batched: bool, every: int) -> tuple[Any, Blocks]:
+    """A working consumer: every *every*-th message nacked (one hour), the rest acked.
 
-    *n* messages already in the consumer's queue, as in :func:`_receive_ack_us`; the nacks
+    *n* messages already in the consumer's queue, as in :func:`_receive_ack`; the nacks
     stay pending through the loop, so ours guards throughout (what a consumer pays at work).
     """
     consumer = backlog_consumer(client, admin, system, n, batched, "w")
     receive, acknowledge, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
 
-    def loop() -> int:
-        for i in range(n - 1):
+    def loop(start: int, stop: int) -> None:
+        for i in range(start, stop):
             message = receive(30_000)
             if i % every == 0:
                 nack(message)
             else:
                 acknowledge(message)
-        return n - 1
 
-    cost = _timed(loop)
-    _close(consumer)
-    return cost
+    return consumer, loop
 
 
 def working_cases() -> dict[str, tuple[bool, int]]:
@@ -351,16 +382,20 @@ def working_cases() -> dict[str, tuple[bool, int]]:
 
 
 def run_working(url: str, admin: Any, n: int, reps: int) -> dict[str, Any]:
-    """Goal W: interleaved repetitions of ours and the plain consumer, each share, batched and not."""
+    """Goal W: ours and the plain consumer side by side, each share, batched and not, repeated."""
     import pulsar
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     cases = working_cases()
 
-    def measure(system: str) -> dict[str, Cost]:
-        return {case: _working_us(client, admin, system, n, b, every) for case, (b, every) in cases.items()}
+    def measure(rep: int) -> Measured:
+        return {
+            case: _side_by_side(
+                _rotated(SYSTEMS, rep), partial(_working, client, admin, n=n, batched=batched, every=every), n - 1)
+            for case, (batched, every) in cases.items()
+        }  # fmt: skip
 
-    wall, cpu = _interleave(SYSTEMS, reps, measure)
+    wall, cpu = _repeat(reps, measure)
     client.close()
     return {
         case: _case_result(wall[case], cpu[case], messages=n, nacked_share=1 / every)
