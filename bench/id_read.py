@@ -23,13 +23,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pulsar_nack.consumer import msgid, native_ids
 from pulsar_nack.consumer._client import unwrap_message, wrap_message
 
 from ._common import broker_label, finish, parser, standalone, start_context
-from .consumer import _close, _receive_ack, _turns
+from .consumer import _receive_ack, _side_by_side
 
 MESSAGES = 10_000
 REPETITIONS = 7
@@ -65,15 +66,8 @@ def _per_message(loop: Callable[[], int], reps: int) -> float:
 
 def _plain_receive_ack(client: Any, admin: Any, n: int, reps: int) -> float:
     """Least thread-CPU µs per ``acknowledge(receive())`` of the plain consumer (bench.consumer's loop)."""
-    return min(_plain_receive_ack_once(client, admin, n) for _ in range(reps))
-
-
-def _plain_receive_ack_once(client: Any, admin: Any, n: int) -> float:
-    consumer, loop = _receive_ack(client, admin, "plain", n, batched=True)
-    try:
-        return _turns({"plain": loop}, n - 1)["plain"][1]
-    finally:
-        _close(consumer)
+    prepare = partial(_receive_ack, client, admin, n=n, batched=True)
+    return min(_side_by_side(["plain"], prepare, n - 1)["plain"][1] for _ in range(reps))
 
 
 def _wrapped(raw: list[Any]) -> list[Any]:
