@@ -503,3 +503,42 @@ def test_a_retry_chain_forked_by_a_duplicate_may_deliver_after_the_other_chain_s
     assert Promise.AFTER_ACK not in _promises(forked), forked.findings
     assert forked.duplicates[f"retry of a duplicate ({Cause.DOUBLE_DISPATCH.value})"] >= 1
     assert Promise.AFTER_ACK in _promises(chains(False))
+
+
+def test_one_retry_copy_twice_at_one_consumer_is_attributed_only_with_another_consumers_close_near() -> None:
+    """The record of the clean-clone CI run that failed (bench/results/chaos-ci-findings.json, "ci-k"): one retry
+    copy delivered twice to the consumer that holds copies, 32 ms apart, 154 ms after the nemesis resubscribed the
+    subscription's other consumer. The broker replays a redelivery twice when it races a consumer's close (the
+    plain client's too: tests/test_chaos_findings.py); so with a close of another consumer of the subscription
+    within DOUBLE_DISPATCH_S before the first copy it is a duplicate with that cause, and the second chain's
+    retries are its retries. Without the close, with a close of another subscription's consumer, or with the close
+    further back, it is a violation."""
+    message = _id_with(Mechanism.RECONSUME)
+    holder = ("retry-asyncio", 201)
+
+    def twice(close: tuple[float, str] | None) -> Any:
+        history = History().produce(0, message, topic="events")
+        history.deliver(1, message, sub=RETRY_SUB, rc=0, proc="retry-blocking", pid=200)
+        history.reconsume(1, message, 200, "t1", rc=0)
+        history.deliver(1.2, message, sub=RETRY_SUB, rc=1, copy="t1", mid="(2,1,-1,-1)", proc=holder[0], pid=holder[1])
+        history.reconsume(1.2, message, 200, "t2", rc=1, proc=holder[0], pid=holder[1])
+        if close is not None:
+            history.fault(close[0], "resubscribe", close[1], 0.0001)
+        for t, token in ((1.45, "t3"), (1.482, "u3")):  # the same copy (one mid, one count) twice
+            history.deliver(t, message, sub=RETRY_SUB, rc=2, copy="t2", mid="(2,2,-1,0)", proc=holder[0], pid=holder[1])
+            history.reconsume(t, message, 1_200, token, rc=2, proc=holder[0], pid=holder[1])
+        history.deliver(2.7, message, sub=RETRY_SUB, rc=3, copy="t3", mid="(2,3,-1,0)", proc=holder[0], pid=holder[1])
+        history.reconsume(2.7, message, 1_200, "t4", rc=3, proc=holder[0], pid=holder[1])
+        history.dead_letter(2.7, message, sub=RETRY_SUB)
+        history.deliver(2.73, message, sub=RETRY_SUB, rc=3, copy="u3", mid="(2,4,-1,0)", proc=holder[0], pid=holder[1])
+        history.reconsume(2.73, message, 1_200, "u4", rc=3, proc=holder[0], pid=holder[1])
+        history.dead_letter(2.73, message, sub=RETRY_SUB, dlq_mid="(9,2,-1,-1)")
+        return history.check()
+
+    raced = twice((1.45 - 0.154, "retry-blocking"))
+    assert raced.findings == [], raced.lines()
+    assert raced.duplicates[Cause.CLOSE_RACE.value] == 1
+    assert raced.duplicates[f"retry of a duplicate ({Cause.CLOSE_RACE.value})"] >= 1
+    assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice(None))
+    assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice((1.45 - 0.154, "nack-asyncio")))  # another subscription's
+    assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice((1.45 - DOUBLE_DISPATCH_S - 0.1, "retry-blocking")))

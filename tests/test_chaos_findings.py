@@ -9,12 +9,14 @@ is fixed, so that the mark gets removed.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import threading
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -505,6 +507,15 @@ def _send_in_steps(producer: Any, received: Any) -> None:
         assert wait_until(lambda: received() >= step + 50, 10), f"{received()} of {step + 50} received"  # noqa: B023
 
 
+def _stop_all(stop: threading.Event, threads: list[threading.Thread], clients: list[Any]) -> None:
+    """Set *stop*, wait for the *threads* (up to 5 s each), close the *clients*."""
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    for client in clients:
+        client.close()
+
+
 def _twin_run(broker: Any, topic: str, kind: str) -> dict[tuple[bytes, int], list[tuple[int, float]]]:
     """TWIN_MESSAGES unbatched messages on 4 partitions, two consumers of *kind* (two clients, as two processes
     would have) on one Shared subscription, each message nacked until its count is TWIN_TOP, then acked. Returns
@@ -552,11 +563,7 @@ def _twin_run(broker: Any, topic: str, kind: str) -> dict[tuple[bytes, int], lis
         assert wait_until(lambda: len(acked) == TWIN_MESSAGES, 120), (
             f"{len(acked)} of {TWIN_MESSAGES} acked; {len(seen)} deliveries, counts {Counter(c for _, c in seen)}")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(5)
-        for client in clients:
-            client.close()
+        _stop_all(stop, threads, clients)
     with lock:
         return dict(seen)
 
@@ -594,3 +601,112 @@ def test_the_broker_can_dispatch_a_redelivery_to_both_shared_consumers(apache_br
     assert found["plain"][-1], f"the plain client never got one delivery at both consumers in {TWIN_TRIES} tries"
     gaps = [gap for tries in found.values() for run in tries for gap in run]
     assert max(gaps) <= DOUBLE_DISPATCH_S * 1000, f"gaps (ms) wider than the checker's window: {found}"
+
+
+
+CLOSE_RACE_SECONDS = 300.0
+CLOSE_RACE_HOLD_S = 0.2
+
+
+def _hold_then_ack(consumer: Any, until: Callable[[], bool], arrived: Callable[[Any], None] = lambda m: None) -> list[Any]:
+    """Receive and acknowledge each message CLOSE_RACE_HOLD_S after it arrived (a worker at its task), until
+    *until()*; *arrived* sees each message. Returns the messages still held then."""
+    import pulsar
+
+    held: collections.deque[tuple[float, Any]] = collections.deque()
+    while not until():
+        try:
+            message = consumer.receive(20)
+            arrived(message)
+            held.append((time.monotonic() + CLOSE_RACE_HOLD_S, message))
+        except pulsar.Timeout:
+            pass
+        while held and held[0][0] <= time.monotonic():
+            consumer.acknowledge(held.popleft()[1])
+    return [message for _, message in held]
+
+
+class _Twice:
+    """The gaps (ms) between two arrivals of one message (ledger, entry, batch index); *stop* set at the first."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.gaps: list[int] = []
+        self._arrivals: dict[tuple[int, int, int], float] = {}
+
+    def arrived(self, message: Any) -> None:
+        mid, now = message.message_id(), time.monotonic()
+        key = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        if key in self._arrivals:
+            self.gaps.append(round((now - self._arrivals[key]) * 1000))
+            self.stop.set()
+        self._arrivals[key] = now
+
+
+def _produce_until(producer: Any, stop: threading.Event) -> None:
+    """Send 10 messages every 10 ms until *stop*."""
+    sent = 0
+    while not stop.is_set():
+        for _ in range(10):
+            producer.send_async(f"m{sent}".encode(), None)
+            sent += 1
+        time.sleep(0.01)
+
+
+def _close_race_run(broker: Any, topic: str, kind: str, seconds: float, close: bool = True) -> list[int]:
+    """A Shared subscription, a steady batched producer and two consumers (two clients) that each hold a message
+    CLOSE_RACE_HOLD_S before acknowledging it: a *kind* one (the plain client or ours), and a plain one that closes
+    every second (with *close*) holding what it received last, unacknowledged, and subscribes again. For
+    *seconds*, or until the first consumer receives one message (ledger, entry, batch index) twice; returns the
+    gaps (ms) between such copies."""
+    import pulsar
+
+    clients = [quiet_client(broker.url) for _ in range(2)]
+    options = {"consumer_type": pulsar.ConsumerType.Shared, "receiver_queue_size": 100}
+    stop = threading.Event()
+    twice = _Twice(stop)
+    threads: list[threading.Thread] = []
+    try:
+        if kind == "plain":
+            steady = clients[1].subscribe(topic, "s", consumer_name="steady", **options)
+        else:
+            steady = pulsar_nack.subscribe(clients[1], topic, "s", consumer_name="steady", **options)
+        producer = clients[0].create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=10)
+        threads += [threading.Thread(target=_hold_then_ack, args=(steady, stop.is_set, twice.arrived), daemon=True),
+                    threading.Thread(target=_produce_until, args=(producer, stop), daemon=True)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + seconds
+        cycler = None
+        while time.monotonic() < deadline and not stop.is_set():
+            cycler = cycler or clients[0].subscribe(topic, "s", consumer_name="cycler", **options)
+            cycle_end = time.monotonic() + 1.0
+            held = _hold_then_ack(cycler, lambda: time.monotonic() >= cycle_end)  # noqa: B023
+            if close:
+                cycler.close()
+                cycler = None
+            else:  # the control of the control: no close, no replay
+                for message in held:
+                    cycler.acknowledge(message)
+    finally:
+        _stop_all(stop, threads, clients)
+    return twice.gaps
+
+
+@pytest.mark.broker
+@pytest.mark.skipif(os.environ.get(RARE_ENV) != "1", reason=f"a rare broker race, minutes of tries: {RARE_ENV}=1 runs it")
+def test_a_consumers_close_can_send_one_message_twice_to_another_consumer(apache_broker: Any, topic: str) -> None:
+    """A consumer of a Shared subscription closes while it holds messages unacknowledged: the broker can then send
+    one message twice to the subscription's other consumer, milliseconds apart (a race of the kind of
+    apache/pulsar#16795). With the plain client on both sides (the control): the broker's doing, not the
+    wrapper's (the chaos run's "one retry copy delivered twice to the consumer that holds copies", attributed to
+    it by the chaos checker when another consumer of the subscription closed near it, ``Cause.CLOSE_RACE``). The
+    plain client's run goes on until the race shows (up to CLOSE_RACE_SECONDS); ours as the other consumer runs
+    30 s, counted, not asserted. The copies are at most ``DOUBLE_DISPATCH_S`` apart."""
+    from pulsar_nack.testing.chaos.checker import DOUBLE_DISPATCH_S
+
+    plain = _close_race_run(apache_broker, f"{topic}-plain", "plain", CLOSE_RACE_SECONDS)
+    ours = _close_race_run(apache_broker, f"{topic}-ours", "ours", 30.0)
+    print(f"messages received twice by the steady consumer (gaps in ms): plain {plain}, ours {ours}")
+    assert plain, f"the plain client's steady consumer never received a message twice in {CLOSE_RACE_SECONDS:.0f} s"
+    assert max(plain + ours) <= DOUBLE_DISPATCH_S * 1000, f"gaps (ms) wider than the checker's window: {plain}, {ours}"

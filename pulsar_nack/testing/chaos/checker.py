@@ -115,6 +115,8 @@ class Cause(str, enum.Enum):
     COUNT_RESET = "dead-letter count forgotten by the broker (a consumer left, an unload, a broker restart)"
     DOUBLE_DISPATCH = ("the broker dispatched one redelivery to two consumers at once (the same redelivery count, "
                        "no reconnect between; the plain client's too)")  # fmt: skip
+    CLOSE_RACE = ("the broker dispatched one message twice to one consumer while another consumer of the "
+                  "subscription closed or was killed (the plain client's too)")  # fmt: skip
     SIBLING_ACK_RESET = ("dead-letter count reset by the broker when a batch sibling was acked, the message "
                          "delivered to several consumers (each counts only its own deliveries)")  # fmt: skip
 
@@ -508,6 +510,8 @@ class _Checker:
             return Cause.STORED_TWICE
         if state.twin_of(r, self.faults) is not None:
             return Cause.DOUBLE_DISPATCH
+        if self._twice_past_a_close(r, state):
+            return Cause.CLOSE_RACE
         if any(self._reconnect_copy(nack, r) for nack, _ in state.nacks):
             return Cause.OTHER_CONSUMER_AFTER_RECONNECT
         for who, (t, failed) in state.unsettled.items():
@@ -520,6 +524,28 @@ class _Checker:
         if last is not None and last[0] != _incarnation(r):
             return self._lost_ack_cause(last[0], last[1], r)
         return None
+
+    def _twice_past_a_close(self, r: dict[str, Any], state: _State) -> bool:
+        """Whether delivery *r* repeats one dispatch to its own consumer (the same stored message and redelivery
+        count, at most :data:`DOUBLE_DISPATCH_S` earlier, no reconnect between) while another consumer of the
+        subscription ended, from that window before the first copy to the second (:attr:`Cause.CLOSE_RACE`)."""
+        me = _incarnation(r)
+        for who, t in state.dispatched.get((r["mid"], r["rc"]), ()):
+            if who == me and 0 <= r["t"] - t <= DOUBLE_DISPATCH_S and not self.faults.overlapping(t, r["t"], RECONNECTS):
+                return self._other_consumer_ended(r["sub"], me, t - DOUBLE_DISPATCH_S, r["t"])
+        return False
+
+    def _other_consumer_ended(self, sub: str, me: tuple[str, int, int], start: float, stop: float) -> bool:
+        """Whether a consumer of *sub* other than *me* closed (its record, or the nemesis's resubscribe) or was
+        killed within ``[start, stop]``."""
+        if any(start <= t <= stop and who != me and self._subscription_of(who[0]) == sub for who, t in self.ended.items()):
+            return True
+        return any(start <= f.begin <= stop and f.target != me[0] and self._subscription_of(f.target) == sub
+                   for f in self.faults.overlapping(start, stop, CONSUMER_ENDS))  # fmt: skip
+
+    def _subscription_of(self, consumer: str) -> str | None:
+        """The subscription of the consumer named *consumer* in the workload, None for another name."""
+        return next((c.subscription for c in self.spec.consumers if c.name == consumer), None)
 
     def _stored_twice(self, message_id: str, r: dict[str, Any], state: _State) -> bool:
         """Whether *r* delivers another stored copy of the message (or of its retry copy) than the first."""
