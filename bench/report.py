@@ -1203,7 +1203,8 @@ def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
     """The sharing rule's cost to a nacked batch member, beside the plain client (bench/sharing_wait.py)."""
     data = result or load("sharing-wait")
     names = {"plain": "plain `client.subscribe`, built-in nack", "shared": "ours, `Sharing.SHARED` (what `subscribe` sets)",
-             "one-active": "ours, `Sharing.ONE_ACTIVE`"}  # fmt: skip
+             "one-active": "ours, `Sharing.ONE_ACTIVE`",
+             "shared-unindexed": "ours, `Sharing.SHARED`, `batch_index_ack_enabled=False`"}  # fmt: skip
     lines = ["| consumer | p50 lateness (median) | p99 lateness (median) | lost (all runs) | unasked copies (all runs) |",
              "|---|---:|---:|---:|---:|"]  # fmt: skip
     for mode, late in data["median_lateness_ms"].items():
@@ -1217,7 +1218,9 @@ def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
         f"({data['delay_ms']} ms), our consumers at {data.get('precision_bits', DEFAULT_PRECISION_BITS)} precision bits; "
         f"{data['repeats']} alternating repeats. The rule adds "
         f"{medians['shared']['p50'] - medians['one-active']['p50']:+.0f} ms at p50 against `ONE_ACTIVE`; the wait for "
-        f"the last nack of each member's entry alone is {data['median_rule_wait_p50_ms']:.0f} ms at p50.")
+        f"the last nack of each member's entry alone is {data['median_rule_wait_p50_ms']:.0f} ms at p50."
+        + ("" if "shared-unindexed" not in medians else
+           f" Batch-index acks add {medians['shared']['p50'] - medians['shared-unindexed']['p50']:+.0f} ms at p50."))
 
 
 BLOCKS: dict[str, Callable[[], str]] = {

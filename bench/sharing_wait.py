@@ -12,7 +12,9 @@ This runs that workload on one consumer of a Shared subscription on Apache Pulsa
 standalone, three ways, alternating, ``--repeats`` times: the plain ``client.subscribe``
 with its built-in nack (``plain``), ours with the rule (``shared``, as ``subscribe`` makes
 it), and ours without it (``one-active``, ``NackingConsumer.wrap`` with
-``Sharing.ONE_ACTIVE``: correct here, since no other consumer reads the subscription). A
+``Sharing.ONE_ACTIVE``, its consumer subscribed as ``subscribe`` subscribes it, batch-index acks
+on: correct here, since no other consumer reads the subscription), and ours with the rule and
+batch-index acks off (``shared-unindexed``, ``batch_index_ack_enabled=False``). A
 backlog of ``--messages`` events in batches of up to ``BATCH`` is read with ``WORK_US`` of
 busy work per event; every tenth event is nacked once with a ``DELAY_MS`` delay, the rest
 and every retry acked. Lateness is a retry's first arrival less its nack time and delay.
@@ -39,7 +41,7 @@ BATCH = 100
 DELAY_MS = 500
 WORK_US = 100
 NACK_EVERY = 10
-MODES = ("plain", "shared", "one-active")
+MODES = ("plain", "shared", "one-active", "shared-unindexed")
 TIMEOUT_S = 60.0
 
 
@@ -64,10 +66,12 @@ def _subscribe(client: Any, topic: str, mode: str, bits: int) -> Any:
     shared = pulsar.ConsumerType.Shared
     if mode == "plain":
         return client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS)
-    if mode == "shared":
+    if mode in ("shared", "shared-unindexed"):
         return pulsar_nack.subscribe(client, topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS,
-                                     negative_ack_precision_bit_cnt=bits)  # fmt: skip
-    raw = client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=100)
+                                     negative_ack_precision_bit_cnt=bits, batch_index_ack_enabled=mode == "shared")  # fmt: skip
+    # subscribe's own configuration of the consumer (batch-index acks on), so that only the sharing differs
+    raw = client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=100,
+                           batch_index_ack_enabled=True)  # fmt: skip
     settings = ConsumerSettings(negative_ack_redelivery_delay_ms=DELAY_MS, sharing=Sharing.ONE_ACTIVE,
                                 negative_ack_precision_bit_cnt=bits)  # fmt: skip
     return NackingConsumer.wrap(raw, topic, settings, handoff_delay_ms=100, client=client)
@@ -118,7 +122,7 @@ def _summary(mode: str, seen: dict[str, Any]) -> dict[str, Any]:
     late = [(arrived[k] - t) * 1000 - DELAY_MS for k, (t, _) in nacked.items() if k in arrived]
     out: dict[str, Any] = {"nacked": len(nacked), "lost": len(nacked) - len(late), "duplicates": seen["duplicates"],
                            "lateness_ms": {q: round(percentile(late, p), 1) for q, p in (("p50", 50), ("p99", 99))}}  # fmt: skip
-    if mode == "shared":
+    if mode.startswith("shared"):
         last: dict[tuple[int, int], float] = {}
         for t, entry in nacked.values():
             last[entry] = max(t, last.get(entry, t))
