@@ -542,3 +542,18 @@ def test_one_retry_copy_twice_at_one_consumer_is_attributed_only_with_another_co
     assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice(None))
     assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice((1.45 - 0.154, "nack-asyncio")))  # another subscription's
     assert Promise.UNEXPLAINED_DUPLICATE in _promises(twice((1.45 - DOUBLE_DISPATCH_S - 0.1, "retry-blocking")))
+
+
+def test_one_copy_twice_at_its_acker_past_another_consumers_close_is_attributed_after_the_ack_too() -> None:
+    """The same race when the consumer acked the message before its second copy came: a duplicate with the
+    close's cause, not a delivery after an ack; without the other consumer's close, a violation."""
+
+    def acked_then_again(close: bool) -> Any:
+        history = History().produce(0, "m1").deliver(1, "m1", proc=A[0], pid=A[1]).ack(1.001, "m1", proc=A[0], pid=A[1])
+        if close:
+            history.fault(0.9, "resubscribe", B[0], 0.0001)
+        return history.deliver(1.005, "m1", proc=A[0], pid=A[1]).check()
+
+    raced = acked_then_again(True)
+    assert raced.findings == [] and raced.duplicates == {Cause.CLOSE_RACE.value: 1}
+    assert _promises(acked_then_again(False)) == [Promise.AFTER_ACK]

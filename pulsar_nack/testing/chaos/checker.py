@@ -589,6 +589,8 @@ class _Checker:
             cause = self._lost_ack_cause(acker, acked, r)
             if cause is None and state.twin_of(r, self.faults) == acker:  # the copy the acker received was sent twice
                 cause = Cause.DOUBLE_DISPATCH
+        elif acker is not None and self._twice_past_a_close(r, state):  # its own copy, sent twice in a close's race
+            cause = Cause.CLOSE_RACE
         if self._stored_twice(message_id, r, state):
             cause = Cause.STORED_TWICE
         if cause is None:
