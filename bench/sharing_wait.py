@@ -41,6 +41,7 @@ BATCH = 100
 DELAY_MS = 500
 WORK_US = 100
 NACK_EVERY = 10
+RECEIVER_QUEUE = 1_000
 MODES = ("plain", "shared", "one-active", "shared-unindexed")
 TIMEOUT_S = 60.0
 
@@ -64,14 +65,17 @@ def _subscribe(client: Any, topic: str, mode: str, bits: int) -> Any:
     from pulsar_nack.consumer import ConsumerSettings, Sharing
 
     shared = pulsar.ConsumerType.Shared
+    queue = RECEIVER_QUEUE
     if mode == "plain":
-        return client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS)
+        return client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS,
+                                receiver_queue_size=queue)  # fmt: skip
     if mode in ("shared", "shared-unindexed"):
         return pulsar_nack.subscribe(client, topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=DELAY_MS,
-                                     negative_ack_precision_bit_cnt=bits, batch_index_ack_enabled=mode == "shared")  # fmt: skip
+                                     negative_ack_precision_bit_cnt=bits, batch_index_ack_enabled=mode == "shared",
+                                     receiver_queue_size=queue)  # fmt: skip
     # subscribe's own configuration of the consumer (batch-index acks on), so that only the sharing differs
     raw = client.subscribe(topic, "wait", consumer_type=shared, negative_ack_redelivery_delay_ms=100,
-                           batch_index_ack_enabled=True)  # fmt: skip
+                           batch_index_ack_enabled=True, receiver_queue_size=queue)  # fmt: skip
     settings = ConsumerSettings(negative_ack_redelivery_delay_ms=DELAY_MS, sharing=Sharing.ONE_ACTIVE,
                                 negative_ack_precision_bit_cnt=bits)  # fmt: skip
     return NackingConsumer.wrap(raw, topic, settings, handoff_delay_ms=100, client=client)
@@ -85,13 +89,16 @@ def _work() -> None:
 
 
 def _consume(consumer: Any, n: int) -> dict[str, Any]:
-    """Read the backlog and every retry; the nack time, entry and first retry arrival of each nacked event."""
+    """Read the backlog and every retry; the nack time, entry and first retry arrival of each nacked event, and
+    how many messages the application read between each nack and its retry."""
     import pulsar
 
     nacked: dict[int, tuple[float, tuple[int, int]]] = {}
     arrived: dict[int, float] = {}
+    read_at_nack: dict[int, int] = {}
+    read_between: list[int] = []
     first: set[int] = set()
-    duplicates = 0
+    duplicates = read = 0
     deadline = time.monotonic() + TIMEOUT_S
     want = len(range(0, n, NACK_EVERY))
     while len(arrived) < want and time.monotonic() < deadline:
@@ -100,20 +107,23 @@ def _consume(consumer: Any, n: int) -> dict[str, Any]:
         except pulsar.Timeout:
             continue
         number, now = int(message.data()), time.monotonic()
+        read += 1
         if number not in first:  # its first delivery: one in NACK_EVERY fails once
             first.add(number)
             _work()
             if number % NACK_EVERY == 0:
                 mid = message.message_id()
                 nacked[number] = (time.monotonic(), (mid.ledger_id(), mid.entry_id()))
+                read_at_nack[number] = read
                 consumer.negative_acknowledge(message)
                 continue
         elif number in nacked and number not in arrived:  # its retry
             arrived[number] = now
+            read_between.append(read - read_at_nack[number])
         else:  # a copy the workload did not ask for
             duplicates += 1
         consumer.acknowledge(message)
-    return {"nacked": nacked, "arrived": arrived, "duplicates": duplicates}
+    return {"nacked": nacked, "arrived": arrived, "duplicates": duplicates, "read_between": read_between}
 
 
 def _summary(mode: str, seen: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +131,8 @@ def _summary(mode: str, seen: dict[str, Any]) -> dict[str, Any]:
     nacked, arrived = seen["nacked"], seen["arrived"]
     late = [(arrived[k] - t) * 1000 - DELAY_MS for k, (t, _) in nacked.items() if k in arrived]
     out: dict[str, Any] = {"nacked": len(nacked), "lost": len(nacked) - len(late), "duplicates": seen["duplicates"],
-                           "lateness_ms": {q: round(percentile(late, p), 1) for q, p in (("p50", 50), ("p99", 99))}}  # fmt: skip
+                           "lateness_ms": {q: round(percentile(late, p), 1) for q, p in (("p50", 50), ("p99", 99))},
+                           "read_between_p50": percentile(seen["read_between"], 50)}  # fmt: skip
     if mode.startswith("shared"):
         last: dict[tuple[int, int], float] = {}
         for t, entry in nacked.values():
@@ -154,7 +165,7 @@ def run(n: int, repeats: int, bits: int) -> dict[str, Any]:
                for mode, rs in runs.items()}  # fmt: skip
     rule = [r["rule_wait_ms"]["p50"] for r in runs["shared"]]
     return {"broker": label, "messages": n, "repeats": repeats, "batch": BATCH, "delay_ms": DELAY_MS,
-            "work_us": WORK_US, "nack_every": NACK_EVERY, "precision_bits": bits, "pulsar_nack": pulsar_nack.__version__,
+            "work_us": WORK_US, "nack_every": NACK_EVERY, "receiver_queue_size": RECEIVER_QUEUE, "precision_bits": bits, "pulsar_nack": pulsar_nack.__version__,
             "runs": runs, "median_lateness_ms": medians, "median_rule_wait_p50_ms": percentile(rule, 50)}  # fmt: skip
 
 
