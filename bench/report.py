@@ -18,7 +18,7 @@ from typing import Any
 from pulsar_nack.core.buckets import DEFAULT_PRECISION_BITS
 
 from . import chaos
-from ._common import MISSED, REPO, RESULTS, load, md_table, percentile
+from ._common import MISSED, REPO, RESULTS, load, md_table
 
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
@@ -1220,18 +1220,7 @@ def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
         f"{medians['shared']['p50'] - medians['one-active']['p50']:+.0f} ms at p50 against `ONE_ACTIVE`; the wait for "
         f"the last nack of each member's entry alone is {data['median_rule_wait_p50_ms']:.0f} ms at p50."
         + ("" if "shared-unindexed" not in medians else
-           f" Batch-index acks add {medians['shared']['p50'] - medians['shared-unindexed']['p50']:+.0f} ms at p50.")
-        + _read_between(data))
-
-
-def _read_between(data: dict[str, Any]) -> str:
-    """The sharing-wait sentence on how many messages the application reads between a nack and its retry."""
-    if "receiver_queue_size" not in data:
-        return ""
-    reads = {mode: percentile([r["read_between_p50"] for r in runs], 50) for mode, runs in data["runs"].items()}
-    return (f" Between a member's nack and its retry the application reads {reads['shared']:,.0f} messages (median) "
-            f"with batch-index acks, {reads['shared-unindexed']:,.0f} without, with a receive queue of "
-            f"{data['receiver_queue_size']:,}.")
+           f" Batch-index acks add {medians['shared']['p50'] - medians['shared-unindexed']['p50']:+.0f} ms at p50."))
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
