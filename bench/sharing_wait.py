@@ -9,7 +9,7 @@ its own time. The Spark demo's workload nacks members of one entry a few millise
 wait for the last one.
 
 This runs that workload on one consumer of a Shared subscription on Apache Pulsar
-standalone, three ways, alternating, ``--repeats`` times: the plain ``client.subscribe``
+standalone, four ways, alternating, ``--repeats`` times: the plain ``client.subscribe``
 with its built-in nack (``plain``), ours with the rule (``shared``, as ``subscribe`` makes
 it), and ours without it (``one-active``, ``NackingConsumer.wrap`` with
 ``Sharing.ONE_ACTIVE``, its consumer subscribed as ``subscribe`` subscribes it, batch-index acks
