@@ -46,6 +46,7 @@ HEAVY_MODULES = frozenset(
 so that no two clusters or Spark jobs share the two cores (see ``pytest_collection_modifyitems``)."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which copies each test's group into its node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject.toml): each module is a group of its own,
     so that its module-scoped runs stay on one worker, and the heavy modules are one group."""
@@ -77,6 +78,23 @@ def _version_params(config: pytest.Config) -> list[Any]:
         key = f"{VERSIONED}{release.version}"
         params.setdefault(key, pytest.param(key, id=key))
     return list(params.values())
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under ``--dist loadgroup``: stop unless every test a worker collected carries its group.
+
+    pytest-xdist passes a test's group in its node id; where it cannot (pytest-xdist#1386,
+    pytest 9.2), or a hook adds the group after xdist read it, the groups are silently
+    ignored and two clusters share the two cores.
+    """
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"--dist loadgroup has no effect with pytest {pytest.__version__} (pytest-xdist#1386): "
+            f"{len(ungrouped)} tests without a group, e.g. {ungrouped[0]}; install the test extra's pytest"
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pulsar
@@ -87,12 +89,33 @@ def test_for_loop_ends_after_the_body_closes_the_consumer(client, topic) -> None
     other.close()
 
 
-def _in_receive(thread: threading.Thread) -> bool:
-    """True if *thread* is inside a ``receive`` call (a frame of that name on its stack)."""
+def _receive_frame(thread: threading.Thread) -> Any:
+    """*thread*'s innermost frame of a function named ``receive``, or None."""
     frame = sys._current_frames().get(thread.ident or 0)
     while frame is not None and frame.f_code.co_name != "receive":
         frame = frame.f_back
-    return frame is not None
+    return frame
+
+
+def _waiting_in_the_clients_receive(thread: threading.Thread, still_s: float = 0.2) -> Callable[[], bool]:
+    """A condition: *thread* has stood at one line of ``receive`` for *still_s*.
+
+    A thread that entered our ``receive`` may not have reached the client's yet; one
+    that stands still at one line is blocked in the client's call (it releases the GIL).
+    """
+    at: list[tuple[object, int, float]] = []
+
+    def check() -> bool:
+        frame = _receive_frame(thread)
+        if frame is None:
+            at.clear()
+            return False
+        where = (frame.f_code, frame.f_lineno)
+        if not at or at[0][:2] != where:
+            at[:] = [(*where, time.monotonic())]
+        return time.monotonic() - at[0][2] >= still_s
+
+    return check
 
 
 def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
@@ -116,7 +139,8 @@ def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
 
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
-    assert wait_for(lambda: _in_receive(worker), END_S), "the loop never reached receive"
+    # Not at once: a close while the client's receive starts leaves it waiting for ever (above).
+    assert wait_for(_waiting_in_the_clients_receive(worker), END_S), "the loop never waited in receive"
     own.close()
     worker.join(END_S)
     assert not worker.is_alive()

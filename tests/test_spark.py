@@ -637,7 +637,7 @@ def run_demo(*args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
                 os.killpg(demo.pid, signal.SIGKILL)  # and any fork of it, else communicate() waits for ever
             _, rest = demo.communicate(timeout=30)
             pytest.fail(f"the demo ran for more than {timeout_s:g} s; its threads:\n{(stderr or rest)[-6000:]}")
-    assert demo.returncode == 0, stderr[-3000:]
+    assert demo.returncode == 0, f"stderr: {stderr[-3000:]}\nstdout: {stdout[-3000:]}"
     assert len(stdout.splitlines()) == 1, f"stdout holds more than the JSON line: {stdout[:2000]}"
     return json.loads(stdout), stderr
 
@@ -680,6 +680,29 @@ def test_demo_with_the_builtin_tracker_runs_the_same_pipeline_on_apache_pulsar(a
     wait = summary["retry_wait_ms"]  # arrival - nack, whatever delay the config asked for
     assert wait["min"] >= 450, f"a retry waited {wait['min']} ms, not the demo's first backoff (500 ms)"
     assert summary["peak_pending_nacks"] is None and summary["peak_tracker_memory_bytes"] is None
+
+
+@pytest.fixture(scope="module")
+def forgetful_broker() -> Any:
+    """Apache Pulsar standalone, batch-index acks on as the demo's own, that deletes a topic
+    idle for 1 s with no subscription (the stock setting does so after a minute; a slow Spark
+    start can take that long)."""
+    from pulsar_nack.testing import PulsarStandalone
+
+    idle = {"brokerDeleteInactiveTopicsFrequencySeconds": "1", "brokerDeleteInactiveTopicsMaxInactiveDurationSeconds": "1"}
+    broker = PulsarStandalone(batch_index_ack=True, config=idle).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_demo_loses_nothing_on_a_broker_that_deletes_idle_topics_before_spark_starts(forgetful_broker):
+    """The demo's producer is done (and closed) long before Spark's tasks subscribe: the
+    subscription exists before the first event, so the broker keeps the topic and its events."""
+    summary, _ = run_demo("--service-url", forgetful_broker.url, "--messages", "2000")
+    assert summary["lost"] == 0 and summary["left_in_subscription"] == 0 and summary["ok"], summary["result"]
+    assert summary["produced"] == 2000 and summary["acked"] >= 2000
 
 
 def test_demo_with_durable_retries_loses_nothing_and_no_retry_is_early(apache_broker):

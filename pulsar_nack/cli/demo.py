@@ -4,8 +4,8 @@ What it does:
 
 1. starts Apache Pulsar standalone (:class:`pulsar_nack.testing.PulsarStandalone`,
    fetched once from Maven Central) -- unless ``--service-url`` names a running cluster;
-2. produces a stream of events ``0 .. N-1`` with a batched producer, on a thread, while
-   Spark starts;
+2. creates the subscription, then produces a stream of events ``0 .. N-1`` with a
+   batched producer, on a thread, while Spark starts;
 3. runs ``--tasks`` consumer tasks per round on a SparkSession (``--master``, default
    ``local[2]``; a ``spark://`` standalone cluster works too) with
    :func:`pulsar_nack.spark.run_consumer_tasks`, until a round finds nothing left. The
@@ -411,6 +411,18 @@ class _Producer:
         self.seconds = time.monotonic() - start
 
 
+def _create_subscription(client: Any, topic: str, subscription_type: str) -> None:
+    """Create the demo's subscription on *topic*, at its first message, and leave it."""
+    import pulsar
+
+    client.subscribe(
+        topic,
+        SUBSCRIPTION,
+        consumer_type=getattr(pulsar.ConsumerType, subscription_type),
+        initial_position=pulsar.InitialPosition.Earliest,
+    ).close()
+
+
 def _left_in_subscription(client: Any, topic: str, subscription_type: str) -> int:
     """Messages a fresh consumer (of the demo's subscription type) still gets from the subscription (should be 0)."""
     import pulsar
@@ -564,6 +576,10 @@ def _run(args: argparse.Namespace, started: float, started_wall: float) -> dict[
         jvm = launch_jvm(args.master, "pulsar-nack demo")  # forks: before the client's and producer's threads exist
         client = quiet_client(url)
         topic = f"persistent://public/default/pulsar-nack-demo-{uuid.uuid4().hex[:12]}"
+        # Before the first event: a topic with no subscription is deleted with its events
+        # once idle for a minute (the broker's brokerDeleteInactiveTopics*), and Spark may
+        # take that long to start.
+        _create_subscription(client, topic, args.subscription)
         producer = _Producer(client, topic, args.messages, keyed=args.subscription == "KeyShared")
         producer.thread.start()  # the stream runs while Spark starts
         _status(f"producing {args.messages:,} events to {topic}")
