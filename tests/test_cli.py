@@ -336,36 +336,45 @@ def test_version_prints_the_installed_distributions_version_which_the_package_de
     assert done.stdout == f"pulsar-nack {pulsar_nack.__version__}\n"
 
 
-def test_demo_launches_the_spark_jvm_before_it_starts_any_thread(monkeypatch):
+_LAUNCH_ORDER = """
+import argparse, threading, time
+import pyspark.java_gateway
+import pulsar_nack.testing
+from pulsar_nack.cli import demo
+
+events = []
+
+class Stop(Exception):
+    pass
+
+def fake_launch(*args, **kwargs):
+    events.append("fork with threads: " + ",".join(sorted(t.name for t in threading.enumerate() if t.name.startswith("demo"))))
+    raise Stop
+
+def fake_client(url):
+    events.append("client")
+    raise Stop
+
+pyspark.java_gateway.launch_gateway = fake_launch
+pulsar_nack.testing.quiet_client = fake_client
+args = argparse.Namespace(service_url="pulsar://127.0.0.1:1", master="local[1]", messages=10, subscription="Shared")
+try:
+    demo._run(args, time.monotonic(), time.time())
+except Stop:
+    pass
+print(events)
+"""
+
+
+def test_demo_launches_the_spark_jvm_before_it_starts_any_thread():
     """PySpark forks the driver to start the JVM and runs Python in the child (a ``preexec_fn``): with
     the client's and the producer's threads running, the child can deadlock on a lock one of them held
     (a clean-clone CI run hung on such a child). So the demo launches the JVM before it makes them.
 
     Stand-ins (a unit test: no broker deadlocks a fork on cue): the JVM launch records the threads
-    alive at the fork, the client records that it was made, and the launch ends the run."""
-    import argparse
-
-    import pyspark.java_gateway
-
-    import pulsar_nack.testing
-    from pulsar_nack.cli import demo
-
-    events: list[str] = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_launch(*args, **kwargs):
-        events.append("fork with threads: " + ",".join(sorted(t.name for t in threading.enumerate() if t.name.startswith("demo"))))
-        raise Stop
-
-    def fake_client(url):
-        events.append("client")
-        raise Stop
-
-    monkeypatch.setattr(pyspark.java_gateway, "launch_gateway", fake_launch)
-    monkeypatch.setattr(pulsar_nack.testing, "quiet_client", fake_client)
-    args = argparse.Namespace(service_url="pulsar://127.0.0.1:1", master="local[1]", messages=10, subscription="Shared")
-    with pytest.raises(Stop):
-        demo._run(args, time.monotonic(), time.time())
-    assert events == ["fork with threads: "], events
+    alive at the fork, the client records that it was made, and the launch ends the run. In a fresh
+    interpreter: with a SparkContext running, the demo launches nothing (it uses that one)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    done = subprocess.run([sys.executable, "-c", _LAUNCH_ORDER], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "['fork with threads: ']", done.stdout

@@ -221,6 +221,16 @@ def test_a_jvm_launched_without_a_session_ends_with_stop_session(tmp_path):
     assert not left, f"still running after stop_session: {left} (the launch started {children})"
 
 
+def test_stop_session_none_leaves_a_running_session_it_did_not_launch(spark):
+    """``launch_jvm`` with a session running reuses it; ``stop_session(None)`` then leaves it running
+    (it ended the session fixture's JVM once, which every later Spark test of the process met)."""
+    from pulsar_nack.spark import launch_jvm, stop_session
+
+    launch_jvm("local[1]", "reuses the running session")
+    stop_session(None)
+    assert spark.sparkContext.parallelize(range(10), 2).sum() == 45
+
+
 def test_config_is_validated_and_pickles():
     import pickle
 

@@ -192,10 +192,14 @@ def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
 
     ``spark.stop()`` leaves the JVM gateway running until the Python process exits;
     this also ends it (closing its stdin, as PySpark does at exit), which stops the
-    PySpark daemon and its Python workers. Idempotent.
+    PySpark daemon and its Python workers. ``stop_session(None)`` ends a JVM that
+    :func:`launch_jvm` started and no session runs on; a running session is stopped only
+    when passed. Idempotent.
     """
     from pyspark import SparkContext
 
+    if spark is None and SparkContext._active_spark_context is not None:
+        return  # launch_jvm reused a running session: not this caller's to end
     if spark is not None:
         spark.stop()
     gateway: Any = _SESSION_STATE.pop("gateway", None)
