@@ -5,11 +5,8 @@ the loop's body, from another thread, from another task)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pulsar
@@ -89,41 +86,13 @@ def test_for_loop_ends_after_the_body_closes_the_consumer(client, topic) -> None
     other.close()
 
 
-def _receive_frame(thread: threading.Thread) -> Any:
-    """*thread*'s innermost frame of a function named ``receive``, or None."""
-    frame = sys._current_frames().get(thread.ident or 0)
-    while frame is not None and frame.f_code.co_name != "receive":
-        frame = frame.f_back
-    return frame
-
-
-def _waiting_in_the_clients_receive(thread: threading.Thread, still_s: float = 0.2) -> Callable[[], bool]:
-    """A condition: *thread* has stood at one line of ``receive`` for *still_s*.
-
-    A thread that entered our ``receive`` may not have reached the client's yet; one
-    that stands still at one line is blocked in the client's call (it releases the GIL).
-    """
-    at: list[tuple[object, int, float]] = []
-
-    def check() -> bool:
-        frame = _receive_frame(thread)
-        if frame is None:
-            at.clear()
-            return False
-        where = (frame.f_code, frame.f_lineno)
-        if not at or at[0][:2] != where:
-            at[:] = [(*where, time.monotonic())]
-        return time.monotonic() - at[0][2] >= still_s
-
-    return check
-
-
 def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
     """Closing the client, not the consumer, is an error of the loop (the consumer is not closed).
 
-    The client is closed once the loop waits in ``receive``: the C++ client (plain or ours) checks its
-    state, then queues the waiting receive, and a close between the two leaves it waiting for ever
-    (``ConsumerImpl::receiveAsync``), which a close at the loop's first step hit in a CI run.
+    The client is closed before the loop starts: a client closed while a receive waits does not
+    always wake that receive, the plain client's as well. In a scratch run on a loaded machine,
+    5 of 40 plain consumers that had waited in ``receive()`` for 0.2 s still waited 10 s after
+    ``client.close()`` returned (the cause, in the C++ client, not found).
     """
     own = quiet_client(apache_broker.url)
     consumer = _blocking(own, topic, False)
@@ -137,11 +106,9 @@ def test_for_loop_raises_other_errors(apache_broker, topic) -> None:
         except pulsar.PulsarException as error:
             outcome.append(error)
 
+    own.close()
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
-    # Not at once: a close while the client's receive starts leaves it waiting for ever (above).
-    assert wait_for(_waiting_in_the_clients_receive(worker), END_S), "the loop never waited in receive"
-    own.close()
     worker.join(END_S)
     assert not worker.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], pulsar.PulsarException), outcome
