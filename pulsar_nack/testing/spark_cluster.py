@@ -205,8 +205,8 @@ class SparkStandaloneCluster:
             try:
                 if ready():
                     return
-            except OSError:
-                pass  # the master's UI is not up yet
+            except (OSError, ValueError):
+                pass  # the master's UI is not up yet, or serves its HTML page at /json/ still (seen in a CI run)
             time.sleep(0.2)  # the JVMs start in seconds; polling the master's UI is cheap
         tails = "\n".join(f"--- {p.stem}\n{read_tail(p)}" for _, _, p in self._processes)
         raise BrokerError(f"{what} not ready within {self.start_timeout_s:.0f} s:\n{tails}")
