@@ -135,6 +135,20 @@ def _start_driver(args: dict) -> subprocess.Popen:
     )
 
 
+def _never_got_going(cluster, driver: subprocess.Popen) -> None:
+    """Fail with what the master and the driver say: a job that never handled a quarter of its events."""
+    try:
+        state = cluster.state()
+        master = {"apps": [(a.get("name"), a.get("state"), a.get("cores")) for a in state.get("activeapps", [])],
+                  "workers": [(w.get("state"), w.get("coresused"), w.get("cores")) for w in state.get("workers", [])]}  # fmt: skip
+    except (OSError, ValueError) as error:
+        master = {"unreadable": repr(error)}
+    if driver.poll() is None:
+        driver.kill()
+    _, err = driver.communicate()
+    pytest.fail(f"the job never got going (driver exit {driver.returncode}; master {master}); driver stderr: {err[-3000:]}")
+
+
 def _finish(driver: subprocess.Popen, timeout_s: float = 300) -> dict:
     try:
         out, err = driver.communicate(timeout=timeout_s)
@@ -159,10 +173,13 @@ def test_an_executor_jvm_killed_mid_run_loses_nothing_and_keeps_backoffs(cluster
     _produce(url, topic, n)
     args = {"master": cluster.master_url, "url": url, "topic": topic, "subscription": "killjvm",
             "record_dir": str(tmp_path), "tasks": 2, "delay_ms": 1.0, "conf": EXECUTOR_CONF}
+    # Both cores: an earlier test's application may still be giving its executors back.
+    assert wait_for(lambda: not cluster.state().get("activeapps"), 60, 0.2), cluster.state().get("activeapps")
     driver = _start_driver(args)
     try:
-        assert wait_for(lambda: sum(len(v) for v in read_calls(tmp_path).values()) >= n // 4, 180, 0.1), \
-            "the job never got going"
+        going = wait_for(lambda: driver.poll() is not None or sum(len(v) for v in read_calls(tmp_path).values()) >= n // 4, 180, 0.1)
+        if not going or driver.poll() is not None:
+            _never_got_going(cluster, driver)
         import psutil
 
         executors = cluster.executor_pids()

@@ -518,12 +518,17 @@ def topic_unload(
     first delivery the topic is unloaded (*move* False) or its bundle is unloaded to the
     other broker (*move* True). Every consumer reconnects and the broker redelivers every
     unacked message, 3 s before the nacks are due.
+
+    The end of the fault, for an arm, is when the unload had returned and a broker had the
+    arm's consumer subscribed again: a consumer refused while the bundle moves tries again
+    after its reconnect backoff, which can take it past the nacks' due time.
     """
     topic = new_topic("move" if move else "unload")
     payloads = [f"u{i:04d}".encode() for i in range(messages)]
     arms = open_arms(cluster.url, topic, kinds, delay_ms=4_000)
     producer = quiet_client(cluster.url)
     timings: dict[str, float | None] = {}
+    watch: _Watch | None = None
     try:
         with pumping(arms, lambda p, nth, _count: 4_000 if nth == 0 and int(p[1:]) % 2 == 0 else None):
             produce(producer, topic, payloads, batch_size=10 if batched else 0)
@@ -532,16 +537,20 @@ def topic_unload(
             first = min(min(arm.log.deliveries[p][0] for p in payloads) for arm in arms)
             wait_until(lambda: time.monotonic() >= first + 1.0, 5)
             owner = cluster.owner_of(topic)
+            watch = _Watch(cluster, [topic], 1 - owner if move else None, arms)
             began = time.monotonic()
             if move:
                 cluster.move_topic(topic, 1 - owner)
             else:
                 cluster.unload_topic(topic)
             ended = time.monotonic()
-            timings = {"fault_s": ended - began, "nacked_to_fault_s": began - first}
             _settle(arms, payloads, 60)
-        findings = {arm.kind: Findings.of(arm, payloads, lambda _p: ended) for arm in arms}
+            watch.stop()
+            timings = {"fault_s": ended - began, "nacked_to_fault_s": began - first, **watch.resubscribed_s()}
+        findings = {arm.kind: Findings.of(arm, payloads, _resubscribed_end(arm, watch, ended)) for arm in arms}
     finally:
+        if watch is not None:
+            watch.stop()
         producer.close()
         for arm in arms:
             arm.close()
@@ -592,23 +601,59 @@ def broker_restart(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",)) -> 
 
 
 class _Watch:
-    """After a fault, polls on a thread: when every partition's lookup names *survivor*, and
-    when each arm's consumer is connected again after being seen disconnected."""
+    """Around a fault, polls on a thread: when every partition's lookup names *survivor* (any
+    broker if None), when each arm's consumer is connected again after being seen
+    disconnected, and when the broker has each arm's consumer of each partition subscribed
+    again (a new ``connectedSince`` in the topic's stats).
 
-    def __init__(self, cluster: PulsarCluster, partitions: Sequence[str], survivor: int, arms: Sequence[Arm]) -> None:
-        self.began = time.monotonic()
-        self.moved_at: float | None = None
+    Build it just before the fault: it notes the subscriptions as they are (the broker's
+    view before the fault). ``is_connected()`` turns True before the broker has answered the
+    subscribe, and a consumer whose subscribe is refused while the bundle moves tries again
+    after its backoff, so the broker's answer is when the fault ended for that consumer.
+    """
+
+    def __init__(
+        self, cluster: PulsarCluster, partitions: Sequence[str], survivor: int | None, arms: Sequence[Arm]
+    ) -> None:
         self.reconnected_at: dict[str, float | None] = {arm.kind: None for arm in arms}
+        self.moved_at: float | None = None
         self._cluster, self._partitions, self._survivor, self._arms = cluster, partitions, survivor, arms
+        self._before = {partition: self._connected_since(partition) for partition in partitions}
+        self.resubscribed_at: dict[tuple[str, str], float] = {}
+        """(arm kind, partition) -> when the broker was first seen to have that consumer subscribed again."""
+        self.began = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fault-watch", daemon=True)
         self._thread.start()
 
+    def _connected_since(self, partition: str) -> dict[str, str]:
+        """Subscription (arm kind) -> its consumers' ``connectedSince``, joined; {} while no broker answers."""
+        try:
+            subscriptions = self._cluster.admin.topic_stats(partition).get("subscriptions", {})
+        except (BrokerError, OSError, ValueError):  # the owner is away or ownership changes hands
+            return {}
+        return {kind: ",".join(sorted(str(c.get("connectedSince")) for c in sub.get("consumers", ())))
+                for kind, sub in subscriptions.items() if sub.get("consumers")}  # fmt: skip
+
     def _moved(self) -> bool:
         try:
-            return all(self._cluster.owner_of(p) == self._survivor for p in self._partitions)
+            owners = [self._cluster.owner_of(p) for p in self._partitions]
+            return self._survivor is None or all(owner == self._survivor for owner in owners)
         except (BrokerError, OSError):  # a lookup while ownership changes hands
             return False
+
+    def _resubscribed(self) -> bool:
+        """Note the consumers the broker has subscribed again since the last poll; True when every one is."""
+        kinds = list(self.reconnected_at)
+        for partition in self._partitions:
+            if all((kind, partition) in self.resubscribed_at for kind in kinds):
+                continue
+            now, since = time.monotonic(), self._connected_since(partition)
+            for kind in kinds:
+                fresh = since.get(kind) not in (None, self._before[partition].get(kind))
+                if fresh and (kind, partition) not in self.resubscribed_at:
+                    self.resubscribed_at[(kind, partition)] = now
+        return len(self.resubscribed_at) == len(kinds) * len(self._partitions)
 
     def _run(self) -> None:
         seen_down: set[str] = set()
@@ -622,7 +667,8 @@ class _Watch:
                     self.reconnected_at[arm.kind] = now
             if self.moved_at is None and self._moved():
                 self.moved_at = time.monotonic()
-            if self.moved_at is not None and all(v is not None for v in self.reconnected_at.values()):
+            resubscribed = self._resubscribed()
+            if self.moved_at is not None and resubscribed and all(v is not None for v in self.reconnected_at.values()):
                 return
             time.sleep(0.05)
 
@@ -632,6 +678,17 @@ class _Watch:
 
     def since(self, moment: float | None) -> float | None:
         return None if moment is None else moment - self.began
+
+    def fault_end(self, kind: str, partition: str | None, default: float) -> float:
+        """When the fault ended for arm *kind*'s consumer of *partition*: the broker had it subscribed
+        again (*default* if that was never seen)."""
+        return self.resubscribed_at.get((kind, partition or ""), default)
+
+    def resubscribed_s(self) -> dict[str, float | None]:
+        """Timings for the record: per arm, seconds from the fault to its last consumer subscribed again."""
+        return {f"{kind}_resubscribed_s": self.since(max((at for (k, _), at in self.resubscribed_at.items() if k == kind),
+                                                         default=None))
+                for kind in self.reconnected_at}  # fmt: skip
 
 
 def broker_kill(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, messages: int = 1_000) -> FaultRun:
@@ -648,8 +705,9 @@ def broker_kill(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, mes
     it, unless the failover takes over 18 s). 200 more messages are sent after the kill.
     The killed broker is restarted at the end.
 
-    The end of the fault, for a payload of a moved partition, is when its arm's consumer
-    was connected again (``is_connected()`` back to True); for the others it never mattered.
+    The end of the fault, for a payload of a moved partition, is when the surviving broker had
+    its arm's consumer of that partition subscribed again (when ``is_connected()`` was back to
+    True, if that was never seen); for the others it never mattered.
     """
     backoff = MultiplierRedeliveryBackoff(2_000, 60_000, 3.0)
     topic = cluster.create_partitioned_topic(new_topic("kill"), 4)
@@ -677,8 +735,8 @@ def broker_kill(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, mes
             if not wait_until(_all_delivered(arms, short), 60):
                 raise BrokerError("not every short one arrived before the kill")
             pending = {arm.kind: arm.pending() for arm in arms}
-            cluster.kill_broker(victim)
             watch = _Watch(cluster, sorted(moved), 1 - victim, arms)
+            cluster.kill_broker(victim)
             send_all(producer, after, wait_s=120)
             _settle(arms, long + short + after, 120)
             watch.stop()
@@ -693,6 +751,7 @@ def broker_kill(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, mes
         cluster.restart_broker(victim)
     timings = {"lookups_moved_s": watch.since(watch.moved_at) if watch else None,
                **{f"{kind}_reconnected_s": watch.since(at) for kind, at in (watch.reconnected_at.items() if watch else [])},
+               **(watch.resubscribed_s() if watch else {}),
                "restart_s": time.monotonic() - restarted}  # fmt: skip
     settings = {"topic": topic, "partitions": 4, "owners": owners, "killed": victim, "messages": messages, "sent_after_kill": 200,
                 "batch_size": 10, "backoff": "MultiplierRedeliveryBackoff(2000, 60000, 3.0); built-in 2000 fixed",
@@ -702,13 +761,21 @@ def broker_kill(cluster: PulsarCluster, kinds: Sequence[str] = ("ours",), *, mes
 
 
 def _kill_findings(arm: Arm, payloads: Sequence[bytes], moved: set[str], watch: _Watch) -> Findings:
-    """Findings of one arm after a kill: the fault ended at its reconnect for the moved partitions."""
+    """Findings of one arm after a kill: for the moved partitions the fault ended when the broker had
+    the arm's consumer of the partition subscribed again (at its reconnect if that was never seen)."""
     reconnected = watch.reconnected_at[arm.kind] or watch.began
 
     def fault_end(payload: bytes) -> float:
-        return reconnected if arm.log.topics.get(payload) in moved else 0.0
+        partition = arm.log.topics.get(payload)
+        return watch.fault_end(arm.kind, partition, reconnected) if partition in moved else 0.0
 
     return Findings.of(arm, payloads, fault_end)
+
+
+def _resubscribed_end(arm: Arm, watch: _Watch, ended: float) -> Callable[[bytes], float]:
+    """*fault_end* for :meth:`Findings.of` after an unload: when the broker had the arm's consumer of the
+    payload's topic subscribed again, and not before the unload ended at *ended*."""
+    return lambda payload: max(ended, watch.fault_end(arm.kind, arm.log.topics.get(payload), ended))
 
 
 def _timed_call(call: Callable[[], object], outcome: dict[str, Any]) -> threading.Thread:
