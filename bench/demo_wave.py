@@ -192,18 +192,31 @@ def _medians(runs: list[dict[str, Any]], part: str, keys: tuple[str, ...]) -> di
     }
 
 
+WAVE_ROWS = (
+    ("workers_cpu_s", "wave: CPU time of the two workers", "s"),
+    ("broker_cpu_s", "wave: CPU time of the broker", "s"),
+    ("first_pass_end_ms", "wave: first pass done (the last nack), after", "ms"),
+    ("last_retry_arrival_ms", "wave: last retry arrived, after", "ms"),
+    ("wall_s", "wave: wall time", "s"),
+)
+STREAM_ROWS = (
+    ("wall_us", "stream: wall time per message", "µs"),
+    ("process_cpu_us", "stream: CPU time of the process per message", "µs"),
+    ("main_thread_cpu_us", "stream: CPU time of the application's thread per message", "µs"),
+)
+
+
 def table(payload: dict[str, Any]) -> str:
     """The medians, ours beside the built-in, as a markdown table."""
     from ._common import md_table
 
-    wave, stream = payload["wave_medians"], payload["stream_medians"]
     rows = [
-        [f"wave: {key}", wave["ours"][key], wave["builtin"][key], f"{wave['ours'][key] / wave['builtin'][key]:.2f}x"]
-        for key in ("workers_cpu_s", "broker_cpu_s", "first_pass_end_ms", "last_retry_arrival_ms", "wall_s")
-    ] + [
-        [f"stream: {key}", stream["ours"][key], stream["builtin"][key], f"{stream['ours'][key] / stream['builtin'][key]:.2f}x"]
-        for key in ("wall_us", "process_cpu_us", "main_thread_cpu_us")
-    ]
+        [label, f"{medians['ours'][key]:,.{0 if unit == 'ms' else 2}f} {unit}",
+         f"{medians['builtin'][key]:,.{0 if unit == 'ms' else 2}f} {unit}",
+         f"{medians['ours'][key] / medians['builtin'][key]:.2f}x"]
+        for medians, spec in ((payload["wave_medians"], WAVE_ROWS), (payload["stream_medians"], STREAM_ROWS))
+        for key, label, unit in spec
+    ]  # fmt: skip
     return md_table(["median of the repetitions", "ours", "built-in", "ours / built-in"], rows, "lrrr")
 
 
@@ -230,8 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "stream_messages": stream_n,
         "repeats": repeats,
         "runs": runs,
-        "wave_medians": _medians(runs, "wave", ("workers_cpu_s", "broker_cpu_s", "first_pass_end_ms", "last_retry_arrival_ms", "wall_s")),
-        "stream_medians": _medians(runs, "stream", ("wall_us", "process_cpu_us", "main_thread_cpu_us")),
+        "wave_medians": _medians(runs, "wave", tuple(key for key, _label, _unit in WAVE_ROWS)),
+        "stream_medians": _medians(runs, "stream", tuple(key for key, _label, _unit in STREAM_ROWS)),
     }
     finish(args, "demo-wave", payload, start, table)
     return payload

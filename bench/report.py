@@ -25,7 +25,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
                            "consumer-profile", "id-read", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
-    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "sharing-wait"],
+    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "sharing-wait"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
@@ -1199,6 +1199,24 @@ def id_read_table(result: dict[str, Any] | None = None) -> str:
         f"acknowledge would cost {floors} the plain one.")
 
 
+def demo_wave_table(result: dict[str, Any] | None = None) -> str:
+    """The demo's busy wave and a streamed working consumer, ours beside the built-in (bench/demo_wave.py)."""
+    from . import demo_wave
+
+    data = result or load("demo-wave")
+    wave, stream = data["wave_medians"], data["stream_medians"]
+    return demo_wave.table(data) + (
+        f"\n\n{data['broker']}; the wave: {data['wave_messages']:,} events, two worker processes; the stream: "
+        f"{data['stream_messages']:,} messages, one consumer; {data['repeats']} alternating repetitions. "
+        f"In the wave ours' workers spent {wave['ours']['workers_cpu_s'] / wave['builtin']['workers_cpu_s']:.2f}x the "
+        f"built-in's CPU time and ended their first pass "
+        f"{wave['ours']['first_pass_end_ms'] - wave['builtin']['first_pass_end_ms']:+,.0f} ms from the built-in's; "
+        f"their last retry came {wave['ours']['last_retry_arrival_ms'] - wave['builtin']['last_retry_arrival_ms']:+,.0f} ms "
+        f"from the built-in's last. In the stream the application's thread spent "
+        f"{stream['ours']['main_thread_cpu_us'] - stream['builtin']['main_thread_cpu_us']:+.2f} µs of CPU per message "
+        f"against the plain client's.")
+
+
 def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
     """The sharing rule's cost to a nacked batch member, beside the plain client (bench/sharing_wait.py)."""
     data = result or load("sharing-wait")
@@ -1235,7 +1253,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chunks": chunks_table,
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
     "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table, "id-read": id_read_table,
-    "sharing-wait": sharing_wait_table,
+    "sharing-wait": sharing_wait_table, "demo-wave": demo_wave_table,
 }
 
 
