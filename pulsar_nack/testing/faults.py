@@ -636,9 +636,10 @@ class _Watch:
                 for kind, sub in subscriptions.items() if sub.get("consumers")}  # fmt: skip
 
     def _moved(self) -> bool:
+        if self._survivor is None:  # an unload in place: no owner to wait for, no lookup to make
+            return True
         try:
-            owners = [self._cluster.owner_of(p) for p in self._partitions]
-            return self._survivor is None or all(owner == self._survivor for owner in owners)
+            return all(self._cluster.owner_of(p) == self._survivor for p in self._partitions)
         except (BrokerError, OSError):  # a lookup while ownership changes hands
             return False
 
