@@ -44,21 +44,25 @@ NACK_EVERY = 10
 LONG_DELAY_MS = 3_600_000
 
 
-def _process_cpu_s() -> float:
+def process_cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def _broker_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process *pid* (Linux /proc), None when unknown."""
-    if pid is None:
-        return None
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+def stat_cpu_s(stat_path: str) -> float:
+    """User + system CPU seconds in a Linux ``/proc/.../stat`` file (a process's or a thread's)."""
+    with open(stat_path, encoding="ascii") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _produce(url: str, topic: str, subscription: str, n: int) -> None:
+def broker_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process *pid*, None when unknown."""
+    return None if pid is None else stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def produce(url: str, topic: str, subscription: str, n: int) -> None:
     """The demo's batched backlog of events 0..n-1 behind a Shared subscription."""
     import pulsar
 
@@ -99,12 +103,12 @@ def _wave_worker(url: str, topic: str, tracker: str) -> dict[str, Any]:
     from pulsar_nack.cli.demo import DemoHandler, collect_event
     from pulsar_nack.spark import TaskBudget, consume_partition
 
-    before = _process_cpu_s()
+    before = process_cpu_s()
     stats = consume_partition(
         demo_config(url, topic, tracker), DemoHandler(1 / NACK_EVERY), TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000),
         record_timings=True, collect=collect_event,
     )  # fmt: skip
-    cpu_s = _process_cpu_s() - before
+    cpu_s = process_cpu_s() - before
     started = stats["started_at_ms"]
     arrivals = [arrived - started for _key, arrived, _count in stats["arrivals"]]
     return {
@@ -122,14 +126,14 @@ def _wave(broker: Any, tracker: str, n: int) -> dict[str, Any]:
     from pulsar_nack.cli.demo import SUBSCRIPTION
 
     topic = f"persistent://public/default/demo-wave-{tracker}-{uuid.uuid4().hex[:8]}"
-    _produce(broker.url, topic, SUBSCRIPTION, n)
+    produce(broker.url, topic, SUBSCRIPTION, n)
     pid = getattr(broker, "pid", None)
-    broker_before = _broker_cpu_s(pid)
+    broker_before = broker_cpu_s(pid)
     start = time.monotonic()
     with ThreadPoolExecutor(WAVE_WORKERS) as pool:
         workers = list(pool.map(lambda _: run_worker("bench.demo_wave", "wave", broker.url, topic, tracker),
                                 range(WAVE_WORKERS)))  # fmt: skip
-    broker_after = _broker_cpu_s(pid)
+    broker_after = broker_cpu_s(pid)
     return {
         "wall_s": round(time.monotonic() - start, 3),
         "broker_cpu_s": None if broker_before is None or broker_after is None else round(broker_after - broker_before, 3),
@@ -158,7 +162,7 @@ def _stream_worker(url: str, topic: str, system: str, n: int) -> dict[str, Any]:
     }
     consumer = subscribe(client, topic, "stream", **options) if system == "ours" else client.subscribe(topic, "stream", **options)
     message = consumer.receive(30_000)  # the first waits for the broker: outside the timing
-    cpu, main, wall = _process_cpu_s(), time.thread_time(), time.perf_counter()
+    cpu, main, wall = process_cpu_s(), time.thread_time(), time.perf_counter()
     for i in range(n):
         if zlib.crc32(message.data()) % NACK_EVERY == 0:
             consumer.negative_acknowledge(message)
@@ -168,7 +172,7 @@ def _stream_worker(url: str, topic: str, system: str, n: int) -> dict[str, Any]:
             message = consumer.receive(30_000)
     result = {
         "wall_us": round((time.perf_counter() - wall) / n * 1e6, 3),
-        "process_cpu_us": round((_process_cpu_s() - cpu) / n * 1e6, 3),
+        "process_cpu_us": round((process_cpu_s() - cpu) / n * 1e6, 3),
         "main_thread_cpu_us": round((time.thread_time() - main) / n * 1e6, 3),
     }
     consumer.close()
@@ -178,7 +182,7 @@ def _stream_worker(url: str, topic: str, system: str, n: int) -> dict[str, Any]:
 
 def _stream(broker: Any, system: str, n: int) -> dict[str, Any]:
     topic = f"persistent://public/default/demo-stream-{system}-{uuid.uuid4().hex[:8]}"
-    _produce(broker.url, topic, "stream", n)
+    produce(broker.url, topic, "stream", n)
     return run_worker("bench.demo_wave", "stream", broker.url, topic, system, str(n))
 
 

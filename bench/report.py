@@ -25,7 +25,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
                            "consumer-profile", "id-read", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
-    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "sharing-wait"],
+    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "wave-calls", "sharing-wait"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
@@ -1217,6 +1217,26 @@ def demo_wave_table(result: dict[str, Any] | None = None) -> str:
         f"against the plain client's.")
 
 
+def wave_calls_table(result: dict[str, Any] | None = None) -> str:
+    """Where the wave's CPU goes, call by call and thread by thread, ours beside the built-in (bench/wave_calls.py)."""
+    from . import wave_calls
+
+    data = result or load("wave-calls")
+    ours, builtin = data["medians"]["ours"], data["medians"]["builtin"]
+    main = (ours["main_thread_cpu_s"]["s"] - builtin["main_thread_cpu_s"]["s"]) * 1000
+    calls = {name: ours[name]["ms_per_worker"] - builtin[name]["ms_per_worker"] for name in wave_calls.CONSUMER_CALLS}
+    ledger = sum(ours[name]["ms_per_worker"] for name in wave_calls.LEDGER_CALLS if name in ours)
+    rest = (ours["rest_of_task_cpu_s"]["s"] - builtin["rest_of_task_cpu_s"]["s"]) * 1000
+    parts = ", ".join(f"`{name}` {delta:+,.0f} ms" for name, delta in calls.items())
+    return wave_calls.table(data) + (
+        f"\n\n{data['broker']}; {data['messages']:,} events, two worker processes; {data['repeats']} alternating "
+        f"repetitions, every worker of each system counted. Per worker, ours' task thread spent {main:+,.0f} ms of CPU "
+        f"against the built-in's: {parts} in the consumer calls ({ledger:,.0f} ms of them in the ledger's "
+        f"`screen_kept` and `before_ack`), {rest:+,.0f} ms in the rest of the task (medians each, so they need not add "
+        f"up); ours' "
+        f"timer thread spent {ours['timer_thread_cpu_s']['s'] * 1000:,.0f} ms.")
+
+
 def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
     """The sharing rule's cost to a nacked batch member, beside the plain client (bench/sharing_wait.py)."""
     data = result or load("sharing-wait")
@@ -1253,7 +1273,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chunks": chunks_table,
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
     "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table, "id-read": id_read_table,
-    "sharing-wait": sharing_wait_table, "demo-wave": demo_wave_table,
+    "sharing-wait": sharing_wait_table, "demo-wave": demo_wave_table, "wave-calls": wave_calls_table,
 }
 
 
