@@ -98,16 +98,21 @@ def demo_config(url: str, topic: str, tracker: str) -> Any:
     )  # fmt: skip
 
 
-def _wave_worker(url: str, topic: str, tracker: str) -> dict[str, Any]:
-    """One demo task in this process; what it received and spent."""
+def demo_task(url: str, topic: str, tracker: str) -> Any:
+    """Run one demo task (its handler, budget, timings and ``collect``) in this process; its TaskStats."""
     from pulsar_nack.cli.demo import DemoHandler, collect_event
     from pulsar_nack.spark import TaskBudget, consume_partition
 
-    before = process_cpu_s()
-    stats = consume_partition(
+    return consume_partition(
         demo_config(url, topic, tracker), DemoHandler(1 / NACK_EVERY), TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000),
         record_timings=True, collect=collect_event,
     )  # fmt: skip
+
+
+def _wave_worker(url: str, topic: str, tracker: str) -> dict[str, Any]:
+    """One demo task in this process; what it received and spent."""
+    before = process_cpu_s()
+    stats = demo_task(url, topic, tracker)
     cpu_s = process_cpu_s() - before
     started = stats["started_at_ms"]
     arrivals = [arrived - started for _key, arrived, _count in stats["arrivals"]]

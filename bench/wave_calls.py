@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._common import broker_label, finish, md_table, parser, run_worker, standalone, start_context
-from .demo_wave import NACK_EVERY, SYSTEMS, WAVE_WORKERS, demo_config, process_cpu_s, produce, stat_cpu_s
+from .demo_wave import SYSTEMS, WAVE_WORKERS, demo_task, process_cpu_s, produce, stat_cpu_s
 
 CONSUMER_CALLS = ("receive", "acknowledge", "negative_acknowledge")
 """The consumer calls the task makes, timed on both systems."""
@@ -99,15 +99,9 @@ def _thread_cpu_s(native_id: int | None) -> float:
 
 def _wave_worker(url: str, topic: str, system: str) -> dict[str, Any]:
     """One demo task in this process with its calls timed; the calls' and the threads' CPU."""
-    from pulsar_nack.cli.demo import DemoHandler, collect_event
-    from pulsar_nack.spark import TaskBudget, consume_partition
-
     timer = _timer_for(system)
     before, main_before = process_cpu_s(), time.thread_time()
-    stats = consume_partition(
-        demo_config(url, topic, system), DemoHandler(1 / NACK_EVERY), TaskBudget(max_time_ms=300_000, idle_timeout_ms=1_000),
-        record_timings=True, collect=collect_event,
-    )  # fmt: skip
+    stats = demo_task(url, topic, system)
     main_s, process_s = time.thread_time() - main_before, process_cpu_s() - before
     tracker_thread = next((t for t in threading.enumerate() if t.name == TIMER_THREAD), None)
     timer_s = _thread_cpu_s(None if tracker_thread is None else tracker_thread.native_id)
