@@ -85,6 +85,7 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
     With *start* (from :func:`start_context`), also records it and whether the commit
     or the core code changed between the start and now.
     """
+    from pulsar_nack.consumer import admission
     from pulsar_nack.core import accel
 
     status = _git("status", "--porcelain")
@@ -105,6 +106,7 @@ def metadata(start: dict[str, Any] | None = None) -> dict[str, Any]:
         },
         "packages": {name: _version(name) for name in _PACKAGES},
         "speedups_built": accel.SPEEDUPS,
+        "ledger_compiled": admission.COMPILED,
         "git": {
             "commit": _git("rev-parse", "HEAD"),
             "dirty": bool(status) if status is not None else None,

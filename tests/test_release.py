@@ -1,6 +1,6 @@
 """What a release ships: the sdist holds every file git tracks (tests and their helpers, docs,
 examples, bench, tools, the changelog, LICENSE and NOTICE) and nothing else, and the wheel
-rebuilt from it holds both C extensions, LICENSE and NOTICE.
+rebuilt from it holds both C extensions and the compiled ledger, LICENSE and NOTICE.
 
 Both are built here as a packager would (``python -m build``: the sdist from the checkout,
 then the wheel from the sdist, each in an isolated environment with the build requirements
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import pulsar_nack
-from tools.build_release import copy_source, source_files
+from tools.build_release import EXTENSIONS, copy_source, source_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,6 @@ EXCLUDED = {
 GENERATED = {"PKG-INFO", "setup.cfg"}
 GENERATED_DIRS = ("pulsar_nack.egg-info/",)
 APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
-EXTENSIONS = ("pulsar_nack/core/_speedups", "pulsar_nack/consumer/_msgid")
 
 
 # One file a checkout may hold for each pattern of .gitignore: planted in the copy built from,

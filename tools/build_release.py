@@ -16,7 +16,7 @@ The steps, each failing the run (exit status 1) when it fails:
 2. One wheel per CPython (``~/.pyenv/versions/X.Y.*`` unless ``--python`` gives a path),
    built from the sdist by that Python's pip and repaired by ``auditwheel`` to the oldest
    ``manylinux`` tag its symbols allow (debug symbols stripped); each must hold both C
-   extensions, LICENSE and NOTICE, and no C source.
+   extensions and the compiled ledger (:data:`EXTENSIONS`), LICENSE and NOTICE, and no C source.
 3. ``twine check`` of everything in ``dist/``.
 4. Each wheel installed in a fresh venv of its Python with no C compiler on ``PATH`` (every
    ``PATH`` directory is mirrored without ``cc``, ``gcc``, ``clang``...), both extensions in
@@ -49,7 +49,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-EXTENSIONS = ("pulsar_nack/core/_speedups", "pulsar_nack/consumer/_msgid")
+COMPILED_LEDGER = ("admission", "entry_handoff", "message_sets")
+"""The modules of ``pulsar_nack.consumer`` that ``setup.py`` has mypyc compile (its ``LEDGER``)."""
+EXTENSIONS = (
+    "pulsar_nack/core/_speedups",
+    "pulsar_nack/consumer/_msgid",
+    # the compiled ledger: its shared library and one module each
+    "pulsar_nack/consumer/_ledger__mypyc",
+    *(f"pulsar_nack/consumer/{name}" for name in COMPILED_LEDGER),
+)
 LICENSE_FILES = ("LICENSE", "NOTICE")
 UNIT_TESTS = ["-m", "not broker and not spark", "tests", "pulsar_nack"]
 BROKER_TEST = ["tests/test_consumer.py::test_message_listener_gets_the_wrapper_and_retries", "--pulsar-versions", "none"]
@@ -59,7 +67,8 @@ would stretch."""
 COMPILER = re.compile(r"^(?:[\w.]+-)*(?:cc|c\+\+|c89|c99|gcc|g\+\+|clang|clang\+\+|tcc|icc|icx|ccache)(?:-[\d.]+)?$")
 """Names of C compilers, plain or with a target prefix or a version suffix (``x86_64-linux-gnu-gcc-12``)."""
 EXTENSIONS_IN_USE = (
-    "from pulsar_nack.core import accel; from pulsar_nack.consumer import msgid; print(accel.SPEEDUPS and msgid.MSGID)"
+    "from pulsar_nack.core import accel; from pulsar_nack.consumer import admission, msgid;"
+    " print(accel.SPEEDUPS and msgid.MSGID and admission.COMPILED)"
 )
 
 

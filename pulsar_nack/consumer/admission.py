@@ -84,6 +84,7 @@ from .entry_handoff import ParkedKeys
 from .message_sets import AgingSet, EntrySet, Item, PendingNacks
 
 __all__ = [
+    "COMPILED",
     "SETTLED_CAPACITY",
     "UNTITLED",
     "AdmissionLedger",
@@ -96,6 +97,9 @@ SETTLED_CAPACITY = 8192
 drops the acks it groups (100 ms) when its connection drops, and the broker then redelivers
 them. 8,192 covers a full receive queue (1,000) plus about 100 ms of acks at 70,000 per
 second. A record takes 60 bytes with its bucket, and the table grows by doubling."""
+COMPILED = not __file__.endswith(".py")
+"""True when the ledger runs compiled by mypyc (this module, :mod:`~pulsar_nack.consumer.entry_handoff` and
+:mod:`~pulsar_nack.consumer.message_sets`, built together by ``setup.py``); False where it runs as pure Python."""
 UNTITLED = ""
 """The tracker topic of a key whose id object carries the real topic (a bare id on a multi-topic consumer)."""
 
