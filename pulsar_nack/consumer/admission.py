@@ -348,8 +348,9 @@ class AdmissionLedger:
                 verdict = self.entries.verdict(ledger, entry, index)  # again: an ack or nack may have come meanwhile
             item = (ledger, entry, index)
             counts = self.counts
-            if counts is not None or item in self.pending or item in self._returned or item in self._handed:
-                decided = self._screen(raw, verdict, item)  # a message with a nack state, or counted
+            pending, returned, handed = item in self.pending, item in self._returned, item in self._handed
+            if counts is not None or pending or returned or handed:
+                decided = self._screen(raw, verdict, item, (pending, returned, handed))  # a nack state, or counted
                 if decided is not None:
                     return decided, data
             if verdict == _ACKED or (  # acked, or a complete entry's member in no nack set (so acked)
@@ -366,18 +367,20 @@ class AdmissionLedger:
             self.entries.note_read(ledger, entry, index)
             return _DELIVER, data
 
-    def _screen(self, raw: Any, verdict: int, item: Item) -> int | None:
+    def _screen(self, raw: Any, verdict: int, item: Item, states: tuple[bool, bool, bool]) -> int | None:
         """screen() under the lock, for a message in a nack set or with delivery counts; None for one in no
-        nack set (screen() then decides it as any other: acked, counted over, or delivered)."""
+        nack set (screen() then decides it as any other: acked, counted over, or delivered).
+
+        *states*: whether *item* is pending, returned, handed off (read by screen() under the lock).
+        """
         counts = self.counts
         if counts is not None and (routed := self._screen_dead_letters(item)) is not None:
             return routed
-        returned = item in self._returned
-        if item in self.pending or (returned and not self._returned_copy_counts(raw, item)):
+        pending, returned, handed = states  # handed: its handoff (or anything after it) brought it back
+        if pending or (returned and not self._returned_copy_counts(raw, item)):
             if returned:
                 self._held[item] = raw  # acked with the application's ack (the latest copy)
             return self._swallow(item)
-        handed = item in self._handed  # its handoff (or anything after it) brought it back
         if handed and self._before_client_redelivery(item[0], item[1]):  # a reconnect's copy, early
             return self._swallow(item)
         if not handed and not returned:
@@ -543,9 +546,10 @@ class AdmissionLedger:
 
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
-        self._handed.discard(*item)
-        self._returned.discard(*item)
-        self._held.pop(item, None)
+        if not self._handed.discard(*item):  # a message is in one state at a time
+            self._returned.discard(*item)
+            if self._held:
+                self._held.pop(item, None)
 
     # ------------------------------------------------------------------ acks
 
@@ -621,12 +625,13 @@ class AdmissionLedger:
     def _forget_member(self, item: Item) -> None:
         """Under the lock: an acked *item* leaves every nack set (its held copy is acked with it) and its counts go."""
         if self.pending.count or self._handed.count or self._returned.count:
-            self.pending.discard(*item)
+            was_pending = self.pending.discard(*item)
             self._left_pending(item)
-            held = self._held.get(item)
-            if held is not None:
-                self.to_ack_again.append(held)
-            self._leave_state(item)
+            if not was_pending:  # a pending message is in no other set, and holds no copy
+                held = self._held.get(item)
+                if held is not None:
+                    self.to_ack_again.append(held)
+                self._leave_state(item)
         if self.counts is not None and self.counts.keeps_counts():
             self.counts.forget(item)
 
@@ -697,8 +702,7 @@ class AdmissionLedger:
                     if waiting and (ledger_id, entry_id) in waiting:
                         continue  # its due members are pending still: parked, or tracked again for a recheck
                     item = (ledger_id, entry_id, batch_index)
-                    if item in self.pending:
-                        self.pending.discard(*item)
+                    if self.pending.discard(*item):
                         self._handed.add(*item)
                         moved.append(item)
                     if (ledger_id, entry_id) in seen:

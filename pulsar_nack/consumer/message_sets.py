@@ -36,8 +36,8 @@ class PendingNacks:
     >>> p = PendingNacks()
     >>> p.add(7, 100, 3), p.add(7, 100, 3), (7, 100, 3) in p, (7, 100, 4) in p, len(p)
     (True, False, True, False, 1)
-    >>> p.discard(7, 100, 3); len(p)
-    0
+    >>> p.discard(7, 100, 3), p.discard(7, 100, 3), len(p)
+    (True, False, 0)
     """
 
     __slots__ = ("_by_ledger", "_wide", "count")
@@ -69,19 +69,22 @@ class PendingNacks:
         self.count += 1
         return True
 
-    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
-        """Remove a message if present. O(log n)."""
+    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> bool:
+        """Remove a message if present; True if it was. O(log n)."""
         if batch_index + 1 < _BATCH_LIMIT and entry_id < _PACK_LIMIT:
             bitmap = self._by_ledger.get(ledger_id)
             value = entry_id << _BATCH_BITS | (batch_index + 1)
-            if bitmap is not None and value in bitmap:
-                bitmap.discard(value)
-                self.count -= 1
-                if not bitmap:
-                    del self._by_ledger[ledger_id]
+            if bitmap is None or value not in bitmap:
+                return False
+            bitmap.discard(value)
+            if not bitmap:
+                del self._by_ledger[ledger_id]
         elif (ledger_id, entry_id, batch_index) in self._wide:
             self._wide.discard((ledger_id, entry_id, batch_index))
-            self.count -= 1
+        else:
+            return False
+        self.count -= 1
+        return True
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         ledger_id, entry_id, batch_index = item
@@ -232,12 +235,14 @@ class AgingSet:
         self._young.add(ledger_id, entry_id, batch_index)
         self.count = self._young.count + self._old.count
 
-    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> None:
-        """Remove a member if present. O(log n)."""
-        if self.count:
-            self._young.discard(ledger_id, entry_id, batch_index)
-            self._old.discard(ledger_id, entry_id, batch_index)
-            self.count = self._young.count + self._old.count
+    def discard(self, ledger_id: int, entry_id: int, batch_index: int) -> bool:
+        """Remove a member if present; True if it was. O(log n)."""
+        # A member is in one generation only (add() takes it out of the old one).
+        if self.count and (self._young.discard(ledger_id, entry_id, batch_index)
+                           or self._old.discard(ledger_id, entry_id, batch_index)):  # fmt: skip
+            self.count -= 1
+            return True
+        return False
 
     def __contains__(self, item: tuple[int, int, int]) -> bool:
         return bool(self.count) and (item in self._young or item in self._old)
