@@ -625,9 +625,9 @@ class AdmissionLedger:
     def _forget_member(self, item: Item) -> None:
         """Under the lock: an acked *item* leaves every nack set (its held copy is acked with it) and its counts go."""
         if self.pending.count or self._handed.count or self._returned.count:
-            was_pending = self.pending.discard(*item)
-            self._left_pending(item)
-            if not was_pending:  # a pending message is in no other set, and holds no copy
+            if self.pending.discard(*item):  # a pending message is in no other set, and holds no copy
+                self._left_pending(item)
+            else:
                 held = self._held.get(item)
                 if held is not None:
                     self.to_ack_again.append(held)

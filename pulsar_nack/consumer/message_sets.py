@@ -252,7 +252,8 @@ class AgingSet:
 
     def has_entry(self, ledger_id: int, entry_id: int) -> bool:
         """True if some message of the entry is in the set."""
-        return self._young.has_entry(ledger_id, entry_id) or self._old.has_entry(ledger_id, entry_id)
+        young, old = self._young, self._old
+        return bool(young.count and young.has_entry(ledger_id, entry_id)) or bool(old.count and old.has_entry(ledger_id, entry_id))
 
     def items(self) -> list[tuple[int, int, int]]:
         """Every member. O(n)."""
