@@ -25,7 +25,7 @@ DOCS = {
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
                            "consumer-profile", "id-read", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
-    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "wave-calls", "sharing-wait"],
+    "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "wave-calls", "ledger-steps", "sharing-wait"],
     "docs/metrics.md": ["metrics-cost"],
     "docs/asyncio.md": ["asyncio-lateness"],
     "docs/brokers.md": ["cluster"],
@@ -1237,6 +1237,13 @@ def wave_calls_table(result: dict[str, Any] | None = None) -> str:
         f"timer thread spent {ours['timer_thread_cpu_s']['s'] * 1000:,.0f} ms.")
 
 
+def ledger_steps_table(result: dict[str, Any] | None = None) -> str:
+    """The ledger's steps per retry, compiled beside pure Python (bench/ledger_steps.py)."""
+    from . import ledger_steps
+
+    return ledger_steps.table(result or load("ledger-steps"))
+
+
 def sharing_wait_table(result: dict[str, Any] | None = None) -> str:
     """The sharing rule's cost to a nacked batch member, beside the plain client (bench/sharing_wait.py)."""
     data = result or load("sharing-wait")
@@ -1274,6 +1281,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
     "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table, "id-read": id_read_table,
     "sharing-wait": sharing_wait_table, "demo-wave": demo_wave_table, "wave-calls": wave_calls_table,
+    "ledger-steps": ledger_steps_table,
 }
 
 
