@@ -397,6 +397,21 @@ def fmt_rate(per_s: float | None) -> str:
     return f"{per_s / 1e3:.1f} k/s" if per_s >= 1e3 else f"{per_s:.0f} /s"
 
 
+def varint(value: int) -> bytes:
+    """*value* as a protobuf varint (a negative one as its 64-bit two's complement, as protobuf encodes an int32 -1).
+
+    >>> varint(1), varint(300), len(varint(-1))
+    (b'\\x01', b'\\xac\\x02', 10)
+    """
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "") -> str:
     """A markdown table; *align* gives each column ``l`` (default) or ``r``."""
     lines = ["| " + " | ".join(headers) + " |"]

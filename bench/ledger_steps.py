@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import REPO, finish, md_table, parser, run_worker, start_context
+from ._common import REPO, finish, md_table, parser, run_worker, start_context, varint
 
 STEPS = ("nack", "complete", "handoff", "screen", "ack")
 """The ledger's steps for one retry, in the order it takes them."""
@@ -45,19 +45,10 @@ LEDGER_ID = 77
 TOPIC = "persistent://public/default/ledger-steps"
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def id_data(ledger: int, entry: int, index: int, size: int) -> bytes:
     """A serialized ``MessageIdData`` (ledger, entry, partition 0, batch index, batch size), as the client's."""
     fields = ((1, ledger), (2, entry), (3, 0), (4, index), (6, size))
-    return b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
+    return b"".join(varint(number << 3) + varint(value) for number, value in fields)
 
 
 def _ledger() -> Any:

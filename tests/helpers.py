@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from bench._common import varint as _varint
 from pulsar_nack import NegativeAcksTracker
 from pulsar_nack.core import accel as _accel
 from pulsar_nack.testing.waits import wait_until
@@ -48,16 +49,6 @@ class PurePythonTracker(NegativeAcksTracker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, speedups=False, **kwargs)
         assert type(self._buckets.hot_slot) is _accel.PyHotSlot and "add" not in vars(self)
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _batch_size(serialized: bytes) -> int:
