@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import pulsar_nack
-from tools.build_release import EXTENSIONS, copy_source, source_files
+from tools.build_release import EXTENSIONS, MANYLINUX, copy_source, source_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,3 +142,24 @@ def test_the_changelog_is_written_for_users_in_keep_a_changelog_form() -> None:
     versions = [tuple(int(part) for part in match.groups()) for match in released if match]
     assert versions == sorted(versions, reverse=True), versions
     assert not re.findall(r"issue \d+|#\d+|bench/results", text, re.I)
+
+
+def _glibc_versions(library: Path) -> set[tuple[int, int]]:
+    """The glibc symbol versions a shared library's dynamic strings name (``GLIBC_2.17`` -> (2, 17))."""
+    return {(int(m[1]), int(m[2])) for m in re.finditer(rb"GLIBC_(\d+)\.(\d+)", library.read_bytes())}
+
+
+def test_the_built_extensions_need_no_glibc_newer_than_the_wheels_promise() -> None:
+    """Every extension built here binds no glibc symbol newer than :data:`MANYLINUX` allows, which is what
+    auditwheel tags the wheel by (a ``dlopen`` bound to glibc 2.34's new version would make it manylinux_2_34)."""
+    built = [path for path in Path(pulsar_nack.__file__).parent.rglob("*.so") if "__pycache__" not in path.parts]
+    if not built:
+        pytest.skip("no extension was built here (pure Python)")
+    allowed = tuple(int(part) for part in MANYLINUX.removeprefix("manylinux_").split("_"))
+    newer = {path.name: max(versions) for path in built if (versions := _glibc_versions(path)) and max(versions) > allowed}
+    assert not newer, f"glibc symbol versions newer than {MANYLINUX}: {newer}"
+
+
+def test_the_docs_name_the_manylinux_tag_the_release_tool_requires() -> None:
+    for doc in ("docs/releasing.md", "CHANGELOG.md"):
+        assert f"`{MANYLINUX}`" in (REPO / doc).read_text(), doc

@@ -15,7 +15,8 @@ The steps, each failing the run (exit status 1) when it fails:
    or stale (an old ``*.egg-info/SOURCES.txt``) gets in.
 2. One wheel per CPython (``~/.pyenv/versions/X.Y.*`` unless ``--python`` gives a path),
    built from the sdist by that Python's pip and repaired by ``auditwheel`` to the oldest
-   ``manylinux`` tag its symbols allow (debug symbols stripped); each must hold both C
+   ``manylinux`` tag its symbols allow (debug symbols stripped), which must be
+   :data:`MANYLINUX`; each must hold both C
    extensions and the compiled ledger (:data:`EXTENSIONS`), LICENSE and NOTICE, and no C source.
 3. ``twine check`` of everything in ``dist/``.
 4. Each wheel installed in a fresh venv of its Python with no C compiler on ``PATH`` (every
@@ -59,6 +60,8 @@ EXTENSIONS = (
     *(f"pulsar_nack/consumer/{name}" for name in COMPILED_LEDGER),
 )
 LICENSE_FILES = ("LICENSE", "NOTICE")
+MANYLINUX = "manylinux_2_17"
+"""The oldest glibc the wheels promise (CHANGELOG, 1.0.0): a wheel whose symbols need a newer one fails."""
 UNIT_TESTS = ["-m", "not broker and not spark", "tests", "pulsar_nack"]
 BROKER_TEST = ["tests/test_consumer.py::test_message_listener_gets_the_wrapper_and_retries", "--pulsar-versions", "none"]
 """A short consumer test on Apache Pulsar (its ``apache`` broker only): nacked messages come back,
@@ -143,13 +146,13 @@ def build_wheel(python: Path, sdist: Path, work: Path) -> Path:
 
 
 def check_wheel(wheel: Path) -> None:
-    """Raise unless *wheel* holds both C extensions and the license files, no C source, with a manylinux tag."""
+    """Raise unless *wheel* holds both C extensions and the license files, no C source, tagged :data:`MANYLINUX`."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     missing = [ext for ext in EXTENSIONS if not any(n.startswith(ext) and n.endswith(".so") for n in names)]
     missing += [name for name in LICENSE_FILES if not any(n.endswith(f".dist-info/licenses/{name}") for n in names)]
     sources = [name for name in names if name.endswith(".c")]
-    if missing or sources or "manylinux" not in wheel.name:
+    if missing or sources or MANYLINUX not in wheel.name:
         raise RuntimeError(f"{wheel.name}: missing {missing}, C sources {sources}, tag {wheel.name.split('-')[-1]}")
 
 

@@ -32,6 +32,21 @@
 
 #include <dlfcn.h>
 
+/* glibc 2.34 moved dlopen, dlsym and dlclose from libdl into libc under a new symbol version
+ * (GLIBC_2.34), which a build on such a system binds by default: the wheel would then need glibc
+ * 2.34 (manylinux_2_34). Bound to their first versions, which libc keeps from 2.34 on and libdl
+ * has before (loaded in every CPython there: its import system calls dlopen), the wheel stays
+ * manylinux_2_17, as auditwheel's tag shows. */
+#if defined(__GLIBC__) && defined(__x86_64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+__asm__(".symver dlclose,dlclose@GLIBC_2.2.5");
+#elif defined(__GLIBC__) && defined(__aarch64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.17");
+__asm__(".symver dlsym,dlsym@GLIBC_2.17");
+__asm__(".symver dlclose,dlclose@GLIBC_2.17");
+#endif
+
 typedef const void *(*native_ref_fn)(const void *);
 typedef int64_t (*native_i64_fn)(const void *);
 typedef int32_t (*native_i32_fn)(const void *);
