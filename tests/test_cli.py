@@ -8,6 +8,7 @@ tests/test_spark_cluster.py (a standalone cluster, on Apache Pulsar).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import queue
@@ -22,9 +23,13 @@ from pathlib import Path
 import pytest
 
 from helpers import pid_gone, wait_for
-from pulsar_nack.cli import main
+from pulsar_nack.cli import _prepare, main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+needs_spark_extra = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in _prepare.EXTRAS["spark"]),
+    reason="the demo checks its spark extra first (pyspark, tqdm): not installed here",
+)
 
 
 def test_the_command_line_lists_its_commands_and_rejects_unknown_ones(capsys):
@@ -45,6 +50,7 @@ def test_demo_refuses_an_unknown_subscription_type_naming_the_option(capsys):
     assert "--subscription: invalid choice: 'Failover'" in capsys.readouterr().err
 
 
+@needs_spark_extra
 def test_demo_refuses_a_retry_hold_without_durable_retries_or_below_zero(capsys):
     assert main(["demo", "--retry-hold-ms", "1000"]) == 2  # with the default --retries nack: nothing would hold
     assert "--retry-hold-ms needs --retries durable" in capsys.readouterr().err
@@ -188,6 +194,7 @@ def _one_line_error(done: subprocess.CompletedProcess, seconds: float, limit_s: 
     return lines[0]
 
 
+@needs_spark_extra
 def test_demo_without_a_jdk_says_what_to_install_in_one_line_within_5_s(tmp_path):
     empty = tmp_path / "no-jdk"
     empty.mkdir()
@@ -196,6 +203,7 @@ def test_demo_without_a_jdk_says_what_to_install_in_one_line_within_5_s(tmp_path
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # nothing fetched
 
 
+@needs_spark_extra
 def test_demo_without_maven_and_nothing_cached_says_what_to_install_in_one_line_within_5_s(tmp_path):
     from pulsar_nack.testing.distribution import choose_release
 
@@ -204,17 +212,20 @@ def test_demo_without_maven_and_nothing_cached_says_what_to_install_in_one_line_
     assert "`mvn` is not on PATH" in line and "apt-get install maven" in line and "--service-url" in line
 
 
+@needs_spark_extra
 def test_demo_on_a_service_url_without_java_for_spark_says_so_in_one_line_within_5_s(tmp_path):
     env = _bare_env(tmp_path, str(tmp_path))
     line = _one_line_error(*_demo("--service-url", "pulsar://127.0.0.1:1", env=env), limit_s=5)
     assert "Spark needs Java 17 or newer and no `java` on PATH" in line and "apt-get install openjdk" in line
 
 
+@needs_spark_extra
 def test_demo_with_nothing_at_the_service_url_is_one_line_within_15_s():
     line = _one_line_error(*_demo("--service-url", "pulsar://127.0.0.1:1", "--json"), limit_s=15)
     assert "nothing answers at --service-url pulsar://127.0.0.1:1" in line
 
 
+@needs_spark_extra
 def test_demo_with_a_silent_server_at_the_service_url_is_one_line_within_15_s():
     """A port that accepts connections but speaks no Pulsar: the lookup's own deadline."""
     import socket
@@ -227,6 +238,7 @@ def test_demo_with_a_silent_server_at_the_service_url_is_one_line_within_15_s():
     assert f"no Pulsar broker answered at --service-url {url}" in line
 
 
+@needs_spark_extra
 def test_demo_with_nothing_at_the_spark_master_is_one_line_within_15_s():
     line = _one_line_error(*_demo("--master", "spark://127.0.0.1:1", "--json"), limit_s=15)
     assert "nothing answers at --master spark://127.0.0.1:1" in line and "local[2]" in line
@@ -366,6 +378,7 @@ print(events)
 """
 
 
+@needs_spark_extra
 def test_demo_launches_the_spark_jvm_before_it_starts_any_thread():
     """PySpark forks the driver to start the JVM and runs Python in the child (a ``preexec_fn``): with
     the client's and the producer's threads running, the child can deadlock on a lock one of them held

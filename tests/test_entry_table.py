@@ -185,16 +185,20 @@ def test_wide_entries_keep_every_member(table_type) -> None:
 
 def test_the_c_table_compiles_in_the_verdicts_and_outcomes_of_the_python_enums() -> None:
     """One table: ``_msgid.c``'s #defines are msgid.Verdict's and msgid.Outcome's values (as it reports
-    them, and as written in its source), and no verdict shares a value with an outcome."""
+    them, and as written in its source where the source is at hand: a wheel holds none), and no
+    verdict shares a value with an outcome."""
     import re
     from pathlib import Path
 
-    source = (Path(msgid.__file__).parent / "_msgid.c").read_text()
-    written = {m[1]: int(m[2]) for m in re.finditer(r"#define V_(\w+) (\d+)", source)}
+    path = Path(msgid.__file__).parent / "_msgid.c"
     table_verdicts = {v.name: v.value for v in msgid.Verdict if v not in (msgid.Verdict.ROUTE, msgid.Verdict.ROUTE_STORED)}
-    assert written == table_verdicts
-    written = {m[1]: int(m[2]) for m in re.finditer(r"#define R_(\w+) (\d+)", source)}
-    assert written == {o.name: o.value for o in msgid.Outcome}
+    assert path.exists() or msgid.MSGID, "neither the C source nor the built table: nothing to compare"
+    if path.exists():
+        source = path.read_text()
+        written = {m[1]: int(m[2]) for m in re.finditer(r"#define V_(\w+) (\d+)", source)}
+        assert written == table_verdicts
+        written = {m[1]: int(m[2]) for m in re.finditer(r"#define R_(\w+) (\d+)", source)}
+        assert written == {o.name: o.value for o in msgid.Outcome}
     assert not {v.value for v in msgid.Verdict} & {o.value for o in msgid.Outcome}
     if msgid.MSGID:
         import pulsar_nack.consumer._msgid as c

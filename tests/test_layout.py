@@ -10,6 +10,8 @@ import pytest
 import pulsar_nack
 
 PACKAGE = Path(pulsar_nack.__file__).parent
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout (or unpacked sdist) of these tests: its ``pulsar_nack`` may be a link to an installed package."""
 
 LAYERS = {
     # package (or root module) -> the first-party places it may import
@@ -215,7 +217,7 @@ def test_the_consumer_layer_and_spark_have_no_complexity_exemption():
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(PACKAGE.parent if path.is_relative_to(PACKAGE) else REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -246,9 +248,9 @@ def _imported_names() -> dict[str, set[str]]:
     """Per module of pulsar_nack: the names other files (the package, tests, bench, examples, tools) take from it."""
     modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
     used: dict[str, set[str]] = {m: set() for m in modules}
-    for path in PACKAGE.parent.rglob("*.py"):
-        if path.relative_to(PACKAGE.parent).parts[0] in ("pulsar_nack", "tests", "bench", "examples", "tools"):
-            _imports_of(path, modules, used)
+    others = (path for top in ("tests", "bench", "examples", "tools") for path in (REPO / top).rglob("*.py"))
+    for path in (*PACKAGE.rglob("*.py"), *others):
+        _imports_of(path, modules, used)
     return used
 
 
