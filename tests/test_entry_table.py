@@ -192,7 +192,8 @@ def test_the_c_table_compiles_in_the_verdicts_and_outcomes_of_the_python_enums()
 
     path = Path(msgid.__file__).parent / "_msgid.c"
     table_verdicts = {v.name: v.value for v in msgid.Verdict if v not in (msgid.Verdict.ROUTE, msgid.Verdict.ROUTE_STORED)}
-    assert path.exists() or msgid.MSGID, "neither the C source nor the built table: nothing to compare"
+    if not path.exists() and not msgid.MSGID:
+        pytest.skip("neither the C source nor the built table here: pure Python installed from a package")
     if path.exists():
         source = path.read_text()
         written = {m[1]: int(m[2]) for m in re.finditer(r"#define V_(\w+) (\d+)", source)}
