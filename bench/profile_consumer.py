@@ -52,9 +52,13 @@ C_CALLS = {
     "message_key": ("message_id", "serialize", "topic_name"),
     "read_id": ("message_id", "serialize"),
     "received_key": ("message_id", "serialize", "topic_name"),
+    "receive": ("receive", "message_id", "serialize"),  # Gate: the client's receive, and admit_message's read
+    "acknowledge": ("acknowledge",),  # Gate: the client's acknowledge
 }
 """Calls into the client's bindings that our C extension methods make themselves (not seen by cProfile)."""
-NATIVE_C_CALLS = {"admit": C_CALLS["admit"], "read_id": C_CALLS["read_id"]}
+NATIVE_C_CALLS = {
+    "admit": C_CALLS["admit"], "read_id": C_CALLS["read_id"], "receive": ("receive",), "acknowledge": ("acknowledge",),
+}
 """The same with native id reads on (``msgid.NATIVE_IDS``): the others read through libpulsar, not the bindings
 (but for a chunked message, which no case here receives)."""
 

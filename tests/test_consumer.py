@@ -6,6 +6,7 @@ these tests check behaviour, the benchmarks measure timing.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -19,6 +20,7 @@ import pulsar_nack
 from helpers import out_of_batch_id, wait_for
 from pulsar_nack import MultiplierRedeliveryBackoff, NackingConsumer
 from pulsar_nack.consumer import ConsumerSettings
+from pulsar_nack.consumer.msgid import Gate
 from pulsar_nack.consumer.nacking import START_GUARD_MESSAGES
 from pulsar_nack.errors import ConsumerClosedError
 from pulsar_nack.testing import PulsarStandalone, quiet_client
@@ -396,6 +398,84 @@ def test_a_quiet_consumer_refuses_receive_and_ack_once_closed(pulsar_client, top
         with pytest.raises(ConsumerClosedError):
             call()
     assert consumer.stats()["acked"] == n - 1
+
+
+needs_gate = pytest.mark.skipif(Gate is None, reason="the C reader is not built (pure Python)")
+
+
+def _spy_on_the_python_paths(monkeypatch) -> collections.Counter:
+    """Count the calls of receive's and acknowledge's Python paths (where the gate did not decide)."""
+    calls: collections.Counter = collections.Counter()
+    for name in ("_receive_screened", "_acknowledge_other"):
+        original = getattr(NackingConsumer, name)
+
+        def spy(self, *args, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(NackingConsumer, name, spy)
+    return calls
+
+
+@needs_gate
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+def test_guarded_receive_and_ack_of_entries_without_nack_state_are_decided_in_c(pulsar_client, topic, monkeypatch, batched):
+    """With a nack pending the consumer guards: every copy is screened and every ack recorded.
+    A copy of an entry above every nacked one, and its ack, are the gate's (one C call each):
+    the Python paths see none of them, and the counters still count every one."""
+    calls = _spy_on_the_python_paths(monkeypatch)
+    consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    produce(pulsar_client, topic, 10, batched=batched)
+    nacked = consumer.receive(10_000)
+    consumer.negative_acknowledge(nacked, delay_ms=3_600_000)
+    for _ in range(9):  # the rest of the nacked entry's batch: the Python screen's
+        consumer.acknowledge(consumer.receive(10_000))
+    calls.clear()
+    produce(pulsar_client, topic, 40, batched=batched)
+    for _ in range(40):
+        consumer.acknowledge(consumer.receive(10_000))
+    assert calls == {}, f"the gate left {dict(calls)} to the Python paths"
+    stats = consumer.stats()
+    assert (stats["received"], stats["acked"], stats["nacked"]) == (50, 49, 1)
+    assert (stats["delivered"], stats["pending_guarded"]) == (50, 1)
+    consumer.close(redeliver_pending=False)
+
+
+@needs_gate
+def test_a_copy_the_gate_cannot_decide_is_screened_in_python(pulsar_client, topic, monkeypatch):
+    """The copy of a nacked message that comes back is of a watched entry: the gate holds it
+    for the Python screen, which delivers it once (its nack is handed off), not a copy more."""
+    calls = _spy_on_the_python_paths(monkeypatch)
+    consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    produce(pulsar_client, topic, 1)
+    first = consumer.receive(10_000)
+    consumer.negative_acknowledge(first, delay_ms=200)
+    back = consumer.receive(10_000)
+    assert (back.message_id().ledger_id(), back.message_id().entry_id()) == (
+        first.message_id().ledger_id(), first.message_id().entry_id())
+    assert calls["_receive_screened"] == 1
+    consumer.acknowledge(back)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(1_000)
+    assert consumer.stats()["acked"] == 1
+    consumer.close()
+
+
+@pytest.mark.parametrize("guarding", [False, True], ids=["quiet", "guarding"])
+def test_receive_refuses_a_bad_timeout_by_name_and_receives_nothing(pulsar_client, topic, guarding):
+    consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    produce(pulsar_client, topic, START_GUARD_MESSAGES + 2)
+    if not guarding:  # past the guard at the start, nothing nacked: quiet
+        for _ in range(START_GUARD_MESSAGES + 1):
+            consumer.acknowledge(consumer.receive(10_000))
+    for bad, error in ((-1, ValueError), ("10", TypeError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout_millis"):
+            consumer.receive(bad)
+    received = consumer.stats()["received"]
+    last = consumer.receive(10_000)  # the next message is still there
+    assert consumer.stats()["received"] == received + 1
+    consumer.acknowledge(last)
+    consumer.close()
 
 
 def test_subscribe_rejects_bad_arguments(pulsar_client, topic):

@@ -793,41 +793,49 @@ PyDoc_STRVAR(admit_message_doc,
 "is 4 (deliver, and look at going quiet). Otherwise admit()'s verdict, for the caller's\n"
 "screen. With watch_all set, always admit()'s verdict, nothing opened, nothing counted.");
 
-static PyObject *
-EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
+/* admit_message() of a received _pulsar.Message and its wrapper: the verdict, or -1 with an exception set. */
+static int
+admit_copy(EntryTable *t, PyObject *message, PyObject *wrapper)
 {
     int64_t f[5];
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "admit_message(message, wrapper) takes two arguments");
-        return NULL;
-    }
-    if (!native_read(args[0], f)) { /* read natively, the id needs no keeping: ack_message() reads it again */
-        PyObject *data = read_message_id(args[0], f);
+    if (!native_read(message, f)) { /* read natively, the id needs no keeping: ack_message() reads it again */
+        PyObject *data = read_message_id(message, f);
         if (data == NULL)
-            return NULL;
-        int stashed = PyObject_SetAttr(args[1], str_stash, data);
+            return -1;
+        int stashed = PyObject_SetAttr(wrapper, str_stash, data);
         Py_DECREF(data);
         if (stashed < 0) { /* a wrapper without attributes keeps nothing, as msgid's stand-in */
             if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-                return NULL;
+                return -1;
             PyErr_Clear();
         }
     }
     uint32_t i = table_find(t, f[0], f[1]);
     int v = verdict_of(t, i, (int)f[3]);
     if (t->watch_all)
-        return PyLong_FromLong(v);
+        return v;
     if (v == V_FRESH) {
         if (is_watched(t, f[0], f[1]))
-            return PyLong_FromLong(v);
+            return v;
         if (f[3] >= 0 && f[4] > 0 && (i = table_insert(t, f[0], f[1], (int32_t)f[4])) == NIL)
-            return NULL;
+            return -1;
         v = V_DELIVER;
     }
     touch(t, i, (int)f[3], v == V_DELIVER);
     if (v == V_DELIVER && --t->guard_left <= 0)
         v = V_DELIVER_LAST;
-    return PyLong_FromLong(v);
+    return v;
+}
+
+static PyObject *
+EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "admit_message(message, wrapper) takes two arguments");
+        return NULL;
+    }
+    int v = admit_copy(t, args[0], args[1]);
+    return v < 0 ? NULL : PyLong_FromLong(v);
 }
 
 /* The ack of member `index` of a watched entry, from record i: recorded here (1) only where the
@@ -865,37 +873,45 @@ PyDoc_STRVAR(ack_message_doc,
 "id; for a watched entry, unless the member's open record marks it neither acked nor nacked\n"
 "and the ack leaves a member unsettled or settles the entry (every member acked).");
 
-static PyObject *
-EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
+/* ack_message() of a wrapper: 1 recorded, 0 the caller's, -1 with an exception set. */
+static int
+ack_copy(EntryTable *t, PyObject *wrapper)
 {
     int64_t f[5];
     if (t->watch_all)
-        Py_RETURN_FALSE;
+        return 0;
     PyObject *data = kept_id(wrapper);
     if (data == NULL) {
         if (PyErr_Occurred())
-            return NULL;
+            return -1;
         if (!native_read_wrapper(wrapper, f)) /* no id kept: one read natively, where the reader is on */
-            Py_RETURN_FALSE;
+            return 0;
     } else if (!PyBytes_Check(data)) {
         Py_DECREF(data);
-        Py_RETURN_FALSE;
+        return 0;
     } else {
         int parsed = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), f);
         Py_DECREF(data);
         if (parsed < 0)
-            return NULL;
+            return -1;
     }
     uint32_t i = table_find(t, f[0], f[1]);
     if (is_watched(t, f[0], f[1]))
-        return PyBool_FromLong(ack_watched_member(t, i, (int)f[3]));
+        return ack_watched_member(t, i, (int)f[3]);
     if (i != NIL && !(t->recs[i].flags & F_SETTLED) && ((t->recs[i].flags & F_FOREIGN) || has_nacked(&t->recs[i])))
-        Py_RETURN_FALSE;
+        return 0;
     PyObject *outcome = record(t, f[0], f[1], (int)f[3], (int)f[4], 0, 1, 0);
     if (outcome == NULL)
-        return NULL;
+        return -1;
     Py_DECREF(outcome);
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *
+EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
+{
+    int recorded = ack_copy(t, wrapper);
+    return recorded < 0 ? NULL : PyBool_FromLong(recorded);
 }
 
 PyDoc_STRVAR(watch_doc, "watch(ledger, entry): copies and acks of this entry (and those below it in its ledger) go to the caller.");
@@ -1304,6 +1320,244 @@ static PyTypeObject EntryTable_Type = {
     .tp_as_sequence = &EntryTable_as_sequence,
 };
 
+/* ------------------------------------------------------------------ Gate
+ *
+ * The blocking consumer's common paths of receive and acknowledge (blocking.py), in one C call
+ * each: while its ledger is quiet (screening NONE) or guards with this table alone (TABLE),
+ * receive() is the client's receive, the pulsar.Message around it (as pulsar.Consumer.receive
+ * builds it), the ledger's count and the table's verdict; acknowledge() is the table's record
+ * and the client's acknowledge. What it cannot decide goes back to the Python paths: receive()
+ * returns None, with the copy it received held for take() (none is received unless the ledger
+ * screens NONE or TABLE, or with a timeout Python must refuse); acknowledge() returns False,
+ * nothing done. The ledger's attribute `screening` is read on every call, after the receive
+ * too: a nack on another thread may start guarding while this one waits.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *receive, *acknowledge; /* the _pulsar.Consumer's */
+    PyObject *message_type, *schema; /* pulsar.Message, and the consumer's schema */
+    PyObject *ledger, *quiet, *guarding; /* the AdmissionLedger; Screening.NONE and Screening.TABLE */
+    PyObject *table;                 /* the ledger's EntryTable */
+    PyObject *received, *acked;      /* the core's counters (itertools.count) */
+    PyObject *held;                  /* (message, verdict or None, start_ns): a copy for the Python screen */
+} Gate;
+
+static PyObject *str_screening, *str_schema;
+
+static PyObject *
+Gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"receive", "acknowledge", "message_type", "schema", "ledger", "quiet", "guarding",
+                            "table", "received", "acked", NULL};
+    PyObject *o[10];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OO", names, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                                     &o[6], &EntryTable_Type, &o[7], &o[8], &o[9]))
+        return NULL;
+    if (!PyType_Check(o[2])) {
+        PyErr_SetString(PyExc_TypeError, "message_type must be a type");
+        return NULL;
+    }
+    Gate *g = (Gate *)type->tp_alloc(type, 0);
+    if (g == NULL)
+        return NULL;
+    PyObject **slots[10] = {&g->receive, &g->acknowledge, &g->message_type, &g->schema, &g->ledger,
+                            &g->quiet, &g->guarding, &g->table, &g->received, &g->acked};
+    for (int k = 0; k < 10; k++)
+        *slots[k] = Py_NewRef(o[k]);
+    return (PyObject *)g;
+}
+
+/* Every reference a Gate holds, for traverse and clear. */
+#define GATE_REFS(X) X(receive) X(acknowledge) X(message_type) X(schema) X(ledger) X(quiet) X(guarding) X(table) \
+    X(received) X(acked) X(held)
+
+static int
+Gate_traverse(Gate *g, visitproc visit, void *arg)
+{
+#define GATE_VISIT(field) Py_VISIT(g->field);
+    GATE_REFS(GATE_VISIT)
+#undef GATE_VISIT
+    return 0;
+}
+
+static int
+Gate_clear(Gate *g)
+{
+#define GATE_CLEAR(field) Py_CLEAR(g->field);
+    GATE_REFS(GATE_CLEAR)
+#undef GATE_CLEAR
+    return 0;
+}
+
+static void
+Gate_dealloc(Gate *g)
+{
+    PyObject_GC_UnTrack(g);
+    Gate_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+/* 1 quiet, 2 guarding with the table alone, 0 the Python screen's, -1 with an exception set. */
+static int
+gate_mode(Gate *g)
+{
+    PyObject *screening = PyObject_GetAttr(g->ledger, str_screening);
+    if (screening == NULL)
+        return -1;
+    int mode = screening == g->quiet ? 1 : screening == g->guarding ? 2 : 0;
+    Py_DECREF(screening);
+    return mode;
+}
+
+/* next(counter), the result dropped; -1 with an exception set. */
+static int
+count(PyObject *counter)
+{
+    PyObject *n = PyIter_Next(counter);
+    if (n == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_DECREF(n);
+    return 0;
+}
+
+static long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The pulsar.Message around a received _pulsar.Message, as pulsar.Consumer.receive builds it. */
+static PyObject *
+wrap_received(Gate *g, PyObject *raw)
+{
+    PyObject *message = PyObject_CallNoArgs(g->message_type);
+    if (message == NULL)
+        return NULL;
+    if (PyObject_SetAttr(message, str_inner, raw) < 0 || PyObject_SetAttr(message, str_schema, g->schema) < 0) {
+        Py_DECREF(message);
+        return NULL;
+    }
+    return message;
+}
+
+PyDoc_STRVAR(Gate_receive_doc,
+"receive(timeout_millis=None) -> pulsar.Message or None\n\n"
+"The next message, when the gate decides it is the application's; else None: nothing\n"
+"received (the ledger screens in Python, a copy is held already, or the timeout is not\n"
+"an int from 0 to 2**31-1), or the copy received is held for take().");
+
+static PyObject *
+Gate_receive(Gate *g, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "receive(timeout_millis=None) takes at most one argument");
+        return NULL;
+    }
+    PyObject *timeout = nargs ? args[0] : Py_None;
+    long long start_ns = 0;
+    if (timeout != Py_None) {
+        if (!PyLong_CheckExact(timeout))
+            Py_RETURN_NONE;
+        int overflow;
+        long long ms = PyLong_AsLongLongAndOverflow(timeout, &overflow);
+        if (overflow || ms < 0 || ms > INT32_MAX)
+            Py_RETURN_NONE; /* Python's check names the argument */
+        start_ns = monotonic_ns();
+    }
+    int mode = g->held == NULL ? gate_mode(g) : 0;
+    if (mode <= 0)
+        return mode < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *raw = timeout == Py_None ? PyObject_CallNoArgs(g->receive) : PyObject_CallOneArg(g->receive, timeout);
+    if (raw == NULL)
+        return NULL;
+    PyObject *message = wrap_received(g, raw);
+    if (message == NULL || (mode = gate_mode(g)) < 0) { /* MemoryError: the copy comes back after a reconnect */
+        Py_XDECREF(message);
+        Py_DECREF(raw);
+        return NULL;
+    }
+    int v = -1; /* not screened here: the Python screen counts it */
+    if (mode && (count(g->received) < 0 || (v = mode == 2 ? admit_copy((EntryTable *)g->table, raw, message) : V_DELIVER) < 0))
+        Py_CLEAR(message);
+    Py_DECREF(raw);
+    if (message == NULL)
+        return NULL;
+    if (v == V_DELIVER)
+        return message;
+    PyObject *held = v < 0 ? Py_BuildValue("(NOL)", message, Py_None, start_ns) : Py_BuildValue("(NiL)", message, v, start_ns);
+    if (held == NULL)
+        return NULL;
+    Py_XSETREF(g->held, held);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Gate_take_doc,
+"take() -> (message, verdict, start_ns) or None\n\n"
+"The copy receive() held, once: its table verdict (None: not screened, not counted) and\n"
+"when the receive began (time.monotonic_ns(); 0 without a timeout).");
+
+static PyObject *
+Gate_take(Gate *g, PyObject *unused)
+{
+    PyObject *held = g->held;
+    g->held = NULL;
+    return held != NULL ? held : Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(Gate_acknowledge_doc,
+"acknowledge(message) -> bool\n\n"
+"Acknowledge a received pulsar.Message (its exact type) while the ledger is quiet, or while\n"
+"it guards when the table records the ack (ack_message()): True. Else False, nothing done.");
+
+static PyObject *
+Gate_acknowledge(Gate *g, PyObject *message)
+{
+    if (Py_TYPE(message) != (PyTypeObject *)g->message_type)
+        Py_RETURN_FALSE;
+    int mode = gate_mode(g);
+    if (mode == 2) {
+        int recorded = ack_copy((EntryTable *)g->table, message);
+        mode = recorded < 0 ? -1 : recorded ? 2 : 0;
+    }
+    if (mode <= 0)
+        return mode < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *raw = PyObject_GetAttr(message, str_inner);
+    if (raw == NULL)
+        return NULL;
+    PyObject *done = PyObject_CallOneArg(g->acknowledge, raw);
+    Py_DECREF(raw);
+    if (done == NULL)
+        return NULL;
+    Py_DECREF(done);
+    if (count(g->acked) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef Gate_methods[] = {
+    {"receive", (PyCFunction)(void (*)(void))Gate_receive, METH_FASTCALL, Gate_receive_doc},
+    {"take", (PyCFunction)Gate_take, METH_NOARGS, Gate_take_doc},
+    {"acknowledge", (PyCFunction)Gate_acknowledge, METH_O, Gate_acknowledge_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject Gate_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pulsar_nack.consumer._msgid.Gate",
+    .tp_doc = PyDoc_STR("Gate(receive, acknowledge, message_type, schema, ledger, quiet, guarding, table, received, acked): "
+                        "a blocking consumer's common receive and acknowledge, in C."),
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Gate_new,
+    .tp_dealloc = (destructor)Gate_dealloc,
+    .tp_traverse = (traverseproc)Gate_traverse,
+    .tp_clear = (inquiry)Gate_clear,
+    .tp_methods = Gate_methods,
+};
+
 /* ------------------------------------------------------------------ the ack timeout's logs
  *
  * AckTimeout (ack_timeout.py) logs received messages in one list (log_received, which
@@ -1424,9 +1678,11 @@ PyInit__msgid(void)
     str_topic_name = PyUnicode_InternFromString("topic_name");
     str_stash = PyUnicode_InternFromString("_pulsar_nack_id");
     str_inner = PyUnicode_InternFromString("_message");
-    if (!str_message_id || !str_serialize || !str_topic_name || !str_stash || !str_inner)
+    str_screening = PyUnicode_InternFromString("screening");
+    str_schema = PyUnicode_InternFromString("_schema");
+    if (!str_message_id || !str_serialize || !str_topic_name || !str_stash || !str_inner || !str_screening || !str_schema)
         return NULL;
-    if (PyType_Ready(&EntryTable_Type) < 0)
+    if (PyType_Ready(&EntryTable_Type) < 0 || PyType_Ready(&Gate_Type) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
@@ -1434,6 +1690,12 @@ PyInit__msgid(void)
     Py_INCREF(&EntryTable_Type);
     if (PyModule_AddObject(module, "EntryTable", (PyObject *)&EntryTable_Type) < 0) {
         Py_DECREF(&EntryTable_Type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&Gate_Type);
+    if (PyModule_AddObject(module, "Gate", (PyObject *)&Gate_Type) < 0) {
+        Py_DECREF(&Gate_Type);
         Py_DECREF(module);
         return NULL;
     }

@@ -35,6 +35,15 @@ Copies
     per nack, and an acked message is filtered (and acked again, so that a broker
     without batch-index acks settles the entry). Every other copy is delivered, as the
     plain client does, so nothing unsettled is stuck.
+
+The gate
+    While the ledger is quiet or guards with its C table alone, :meth:`NackingConsumer.receive`
+    and :meth:`NackingConsumer.acknowledge` are one call into C each (``_msgid.Gate``): the
+    client's receive, the ``pulsar.Message`` around it and the table's verdict; the table's
+    record of the ack and the client's acknowledge. What the gate cannot decide (a copy of a
+    watched entry, an ack the ledger records) goes on to the Python paths, the copy held by
+    the gate for them. With an ack timeout, a retry letter topic or a stand-in consumer, and
+    without the C reader, there is no gate.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from ._client import consumer_schema, message_receiver, raw_id, unwrap_message
 from .admission import Screening
 from .common import ConsumerBase
 from .keywords import SubscribeKeywords
+from .msgid import EntryTable, Gate
 from .nacking import TopicMatcher
 from .retry import RetryLetter, retry_topics_for
 from .settings import ConsumerSettings, seek_target, subscribe_settings
@@ -83,6 +93,16 @@ _log = logging.getLogger(__name__)
 
 _Message = pulsar.Message
 _NO_SCREEN, _TABLE_SCREEN = Screening.NONE, Screening.TABLE
+
+
+def _receive_first(receive: Callable[..., pulsar.Message], timeout_millis: int | None) -> tuple[pulsar.Message, None, int]:
+    """A copy for the screen (no verdict yet), and when its receive began (0 without a timeout)."""
+    if timeout_millis is None:
+        return receive(), None, 0
+    if type(timeout_millis) is not int or timeout_millis < 0:
+        check_int("timeout_millis", timeout_millis, 0)
+    start_ns = _monotonic_ns()
+    return receive(timeout_millis), None, start_ns
 
 
 def _receive_again(receive: Callable[..., pulsar.Message], timeout_millis: int | None, start_ns: int) -> pulsar.Message:
@@ -147,6 +167,20 @@ class NackingConsumer(ConsumerBase):
         self._receive_message = self._receiver if retry is None else None
         self._acknowledge_raw = raw.acknowledge if raw is not None else None
         self._started, self._settled = self._core.started, self._core.settled  # the ack timeout's logs, or None
+        self._gate = self._build_gate(raw)
+
+    def _build_gate(self, raw: Any) -> Any:
+        """The common paths of receive and acknowledge in C (``_msgid.Gate``), or None where
+        they run in Python: no C table, a stand-in or retrying consumer, or an ack timeout
+        (whose logs the Python paths keep)."""
+        core = self._core
+        ledger = core.ledger
+        if Gate is None or self._receive_message is None or raw is None or self._started is not None:
+            return None
+        if not isinstance(ledger.entries, EntryTable):  # the pure-Python table (PULSAR_NACK_PURE_PYTHON)
+            return None
+        return Gate(raw.receive, raw.acknowledge, _Message, self._value_schema, ledger, _NO_SCREEN, _TABLE_SCREEN,
+                    ledger.entries, core.received, core.acked)
 
     @classmethod
     def wrap(
@@ -201,33 +235,37 @@ class NackingConsumer(ConsumerBase):
         1`` times goes to the dead-letter topic instead. Raises ``pulsar.Timeout`` as the
         client does when nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
+        gate = self._gate
+        if gate is not None:
+            message = gate.receive(timeout_millis)
+            if message is not None:  # decided in C: the common paths
+                return message
+        return self._receive_screened(timeout_millis)
+
+    def _receive_screened(self, timeout_millis: int | None) -> pulsar.Message:
+        """receive() where the gate did not decide: the copy it holds, or a receive screened here."""
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             return self._receive_other(timeout_millis)
-        start_ns = 0
-        if timeout_millis is None:
-            message = receive()
-        else:
-            if type(timeout_millis) is not int or timeout_millis < 0:
-                check_int("timeout_millis", timeout_millis, 0)
-            start_ns = _monotonic_ns()
-            message = receive(timeout_millis)
+        held = self._gate.take() if self._gate is not None else None
+        message, verdict, start_ns = held if held is not None else _receive_first(receive, timeout_millis)
         core = self._core
         ledger = core.ledger
         while True:
-            screening = ledger.screening
-            if screening is _NO_SCREEN:  # the common path: nothing to compare with
-                next(core.received)
-                break
             raw = unwrap_message(message)
-            if screening is _TABLE_SCREEN:  # guarding: the C table decides the copies of entries without nack state
-                next(core.received)
-                verdict = ledger.entries.admit_message(raw, message)
-                if not verdict or core.screen_kept(raw, message, verdict):  # 0: delivered
+            if verdict is None:  # a copy no one has screened
+                screening = ledger.screening
+                if screening is _NO_SCREEN:  # nothing to compare with
+                    next(core.received)
                     break
-            elif core.admit(raw, message):
-                return message  # (admit logs it for the ack timeout itself)
-            message = _receive_again(receive, timeout_millis, start_ns)  # a copy dropped, or a dead letter
+                if screening is _TABLE_SCREEN:  # guarding: the C table decides the copies of entries without nack state
+                    next(core.received)
+                    verdict = ledger.entries.admit_message(raw, message)
+                elif core.admit(raw, message):
+                    return message  # (admit logs it for the ack timeout itself)
+            if verdict is not None and (not verdict or core.screen_kept(raw, message, verdict)):  # 0: delivered
+                break
+            message, verdict = _receive_again(receive, timeout_millis, start_ns), None  # dropped, or a dead letter
         started = self._started
         if started is not None:  # an ack timeout: logged, its id read a tick later only if still unsettled
             started(message)
@@ -305,6 +343,12 @@ class NackingConsumer(ConsumerBase):
         and its entry acked whole once every member is (the client would ack the whole
         entry at once).
         """
+        gate = self._gate
+        if gate is None or not gate.acknowledge(message):  # else acked in C: the common paths
+            self._acknowledge_other(message)
+
+    def _acknowledge_other(self, message: Any) -> None:
+        """acknowledge() where the gate did not ack: without one, or with books to keep."""
         core = self._core
         ledger = core.ledger
         acknowledge_raw = self._acknowledge_raw
@@ -313,7 +357,7 @@ class NackingConsumer(ConsumerBase):
             settled = self._settled
             if settled is not None:  # an ack timeout: its deadline ends (by identity, no id read)
                 settled(message)
-            acknowledge_raw(unwrap_message(message))  # the common paths: nothing else to check (open: see _mark_closed)
+            acknowledge_raw(unwrap_message(message))  # nothing else to check (open: see _mark_closed)
         else:
             self._acknowledge_guarded(message)
         next(core.acked)
@@ -535,6 +579,7 @@ class NackingConsumer(ConsumerBase):
         self._closed = True
         self._receive_message = None
         self._acknowledge_raw = None
+        self._gate = None
 
     def close(self, redeliver_pending: bool = True) -> None:
         """Close the consumer; nothing pending is lost. Idempotent.

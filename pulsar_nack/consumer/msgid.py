@@ -40,6 +40,7 @@ __all__ = [
     "SETTLED_FOREIGN",
     "STASH",
     "EntryTable",
+    "Gate",
     "Outcome",
     "PyEntryTable",
     "Verdict",
@@ -573,6 +574,8 @@ NATIVE_IDS = native_ids.bind(_c)
 """Whether the C reader reads received ids through libpulsar's C++ API (:mod:`~pulsar_nack.consumer.native_ids`)."""
 EntryTable: Any = PyEntryTable if _c is None else _c.EntryTable
 """``EntryTable(settled_capacity, settled_max_age_ms=0)``: the C table of ``pulsar_nack.consumer._msgid``, or :class:`PyEntryTable`."""
+Gate: Any = None if _c is None else _c.Gate
+"""``Gate(...)``: a blocking consumer's common receive and acknowledge in C (``_msgid.c``), or None without the C reader."""
 message_key: Any = py_message_key if _c is None else _c.message_key
 """``message_key(message)``: ``(topic, ledger, entry, batch_index)`` of a message, read from one
 ``serialize()`` of its id by the C reader, or :func:`pulsar_nack.core.keys.message_key` (four
