@@ -403,17 +403,21 @@ def test_a_quiet_consumer_refuses_receive_and_ack_once_closed(pulsar_client, top
 needs_gate = pytest.mark.skipif(Gate is None, reason="the C reader is not built (pure Python)")
 
 
-def _spy_on_the_python_paths(monkeypatch) -> collections.Counter:
-    """Count the calls of receive's and acknowledge's Python paths (where the gate did not decide)."""
+def _spy_on_the_python_paths(monkeypatch, consumer) -> collections.Counter:
+    """Count the copies screened in Python and the acks sent from Python (where the gate did not decide)."""
     calls: collections.Counter = collections.Counter()
-    for name in ("_receive_screened", "_acknowledge_other"):
-        original = getattr(NackingConsumer, name)
+    original = NackingConsumer._screen
 
-        def spy(self, *args, _original=original, _name=name):
-            calls[_name] += 1
-            return _original(self, *args)
+    def screen(self, *args):
+        calls["screened in Python"] += 1
+        return original(self, *args)
 
-        monkeypatch.setattr(NackingConsumer, name, spy)
+    def acknowledge_raw(raw, _original=consumer._acknowledge_raw):
+        calls["acked from Python"] += 1
+        return _original(raw)
+
+    monkeypatch.setattr(NackingConsumer, "_screen", screen)
+    monkeypatch.setattr(consumer, "_acknowledge_raw", acknowledge_raw)
     return calls
 
 
@@ -423,8 +427,8 @@ def test_guarded_receive_and_ack_of_entries_without_nack_state_are_decided_in_c(
     """With a nack pending the consumer guards: every copy is screened and every ack recorded.
     A copy of an entry above every nacked one, and its ack, are the gate's (one C call each):
     the Python paths see none of them, and the counters still count every one."""
-    calls = _spy_on_the_python_paths(monkeypatch)
     consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    calls = _spy_on_the_python_paths(monkeypatch, consumer)
     produce(pulsar_client, topic, 10, batched=batched)
     nacked = consumer.receive(10_000)
     consumer.negative_acknowledge(nacked, delay_ms=3_600_000)
@@ -445,15 +449,15 @@ def test_guarded_receive_and_ack_of_entries_without_nack_state_are_decided_in_c(
 def test_a_copy_the_gate_cannot_decide_is_screened_in_python(pulsar_client, topic, monkeypatch):
     """The copy of a nacked message that comes back is of a watched entry: the gate holds it
     for the Python screen, which delivers it once (its nack is handed off), not a copy more."""
-    calls = _spy_on_the_python_paths(monkeypatch)
     consumer = pulsar_nack.subscribe(pulsar_client, topic, "s", consumer_type=SHARED)
+    calls = _spy_on_the_python_paths(monkeypatch, consumer)
     produce(pulsar_client, topic, 1)
     first = consumer.receive(10_000)
     consumer.negative_acknowledge(first, delay_ms=200)
     back = consumer.receive(10_000)
     assert (back.message_id().ledger_id(), back.message_id().entry_id()) == (
         first.message_id().ledger_id(), first.message_id().entry_id())
-    assert calls["_receive_screened"] == 1
+    assert calls["screened in Python"] == 1
     consumer.acknowledge(back)
     with pytest.raises(pulsar.Timeout):
         consumer.receive(1_000)

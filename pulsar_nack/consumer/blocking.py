@@ -95,16 +95,6 @@ _Message = pulsar.Message
 _NO_SCREEN, _TABLE_SCREEN = Screening.NONE, Screening.TABLE
 
 
-def _receive_first(receive: Callable[..., pulsar.Message], timeout_millis: int | None) -> tuple[pulsar.Message, None, int]:
-    """A copy for the screen (no verdict yet), and when its receive began (0 without a timeout)."""
-    if timeout_millis is None:
-        return receive(), None, 0
-    if type(timeout_millis) is not int or timeout_millis < 0:
-        check_int("timeout_millis", timeout_millis, 0)
-    start_ns = _monotonic_ns()
-    return receive(timeout_millis), None, start_ns
-
-
 def _receive_again(receive: Callable[..., pulsar.Message], timeout_millis: int | None, start_ns: int) -> pulsar.Message:
     """The next message after a copy the application does not see, within what is left of *timeout_millis*."""
     if timeout_millis is None:
@@ -240,15 +230,26 @@ class NackingConsumer(ConsumerBase):
             message = gate.receive(timeout_millis)
             if message is not None:  # decided in C: the common paths
                 return message
-        return self._receive_screened(timeout_millis)
-
-    def _receive_screened(self, timeout_millis: int | None) -> pulsar.Message:
-        """receive() where the gate did not decide: the copy it holds, or a receive screened here."""
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             return self._receive_other(timeout_millis)
-        held = self._gate.take() if self._gate is not None else None
-        message, verdict, start_ns = held if held is not None else _receive_first(receive, timeout_millis)
+        held = gate.take() if gate is not None else None
+        if held is not None:  # the copy the gate received and left to the screen
+            message, verdict, start_ns = held
+        elif timeout_millis is None:
+            message, verdict, start_ns = receive(), None, 0
+        else:
+            if type(timeout_millis) is not int or timeout_millis < 0:
+                check_int("timeout_millis", timeout_millis, 0)
+            start_ns = _monotonic_ns()
+            message, verdict = receive(timeout_millis), None
+        return self._screen(message, verdict, receive, timeout_millis, start_ns)
+
+    def _screen(
+        self, message: pulsar.Message, verdict: int | None, receive: Callable[..., pulsar.Message],
+        timeout_millis: int | None, start_ns: int,
+    ) -> pulsar.Message:
+        """receive() where the gate did not decide: screen *message* (its table *verdict*, or None: not screened yet), and the copies after it."""
         core = self._core
         ledger = core.ledger
         while True:
@@ -344,11 +345,8 @@ class NackingConsumer(ConsumerBase):
         entry at once).
         """
         gate = self._gate
-        if gate is None or not gate.acknowledge(message):  # else acked in C: the common paths
-            self._acknowledge_other(message)
-
-    def _acknowledge_other(self, message: Any) -> None:
-        """acknowledge() where the gate did not ack: without one, or with books to keep."""
+        if gate is not None and gate.acknowledge(message):  # acked in C: the common paths
+            return
         core = self._core
         ledger = core.ledger
         acknowledge_raw = self._acknowledge_raw
