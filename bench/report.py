@@ -582,6 +582,8 @@ def consumer_profile_table() -> str:
         "the nack, which reads the id only when the message kept none)"
         + (", where it reads ids through the bindings; after, it read them through libpulsar's accessors "
            "(`pulsar_nack.consumer.native_ids`), which are no binding calls" if after.get("native_ids") else "")
+        + ("; and the client's `receive` and `acknowledge` that the gate (`_msgid.Gate`) calls"
+           if "receive" in after.get("c_calls", {}) else "")
         + ".\n\n" + table
     )
 
