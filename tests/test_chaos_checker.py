@@ -557,3 +557,27 @@ def test_one_copy_twice_at_its_acker_past_another_consumers_close_is_attributed_
     raced = acked_then_again(True)
     assert raced.findings == [] and raced.duplicates == {Cause.CLOSE_RACE.value: 1}
     assert _promises(acked_then_again(False)) == [Promise.AFTER_ACK]
+
+
+def test_the_copy_of_a_reconsume_that_failed_yet_was_stored_is_attributed() -> None:
+    """A reconsume whose send timed out across a broker kill raises, so the original is not acked and comes back;
+    the application reconsumes it again. The first copy had been stored all the same: both copies arrive (the
+    shape of a clean-clone CI run's fixed-seed finding)."""
+    message = _id_with(Mechanism.RECONSUME)
+    asyncio_consumer = {"proc": "retry-asyncio", "pid": 201}
+    history = (History().produce(0, message, topic="events", mid="(4,1,-1,-1)")
+               .deliver(1, message, sub=RETRY_SUB, mid="(4,1,-1,-1)", **asyncio_consumer)
+               .reconsume(1, message, 2_500, "first", **asyncio_consumer)
+               .fault(1.1, "broker-kill", "broker-0", 20))  # fmt: skip
+    history.add(Ev.ERROR, 31, op="settle", id=message, sub=RETRY_SUB, gen=1, error="Timeout", **asyncio_consumer)
+    (history.deliver(31.01, message, sub=RETRY_SUB, mid="(4,1,-1,-1)", **asyncio_consumer)
+     .reconsume(31.01, message, 2_500, "second", **asyncio_consumer)
+     .deliver(36, message, sub=RETRY_SUB, rc=1, copy="first", mid="(7,1,-1,-1)", proc="retry-blocking", pid=200)
+     .ack(36, message, sub=RETRY_SUB, rc=1, proc="retry-blocking", pid=200)
+     .deliver(56, message, sub=RETRY_SUB, rc=1, copy="second", mid="(8,1,-1,-1)", proc="retry-blocking", pid=200)
+     .ack(56, message, sub=RETRY_SUB, rc=1, proc="retry-blocking", pid=200))  # fmt: skip
+    report = history.check()
+    assert report.findings == []
+    cause = Cause.FAILED_RECONSUME_STORED.value
+    failed = Cause.SETTLE_FAILED.value  # the original again, its reconsume having raised; then its copy's retry
+    assert report.duplicates == {failed: 1, f"retry of a duplicate ({failed})": 1, cause: 1}

@@ -42,7 +42,8 @@ duplicates
     first copy of a reconsume) is a duplicate, attributed to a documented cause (an ack
     lost with a fault, a message in flight when its consumer was killed or closed or whose
     settlement failed, a copy of a pending nack handed to another consumer after a
-    reconnect, a message the producer stored twice); one without a cause is a violation.
+    reconnect, a message the producer stored twice, the copy of a reconsume that raised but
+    was stored); one without a cause is a violation.
 
 The faults are the nemesis's, and the stalls the history shows (:data:`STALL`: every process
 silent for :data:`STALL_S` while the producers produce; the machine, not the nemesis,
@@ -106,6 +107,8 @@ class Cause(str, enum.Enum):
     ACK_LOST_CONSUMER_KILL = "ack lost: consumer process killed with grouped acks"
     IN_FLIGHT = "in flight when its consumer was killed or closed"
     SETTLE_FAILED = "its ack, nack or reconsume failed"
+    FAILED_RECONSUME_STORED = ("a copy of a reconsume that failed (its send timed out across a fault), stored "
+                               "nonetheless; the application reconsumed the redelivered original again")  # fmt: skip
     SETTLE_IN_FLIGHT = "its reconsume (a produce, or a dead letter's) still in flight when its consumer was killed"
     OTHER_CONSUMER_AFTER_RECONNECT = "a pending nack's copy delivered by another consumer after a reconnect"
     SCHEDULE_LOST = "nacking consumer killed or closed (its schedule is lost)"
@@ -406,6 +409,8 @@ class _Checker:
                 continue
             state.settled(who, r["t"], failed)
             if failed:
+                if ev == Ev.RECONSUME.value:  # a timed-out send may still have stored its copy
+                    state.failed_tokens.add(r["token"])
                 continue
             chain = state.duplicate_of.get(who)
             if ev == Ev.ACK.value and settled_at is None:
@@ -508,6 +513,8 @@ class _Checker:
     def _duplicate_cause(self, message_id: str, r: dict[str, Any], state: _State) -> Cause | None:
         if self._stored_twice(message_id, r, state):
             return Cause.STORED_TWICE
+        if r["copy"] in state.failed_tokens:
+            return Cause.FAILED_RECONSUME_STORED
         if state.twin_of(r, self.faults) is not None:
             return Cause.DOUBLE_DISPATCH
         if self._twice_past_a_close(r, state):
@@ -703,6 +710,8 @@ class _State:
     first_seen: bool = False
     nacks: list[_Answer] = field(default_factory=list)
     tokens: dict[str, _Answer] = field(default_factory=dict)
+    failed_tokens: set[str] = field(default_factory=set)
+    """The tokens of reconsumes that raised: their copies may have been stored all the same."""
     first_receiver: dict[tuple[str, int], str] = field(default_factory=dict)
     dispatched: dict[tuple[str, int], list[tuple[tuple[str, int, int], float]]] = field(default_factory=dict)
     """(Stored message id, redelivery count) -> the consumers that received that delivery, and when."""
