@@ -53,10 +53,6 @@ class Copy:
         return 0
 
 
-class Kept:
-    """A pulsar.Message stand-in that keeps the serialized id admission read (``msgid.STASH``)."""
-
-
 class LedgerMachine(RuleBasedStateMachine):
     """The ledger, and what the application was promised."""
 
@@ -122,13 +118,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 self._receive(item, outside)
 
     @precondition(lambda self: self.holds)
-    @rule(data=st.data(), way=st.sampled_from(["data", "fields", "gate"]))
-    def ack(self, data: st.DataObject, way: str) -> None:
+    @rule(data=st.data(), by_data=st.booleans())
+    def ack(self, data: st.DataObject, by_data: bool) -> None:
         item = data.draw(st.sampled_from(sorted(self.holds)))
         ledger, entry, index = item
-        if way == "gate" and self.ledger.screening is admission.Screening.TABLE:
-            self._ack_as_the_gate(item)
-        elif way != "fields":  # a delivered pulsar.Message: its id read when it was admitted
+        if by_data:  # a delivered pulsar.Message: its id read when it was admitted
             self.ledger.note_ack_data(Copy(item).message_id().serialize())
         else:
             assert self.ledger.note_ack(ledger, entry, index, ENTRIES[entry] if index >= 0 else 0, made_up=False, topic=T)
@@ -185,15 +179,6 @@ class LedgerMachine(RuleBasedStateMachine):
             return  # a copy the table let through before the ack was received before it, as in the plain client
         verdict, _ = self.ledger.screen(raw, read)  # B, after A's ack: the ack must be seen
         assert verdict != msgid.DELIVER or item[1] in self.forgotten, f"{item} delivered after its ack"
-
-    def _ack_as_the_gate(self, item: tuple[int, int, int]) -> None:
-        """The blocking consumer's gate: the C table records the ack where it can (outside the lock),
-        the ledger's one step takes the ack that completes a watched entry, else the Python path."""
-        data = Copy(item).message_id().serialize()
-        kept = Kept()
-        vars(kept)[msgid.STASH] = data
-        if not self.ledger.entries.ack_message(kept) and not self.ledger.note_completing_ack(*item):
-            self.ledger.note_ack_data(data)
 
     def ack_item(self, item: tuple[int, int, int]) -> None:
         self.ledger.note_ack_data(Copy(item).message_id().serialize())

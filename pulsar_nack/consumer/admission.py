@@ -553,22 +553,6 @@ class AdmissionLedger:
 
     # ------------------------------------------------------------------ acks
 
-    def note_completing_ack(self, ledger: int, entry: int, index: int) -> bool:
-        """The ack the C table left to the ledger because it completes a watched entry with a nacked
-        member (the consumer's gate): one atomic step, True; False, nothing recorded, where the
-        general path must record it. O(1).
-
-        The table finds the member in neither of its bit sets, so it is in no nack set (each member
-        in one is marked nacked there): only the entry's move to the complete set is left.
-        """
-        with self._lock:
-            if self._orphans or not self.entries.ack_completing(ledger, entry, index):  # (orphans: _renack's)
-                return False
-            if self.counts is not None and self.counts.keeps_counts():
-                self.counts.forget((ledger, entry, index))
-            self._complete.add(ledger, entry)
-            return True
-
     def note_ack_data(self, data: bytes) -> None:
         """An ack of a delivered message, by its serialized id: one atomic step. O(1)."""
         with self._lock:
