@@ -52,6 +52,12 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
     count and come over the limit, which the C++ client routes on arrival without a delivery
     (``ConsumerImpl``: ``redeliveryCount > maxRedeliverCount``). :func:`_dead_lettered_at_the_count`
     checks each message's deliveries against that model of the broker's count.
+
+    Ours adds one case: the copy of the other consumer's redelivery can reach a consumer whose own
+    nack of that message is pending, which swallows it (a message comes back once per nack, its
+    own redelivery brings it). The broker counted that copy, so its next count skips one, and ours
+    counts deliveries, not the broker's figure (``DeliveryCounts.seen``): the delivery at the
+    limit may carry a count above it (seen in a clean-clone CI run: counts 0, 1, 1, 3).
     """
     import pulsar
 
@@ -89,13 +95,13 @@ def test_two_consumers_on_one_shared_subscription_dead_letter_at_the_count(apach
         for thread in threads:
             thread.join(5)
         client.close()
-    wrong = {p.decode(): deliveries.get(p) for p in payloads if not _dead_lettered_at_the_count(deliveries.get(p, []))}
+    wrong = {p.decode(): deliveries.get(p) for p in payloads if not _dead_lettered_at_the_count(deliveries.get(p, []), swallows=kind == "ours")}
     assert not wrong, f"deliveries (consumer, redelivery count) not ending in a dead letter at the count: {wrong}"
     duplicates = sum(len(seen) - len({count for _, count in seen}) for seen in deliveries.values())
     assert duplicates <= MESSAGES // 5, f"{duplicates} copies the broker sent to both consumers: {deliveries}"
 
 
-def _dead_lettered_at_the_count(deliveries: list[tuple[int, int]]) -> bool:
+def _dead_lettered_at_the_count(deliveries: list[tuple[int, int]], *, swallows: bool = False) -> bool:
     """True if one message's *deliveries* (consumer, redelivery count) end in its dead letter at the count.
 
     The broker's count goes up by one for each copy of a redelivery a consumer nacks while the
@@ -105,18 +111,31 @@ def _dead_lettered_at_the_count(deliveries: list[tuple[int, int]]) -> bool:
     letter) or its copies push the next count over the limit (that copy goes on arrival).
     Without copies this is exactly counts 0, 1, ..., limit, once each.
 
+    *swallows*: a consumer that swallows a copy of a message whose nack it has pending (ours). That
+    copy skips a count, so the rule above holds for the deliveries' rounds (the i-th distinct count
+    delivered is round i) in place of their counts, and a count skipped is never more than the
+    copies of the round before allow.
+
     >>> _dead_lettered_at_the_count([(0, 0), (1, 1), (0, 2)]), _dead_lettered_at_the_count([(0, 0), (1, 1)])
     (True, False)
     >>> _dead_lettered_at_the_count([(0, 0), (0, 1), (1, 1)]), _dead_lettered_at_the_count([(0, 0), (0, 1), (1, 1), (1, 2)])
     (True, True)
+    >>> deliveries = [(0, 0), (0, 1), (1, 1), (1, 3)]
+    >>> _dead_lettered_at_the_count(deliveries), _dead_lettered_at_the_count(deliveries, swallows=True)
+    (False, True)
+    >>> _dead_lettered_at_the_count([(0, 0), (0, 1), (1, 1), (1, 3), (0, 4)], swallows=True)  # a round too many
+    False
     """
     copies = Counter(count for _, count in deliveries)
     counts = sorted(copies)
-    if not counts or counts[0] != 0 or counts[-1] > MAX_REDELIVER:
+    if not counts or counts[0] != 0:
         return False
     steps_fit = all(1 <= after - before <= copies[before] for before, after in itertools.pairwise(counts))
-    last = counts[-1]
-    return steps_fit and (last == MAX_REDELIVER or last + copies[last] > MAX_REDELIVER)
+    last, rounds = counts[-1], len(counts) - 1  # rounds: the last delivery's round, 0 for the first
+    if not swallows and last > MAX_REDELIVER:  # the plain client routes it on arrival
+        return False
+    at = rounds if swallows else last
+    return steps_fit and at <= MAX_REDELIVER and (at == MAX_REDELIVER or at + copies[last] > MAX_REDELIVER)
 
 
 COPIES = 30
