@@ -1327,9 +1327,10 @@ static PyTypeObject EntryTable_Type = {
  * receive() is the client's receive, the pulsar.Message around it (as pulsar.Consumer.receive
  * builds it), the ledger's count and the table's verdict; acknowledge() is the table's record
  * and the client's acknowledge. What it cannot decide goes back to the Python paths: receive()
- * returns None, with the copy it received held for take() (none is received unless the ledger
- * screens NONE or TABLE, or with a timeout Python must refuse); acknowledge() returns False,
- * nothing done. The ledger's attribute `screening` is read on every call, after the receive
+ * returns the copy it received with its verdict, for the screen, or None without receiving
+ * anything (the ledger screens in Python, or a timeout Python must refuse); acknowledge()
+ * returns False, nothing done. A Gate keeps no copy between calls: threads share it, and a copy
+ * kept for a later call could be taken by another thread's receive, or replaced by it and lost. The ledger's attribute `screening` is read on every call, after the receive
  * too: a nack on another thread may start guarding while this one waits.
  */
 
@@ -1340,7 +1341,6 @@ typedef struct {
     PyObject *ledger, *quiet, *guarding; /* the AdmissionLedger; Screening.NONE and Screening.TABLE */
     PyObject *table;                 /* the ledger's EntryTable */
     PyObject *received, *acked;      /* the core's counters (itertools.count) */
-    PyObject *held;                  /* (message, verdict or None, start_ns): a copy for the Python screen */
 } Gate;
 
 static PyObject *str_screening, *str_schema;
@@ -1370,7 +1370,7 @@ Gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 /* Every reference a Gate holds, for traverse and clear. */
 #define GATE_REFS(X) X(receive) X(acknowledge) X(message_type) X(schema) X(ledger) X(quiet) X(guarding) X(table) \
-    X(received) X(acked) X(held)
+    X(received) X(acked)
 
 static int
 Gate_traverse(Gate *g, visitproc visit, void *arg)
@@ -1444,10 +1444,11 @@ wrap_received(Gate *g, PyObject *raw)
 }
 
 PyDoc_STRVAR(Gate_receive_doc,
-"receive(timeout_millis=None) -> pulsar.Message or None\n\n"
-"The next message, when the gate decides it is the application's; else None: nothing\n"
-"received (the ledger screens in Python, a copy is held already, or the timeout is not\n"
-"an int from 0 to 2**31-1), or the copy received is held for take().");
+"receive(timeout_millis=None) -> pulsar.Message, (message, verdict, start_ns) or None\n\n"
+"The next message, when the gate decides it is the application's. A tuple: the copy received,\n"
+"left to the Python screen, with its table verdict (None: not screened, not counted) and when\n"
+"the receive began (time.monotonic_ns(); 0 without a timeout). None: nothing received (the\n"
+"ledger screens in Python, or the timeout is not an int from 0 to 2**31-1).");
 
 static PyObject *
 Gate_receive(Gate *g, PyObject *const *args, Py_ssize_t nargs)
@@ -1467,7 +1468,7 @@ Gate_receive(Gate *g, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE; /* Python's check names the argument */
         start_ns = monotonic_ns();
     }
-    int mode = g->held == NULL ? gate_mode(g) : 0;
+    int mode = gate_mode(g);
     if (mode <= 0)
         return mode < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *raw = timeout == Py_None ? PyObject_CallNoArgs(g->receive) : PyObject_CallOneArg(g->receive, timeout);
@@ -1487,24 +1488,8 @@ Gate_receive(Gate *g, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (v == V_DELIVER)
         return message;
-    PyObject *held = v < 0 ? Py_BuildValue("(NOL)", message, Py_None, start_ns) : Py_BuildValue("(NiL)", message, v, start_ns);
-    if (held == NULL)
-        return NULL;
-    Py_XSETREF(g->held, held);
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(Gate_take_doc,
-"take() -> (message, verdict, start_ns) or None\n\n"
-"The copy receive() held, once: its table verdict (None: not screened, not counted) and\n"
-"when the receive began (time.monotonic_ns(); 0 without a timeout).");
-
-static PyObject *
-Gate_take(Gate *g, PyObject *unused)
-{
-    PyObject *held = g->held;
-    g->held = NULL;
-    return held != NULL ? held : Py_NewRef(Py_None);
+    /* to this caller: another thread's receive may be on its way through here meanwhile */
+    return v < 0 ? Py_BuildValue("(NOL)", message, Py_None, start_ns) : Py_BuildValue("(NiL)", message, v, start_ns);
 }
 
 PyDoc_STRVAR(Gate_acknowledge_doc,
@@ -1539,7 +1524,6 @@ Gate_acknowledge(Gate *g, PyObject *message)
 
 static PyMethodDef Gate_methods[] = {
     {"receive", (PyCFunction)(void (*)(void))Gate_receive, METH_FASTCALL, Gate_receive_doc},
-    {"take", (PyCFunction)Gate_take, METH_NOARGS, Gate_take_doc},
     {"acknowledge", (PyCFunction)Gate_acknowledge, METH_O, Gate_acknowledge_doc},
     {NULL, NULL, 0, NULL},
 };

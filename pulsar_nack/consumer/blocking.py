@@ -41,8 +41,8 @@ The gate
     and :meth:`NackingConsumer.acknowledge` are one call into C each (``_msgid.Gate``): the
     client's receive, the ``pulsar.Message`` around it and the table's verdict; the table's
     record of the ack and the client's acknowledge. What the gate cannot decide (a copy of a
-    watched entry, an ack the ledger records) goes on to the Python paths, the copy held by
-    the gate for them. With an ack timeout, a retry letter topic or a stand-in consumer, and
+    watched entry, an ack the ledger records) goes on to the Python paths: the gate returns
+    such a copy to the thread that received it, with its verdict. With an ack timeout, a retry letter topic or a stand-in consumer, and
     without the C reader, there is no gate.
 """
 
@@ -226,14 +226,12 @@ class NackingConsumer(ConsumerBase):
         client does when nothing arrives within *timeout_millis*. Runtime complexity: O(1).
         """
         gate = self._gate
-        if gate is not None:
-            message = gate.receive(timeout_millis)
-            if message is not None:  # decided in C: the common paths
-                return message
+        held = gate.receive(timeout_millis) if gate is not None else None
+        if held is not None and held.__class__ is not tuple:  # decided in C: the common paths
+            return held
         receive = self._receive_message
         if receive is None:  # closed, a retry letter topic, or a stand-in consumer
             return self._receive_other(timeout_millis)
-        held = gate.take() if gate is not None else None
         if held is not None:  # the copy the gate received and left to the screen
             message, verdict, start_ns = held
         elif timeout_millis is None:
