@@ -53,6 +53,10 @@ class Copy:
         return 0
 
 
+class Kept:
+    """A pulsar.Message stand-in that keeps the serialized id admission read (``msgid.STASH``)."""
+
+
 class LedgerMachine(RuleBasedStateMachine):
     """The ledger, and what the application was promised."""
 
@@ -118,11 +122,13 @@ class LedgerMachine(RuleBasedStateMachine):
                 self._receive(item, outside)
 
     @precondition(lambda self: self.holds)
-    @rule(data=st.data(), by_data=st.booleans())
-    def ack(self, data: st.DataObject, by_data: bool) -> None:
+    @rule(data=st.data(), way=st.sampled_from(["data", "fields", "gate"]))
+    def ack(self, data: st.DataObject, way: str) -> None:
         item = data.draw(st.sampled_from(sorted(self.holds)))
         ledger, entry, index = item
-        if by_data:  # a delivered pulsar.Message: its id read when it was admitted
+        if way == "gate" and self.ledger.screening is admission.Screening.TABLE:
+            self._ack_as_the_gate(item)
+        elif way != "fields":  # a delivered pulsar.Message: its id read when it was admitted
             self.ledger.note_ack_data(Copy(item).message_id().serialize())
         else:
             assert self.ledger.note_ack(ledger, entry, index, ENTRIES[entry] if index >= 0 else 0, made_up=False, topic=T)
@@ -180,6 +186,15 @@ class LedgerMachine(RuleBasedStateMachine):
         verdict, _ = self.ledger.screen(raw, read)  # B, after A's ack: the ack must be seen
         assert verdict != msgid.DELIVER or item[1] in self.forgotten, f"{item} delivered after its ack"
 
+    def _ack_as_the_gate(self, item: tuple[int, int, int]) -> None:
+        """The blocking consumer's gate: the C table records the ack where it can (outside the lock),
+        the ledger's one step takes the ack that completes a watched entry, else the Python path."""
+        data = Copy(item).message_id().serialize()
+        kept = Kept()
+        vars(kept)[msgid.STASH] = data
+        if not self.ledger.entries.ack_message(kept) and not self.ledger.note_completing_ack(*item):
+            self.ledger.note_ack_data(data)
+
     def ack_item(self, item: tuple[int, int, int]) -> None:
         self.ledger.note_ack_data(Copy(item).message_id().serialize())
         self.holds.discard(item)
@@ -219,3 +234,48 @@ def test_a_record_opened_after_a_nack_by_an_id_without_batch_size_carries_that_n
 
 class _Kept:
     """A ``pulsar.Message`` stand-in that keeps attributes."""
+
+
+def test_the_ack_completing_an_entry_is_the_general_paths_for_a_returned_member_its_record_lost() -> None:
+    """An entry's knowledge expired with a member pending: the record a sibling's copy opens again marks
+    only that member nacked (``_renack``), not a member returned meanwhile. The gate's ack of that
+    returned member then completes the entry in the table; the ledger's one step must refuse it, so that
+    the general path takes the member out of the returned set (and acks its held copy)."""
+    now = [1_000_000]
+    restore, admission.monotonic_ms = admission.monotonic_ms, lambda: now[0]
+    try:
+        ledger = AdmissionLedger(None, lead_ms=LEAD_MS, always_guard=False, guard_messages=10, start_guard=10)
+        members = [(LEDGER, 1, index) for index in range(ENTRIES[1])]
+        for item in members:
+            assert ledger.screen(Copy(item), None)[0] == msgid.DELIVER
+            assert ledger.note_nack(item, ENTRIES[1], None)
+
+        def come_back(item: tuple[int, int, int]) -> None:  # handed off, and its copy delivered once due
+            ledger.hand_off({T: [(T, *item)]})
+            now[0] += LEAD_MS + 1
+            assert ledger.screen(Copy(item), None)[0] == msgid.DELIVER
+
+        def expire() -> None:
+            now[0] += STALE_MS
+            ledger.hand_off({})
+
+        come_back(members[0])
+        expire()
+        come_back(members[2])  # returned in the young generation
+        expire()  # member 0 forgotten: the entry leaves the complete set with member 1 pending
+        assert ledger.screen(Copy(members[0]), None)[0] == msgid.DELIVER  # its record opened again
+        assert ledger.entries.verdict(*members[1]) == msgid.NACKED and ledger.entries.verdict(*members[2]) == msgid.DELIVER
+        assert ledger.entries.ack_message(_kept(members[0])), "member 0's ack: the table's"
+        assert not ledger.entries.ack_message(_kept(members[2])), "member 2's ack completes the entry: the ledger's"
+        assert ledger.state_of(members[2]) is admission.MessageState.RETURNED
+        assert not ledger.note_completing_ack(*members[2]), "a returned member: the general path's"
+        ledger.note_ack_data(Copy(members[2]).message_id().serialize())
+        assert ledger.state_of(members[2]) is not admission.MessageState.RETURNED
+    finally:
+        admission.monotonic_ms = restore
+
+
+def _kept(item: tuple[int, int, int]) -> Any:
+    kept = Kept()
+    vars(kept)[msgid.STASH] = Copy(item).message_id().serialize()
+    return kept

@@ -416,8 +416,13 @@ def _spy_on_the_python_paths(monkeypatch, consumer) -> collections.Counter:
         calls["acked from Python"] += 1
         return _original(raw)
 
+    def acknowledge_guarded(message, _original=consumer._acknowledge_guarded):
+        calls["acked on the guarded path"] += 1
+        return _original(message)
+
     monkeypatch.setattr(NackingConsumer, "_screen", screen)
     monkeypatch.setattr(consumer, "_acknowledge_raw", acknowledge_raw)
+    monkeypatch.setattr(consumer, "_acknowledge_guarded", acknowledge_guarded)
     return calls
 
 
@@ -463,6 +468,40 @@ def test_a_copy_the_gate_cannot_decide_is_screened_in_python(pulsar_client, topi
         consumer.receive(1_000)
     assert consumer.stats()["acked"] == 1
     consumer.close()
+
+
+@needs_gate
+@pytest.mark.all_brokers
+def test_the_ack_that_completes_an_entry_with_a_nacked_member_is_the_gates(session_broker, topic, monkeypatch):
+    """In batches of 10 with one member nacked each, the ack of the last member acked completes
+    its entry: the gate records it with the ledger's one step (no Python ack path), and the
+    ledger's books stay right: each nacked member comes back once, no acked sibling comes back
+    (with batch-index acks and without: the broker then sends the whole entry again)."""
+    client = quiet_client(session_broker.url)
+    try:
+        consumer = pulsar_nack.subscribe(client, topic, "s", consumer_type=SHARED)
+        calls = _spy_on_the_python_paths(monkeypatch, consumer)
+        produce(client, topic, 30, batched=True)
+        nacked = set()
+        for _ in range(30):
+            message = consumer.receive(10_000)
+            if message.message_id().batch_index() == 3:
+                consumer.negative_acknowledge(message, delay_ms=300)
+                nacked.add(message.data())
+            else:
+                consumer.acknowledge(message)
+        assert len(nacked) == 3, "the producer did not send batches of 10"
+        assert calls["acked on the guarded path"] == 0, f"the gate left {dict(calls)} to the Python paths"
+        back = [consumer.receive(10_000) for _ in range(3)]
+        assert {m.data() for m in back} == nacked
+        for message in back:
+            consumer.acknowledge(message)
+        with pytest.raises(pulsar.Timeout):  # no acked sibling comes back
+            consumer.receive(1_500)
+        assert consumer.stats()["acked"] == 30
+        consumer.close()
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("guarding", [False, True], ids=["quiet", "guarding"])

@@ -33,6 +33,7 @@ _ops = st.one_of(
               st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("watch"), _keys, st.just(0), st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("ack_message"), _keys, st.integers(-1, 130), _sizes, st.just(True), st.just(False)),
+    st.tuples(st.just("ack_completing"), _keys, st.integers(-1, 130), st.just(0), st.just(True), st.just(False)),
     st.tuples(st.just("note_read"), _keys, st.integers(-1, 130), st.just(0), st.just(True), st.just(False)),
     # busy(ledger, entry, drain_ms, held_ms) with bounds no test run reaches or 0: the same answer from both clocks
     st.tuples(st.just("busy"), _keys, st.sampled_from([0, 10**6]), st.sampled_from([0, 10**6]), st.just(True),
@@ -58,6 +59,8 @@ def _apply(table: object, op: tuple) -> object:
         return table.watch(ledger, entry)
     if name == "ack_message":
         return table.ack_message(_kept(ledger, entry, index, size))
+    if name == "ack_completing":
+        return table.ack_completing(ledger, entry, index)
     if name == "ack":
         return table.ack(ledger, entry, index, size, create=create, foreign=foreign)
     if name == "nack":
@@ -289,6 +292,13 @@ def test_ack_message_records_a_watched_member_only_where_the_callers_books_canno
     assert table.ack_message(_kept(5, 1, 0, 3)) is False and table.verdict(5, 1, 0) == msgid.NACKED, "a nacked member"
     assert table.ack_message(_kept(5, 1, 2, 3)) is False and table.verdict(5, 1, 2) == msgid.DELIVER, (
         "the ack completing an entry with a nacked member: the caller's, nothing recorded")
+    assert table.ack_completing(5, 1, 1) is False and table.ack_completing(5, 1, 0) is False, "acked, nacked: not it"
+    assert table.ack_completing(5, 1, 2) is True and table.verdict(5, 1, 2) == msgid.FRESH, (
+        "the ack completing it, once the caller takes it: the record dropped, as ack() drops a complete entry's")
+    assert table.ack_completing(5, 1, 2) is False, "no record left"
+    table.open(5, 4, 2)
+    table.nack(5, 4, 0, 2)
+    assert table.ack_completing(5, 4, 1) is False and table.verdict(5, 4, 1) == msgid.DELIVER, "an entry not watched"
     table.watch(5, 2)
     assert table.ack_message(_kept(5, 2, 0, 3)) is False, "a watched entry without an open record"
     table.open(5, 0, 2)

@@ -51,7 +51,7 @@ def _gate(receive: Any) -> Any:
     table.guard_left = 100  # guarded deliveries left before the ledger looks at going quiet
     table.watch(LEDGER, 10)  # entries 0-10 watched: their copies are the Python screen's
     return Gate(receive, lambda message: None, Message, None, Ledger(), "none", "table", table,
-                itertools.count(), itertools.count())  # fmt: skip
+                itertools.count(), itertools.count(), None)  # fmt: skip  (None: no ledger step for acks)
 
 
 def test_two_threads_receiving_at_once_each_get_the_copy_they_received() -> None:

@@ -838,10 +838,13 @@ EntryTable_admit_message(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
     return v < 0 ? NULL : PyLong_FromLong(v);
 }
 
+#define ACK_COMPLETES 2 /* ack_watched_member(), ack_copy(): the ack would complete a watched entry */
+
 /* The ack of member `index` of a watched entry, from record i: recorded here (1) only where the
  * caller's books cannot change: an open record without a member acked through a made-up id, the
  * member in neither bit set (every member of an open record in the caller's nack sets is marked
- * nacked), and the ack not completing the entry (the caller then moves it to its complete set).
+ * nacked), and the ack not completing the entry. 2, nothing recorded, where it would complete
+ * the entry with a nacked member (the caller moves it to its complete set: ack_completing()).
  * Else 0, nothing recorded. */
 static int
 ack_watched_member(EntryTable *t, uint32_t i, int index)
@@ -861,7 +864,7 @@ ack_watched_member(EntryTable *t, uint32_t i, int index)
         return 1;
     default: /* complete with nacked members: the caller's */
         bit_clear(r, 0, index);
-        return 0;
+        return ACK_COMPLETES;
     }
 }
 
@@ -873,11 +876,12 @@ PyDoc_STRVAR(ack_message_doc,
 "id; for a watched entry, unless the member's open record marks it neither acked nor nacked\n"
 "and the ack leaves a member unsettled or settles the entry (every member acked).");
 
-/* ack_message() of a wrapper: 1 recorded, 0 the caller's, -1 with an exception set. */
+/* ack_message() of a wrapper, its id's fields read into f: 1 recorded, 2 the ack completes a watched
+ * entry with a nacked member (nothing recorded: ack_completing()), 0 the caller's, -1 with an
+ * exception set. */
 static int
-ack_copy(EntryTable *t, PyObject *wrapper)
+ack_copy(EntryTable *t, PyObject *wrapper, int64_t *f)
 {
-    int64_t f[5];
     if (t->watch_all)
         return 0;
     PyObject *data = kept_id(wrapper);
@@ -910,8 +914,32 @@ ack_copy(EntryTable *t, PyObject *wrapper)
 static PyObject *
 EntryTable_ack_message(EntryTable *t, PyObject *wrapper)
 {
-    int recorded = ack_copy(t, wrapper);
-    return recorded < 0 ? NULL : PyBool_FromLong(recorded);
+    int64_t f[5];
+    int recorded = ack_copy(t, wrapper, f);
+    return recorded < 0 ? NULL : PyBool_FromLong(recorded == 1);
+}
+
+PyDoc_STRVAR(ack_completing_doc,
+"ack_completing(ledger, entry, index) -> bool\n\n"
+"Record the ack of the member that completes a watched entry with a nacked member, when the\n"
+"table says so (ack_message() left it to the caller for that reason): True, the record\n"
+"dropped as ack() drops a complete one (the caller moves the entry to its complete set).\n"
+"False, nothing recorded, in any other case.");
+
+static PyObject *
+EntryTable_ack_completing(EntryTable *t, PyObject *args)
+{
+    long long l, e;
+    int index;
+    if (!PyArg_ParseTuple(args, "LLi:ack_completing", &l, &e, &index))
+        return NULL;
+    if (t->watch_all || !is_watched(t, l, e))
+        Py_RETURN_FALSE;
+    uint32_t i = table_find(t, l, e);
+    if (ack_watched_member(t, i, index) != ACK_COMPLETES)
+        Py_RETURN_FALSE;
+    table_delete(t, i);
+    Py_RETURN_TRUE;
 }
 
 PyDoc_STRVAR(watch_doc, "watch(ledger, entry): copies and acks of this entry (and those below it in its ledger) go to the caller.");
@@ -1276,6 +1304,7 @@ static PyMethodDef EntryTable_methods[] = {
     {"admit", (PyCFunction)EntryTable_admit, METH_O, admit_doc},
     {"admit_message", (PyCFunction)(void (*)(void))EntryTable_admit_message, METH_FASTCALL, admit_message_doc},
     {"ack_message", (PyCFunction)EntryTable_ack_message, METH_O, ack_message_doc},
+    {"ack_completing", (PyCFunction)EntryTable_ack_completing, METH_VARARGS, ack_completing_doc},
     {"watch", (PyCFunction)EntryTable_watch, METH_VARARGS, watch_doc},
     {"watched", (PyCFunction)EntryTable_watched, METH_VARARGS, watched_doc},
     {"unwatch", (PyCFunction)EntryTable_unwatch, METH_NOARGS, unwatch_doc},
@@ -1341,6 +1370,7 @@ typedef struct {
     PyObject *ledger, *quiet, *guarding; /* the AdmissionLedger; Screening.NONE and Screening.TABLE */
     PyObject *table;                 /* the ledger's EntryTable */
     PyObject *received, *acked;      /* the core's counters (itertools.count) */
+    PyObject *complete;              /* the ledger's note_completing_ack, or None */
 } Gate;
 
 static PyObject *str_screening, *str_schema;
@@ -1349,10 +1379,10 @@ static PyObject *
 Gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"receive", "acknowledge", "message_type", "schema", "ledger", "quiet", "guarding",
-                            "table", "received", "acked", NULL};
-    PyObject *o[10];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OO", names, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                                     &o[6], &EntryTable_Type, &o[7], &o[8], &o[9]))
+                            "table", "received", "acked", "complete", NULL};
+    PyObject *o[11];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO!OOO", names, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                                     &o[6], &EntryTable_Type, &o[7], &o[8], &o[9], &o[10]))
         return NULL;
     if (!PyType_Check(o[2])) {
         PyErr_SetString(PyExc_TypeError, "message_type must be a type");
@@ -1361,16 +1391,16 @@ Gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Gate *g = (Gate *)type->tp_alloc(type, 0);
     if (g == NULL)
         return NULL;
-    PyObject **slots[10] = {&g->receive, &g->acknowledge, &g->message_type, &g->schema, &g->ledger,
-                            &g->quiet, &g->guarding, &g->table, &g->received, &g->acked};
-    for (int k = 0; k < 10; k++)
+    PyObject **slots[11] = {&g->receive, &g->acknowledge, &g->message_type, &g->schema, &g->ledger,
+                            &g->quiet, &g->guarding, &g->table, &g->received, &g->acked, &g->complete};
+    for (int k = 0; k < 11; k++)
         *slots[k] = Py_NewRef(o[k]);
     return (PyObject *)g;
 }
 
 /* Every reference a Gate holds, for traverse and clear. */
 #define GATE_REFS(X) X(receive) X(acknowledge) X(message_type) X(schema) X(ledger) X(quiet) X(guarding) X(table) \
-    X(received) X(acked)
+    X(received) X(acked) X(complete)
 
 static int
 Gate_traverse(Gate *g, visitproc visit, void *arg)
@@ -1495,7 +1525,24 @@ Gate_receive(Gate *g, PyObject *const *args, Py_ssize_t nargs)
 PyDoc_STRVAR(Gate_acknowledge_doc,
 "acknowledge(message) -> bool\n\n"
 "Acknowledge a received pulsar.Message (its exact type) while the ledger is quiet, or while\n"
-"it guards when the table records the ack (ack_message()): True. Else False, nothing done.");
+"it guards when the table records the ack (ack_message()) or, for the member that completes a\n"
+"watched entry with a nacked member, the ledger's complete(ledger, entry, index) does: True.\n"
+"Else False, nothing done.");
+
+/* complete(ledger, entry, index) for the ack of fields f that the table left to the ledger: 1 recorded,
+ * 0 not (the Python path's), -1 with an exception set. */
+static int
+complete_entry(Gate *g, const int64_t *f)
+{
+    if (g->complete == Py_None)
+        return 0;
+    PyObject *done = PyObject_CallFunction(g->complete, "LLi", (long long)f[0], (long long)f[1], (int)f[3]);
+    if (done == NULL)
+        return -1;
+    int recorded = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    return recorded;
+}
 
 static PyObject *
 Gate_acknowledge(Gate *g, PyObject *message)
@@ -1504,7 +1551,10 @@ Gate_acknowledge(Gate *g, PyObject *message)
         Py_RETURN_FALSE;
     int mode = gate_mode(g);
     if (mode == 2) {
-        int recorded = ack_copy((EntryTable *)g->table, message);
+        int64_t f[5];
+        int recorded = ack_copy((EntryTable *)g->table, message, f);
+        if (recorded == ACK_COMPLETES) /* the ledger's step */
+            recorded = complete_entry(g, f);
         mode = recorded < 0 ? -1 : recorded ? 2 : 0;
     }
     if (mode <= 0)
@@ -1531,7 +1581,8 @@ static PyMethodDef Gate_methods[] = {
 static PyTypeObject Gate_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pulsar_nack.consumer._msgid.Gate",
-    .tp_doc = PyDoc_STR("Gate(receive, acknowledge, message_type, schema, ledger, quiet, guarding, table, received, acked): "
+    .tp_doc = PyDoc_STR("Gate(receive, acknowledge, message_type, schema, ledger, quiet, guarding, table, received, acked, "
+                        "complete): "
                         "a blocking consumer's common receive and acknowledge, in C."),
     .tp_basicsize = sizeof(Gate),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

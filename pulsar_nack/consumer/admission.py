@@ -553,6 +553,27 @@ class AdmissionLedger:
 
     # ------------------------------------------------------------------ acks
 
+    def note_completing_ack(self, ledger: int, entry: int, index: int) -> bool:
+        """The ack the C table left to the ledger because it completes a watched entry with a nacked
+        member (the consumer's gate): one atomic step, True; False, nothing recorded, where the
+        general path must record it. O(1).
+
+        The table finds the member in neither of its bit sets, so it is in no nack set (each member
+        in one is marked nacked there): only the entry's move to the complete set is left. A
+        record opened again after its entry's knowledge expired marks only the pending members
+        nacked (:meth:`_renack`), so a handed-off or returned member is asked for here too: the
+        general path takes it out of its set (and acks its held copy).
+        """
+        item = (ledger, entry, index)
+        with self._lock:
+            if (self._orphans or item in self.pending or item in self._handed or item in self._returned
+                    or not self.entries.ack_completing(ledger, entry, index)):
+                return False
+            if self.counts is not None and self.counts.keeps_counts():
+                self.counts.forget(item)
+            self._complete.add(ledger, entry)
+            return True
+
     def note_ack_data(self, data: bytes) -> None:
         """An ack of a delivered message, by its serialized id: one atomic step. O(1)."""
         with self._lock:

@@ -40,9 +40,11 @@ The gate
     While the ledger is quiet or guards with its C table alone, :meth:`NackingConsumer.receive`
     and :meth:`NackingConsumer.acknowledge` are one call into C each (``_msgid.Gate``): the
     client's receive, the ``pulsar.Message`` around it and the table's verdict; the table's
-    record of the ack and the client's acknowledge. What the gate cannot decide (a copy of a
-    watched entry, an ack the ledger records) goes on to the Python paths: the gate returns
-    such a copy to the thread that received it, with its verdict. With an ack timeout, a retry letter topic or a stand-in consumer, and
+    record of the ack and the client's acknowledge; for the ack that completes a watched
+    entry with a nacked member, the ledger's one step (``note_completing_ack``) in between.
+    What the gate cannot decide (a copy of a watched entry, another ack the ledger records)
+    goes on to the Python paths: the gate returns such a copy to the thread that received
+    it, with its verdict. With an ack timeout, a retry letter topic or a stand-in consumer, and
     without the C reader, there is no gate.
 """
 
@@ -170,7 +172,7 @@ class NackingConsumer(ConsumerBase):
         if not isinstance(ledger.entries, EntryTable):  # the pure-Python table (PULSAR_NACK_PURE_PYTHON)
             return None
         return Gate(raw.receive, raw.acknowledge, _Message, self._value_schema, ledger, _NO_SCREEN, _TABLE_SCREEN,
-                    ledger.entries, core.received, core.acked)
+                    ledger.entries, core.received, core.acked, ledger.note_completing_ack)
 
     @classmethod
     def wrap(

@@ -257,6 +257,10 @@ class _Record:
         return 2 if (self.acked | self.nacked) & full == full else 0
 
 
+_RECORDED, _COMPLETES = 1, 2
+"""What the ack of a watched entry's member did (``_ack_watched_member``; 0: nothing, the caller's)."""
+
+
 class PyEntryTable:
     """What the consumer knows of the entries in flight: the stand-in for the C ``EntryTable``.
 
@@ -343,35 +347,52 @@ class PyEntryTable:
         ledger, entry, _, index, size = py_parse_id(data)
         record = self._records.get((ledger, entry))
         if self.watched(ledger, entry):
-            return self._ack_watched_member((ledger, entry), record, index)
+            return self._ack_watched_member((ledger, entry), record, index) == _RECORDED
         if record is not None and not record.settled and (record.foreign or record.nacked):
             return False
         self._record(ledger, entry, index, size, False, True, False)
         return True
 
-    def _ack_watched_member(self, key: tuple[int, int], record: _Record | None, index: int) -> bool:
+    def ack_completing(self, ledger: int, entry: int, index: int) -> bool:
+        """Record the ack of the member that completes a watched entry with a nacked member.
+
+        When the table says so (:meth:`ack_message` left it to the caller for that reason):
+        True, the record dropped as :meth:`ack` drops a complete one (the caller moves the
+        entry to its complete set). False, nothing recorded, in any other case.
+        """
+        if self.watch_all or not self.watched(ledger, entry):
+            return False
+        record = self._records.get((ledger, entry))
+        if self._ack_watched_member((ledger, entry), record, index) != _COMPLETES:
+            return False
+        self._delete((ledger, entry))
+        return True
+
+    def _ack_watched_member(self, key: tuple[int, int], record: _Record | None, index: int) -> int:
         """The ack of member *index* of a watched entry, recorded only where the caller's books cannot change.
 
         That is: an open record without a member acked through a made-up id, the member
         in neither bit set (every member of an open record in the caller's nack sets is
-        marked nacked), and the ack not completing the entry with nacked members (the
-        caller then moves it to its complete set). False, nothing recorded, otherwise.
+        marked nacked), and the ack not completing the entry with nacked members:
+        :data:`_RECORDED`. :data:`_COMPLETES`, nothing recorded, where it would complete
+        it (the caller moves it to its complete set: :meth:`ack_completing`); 0, nothing
+        recorded, otherwise.
         """
         if record is None or index < 0 or record.settled or record.foreign or index >= record.size:
-            return False
+            return 0
         bit = 1 << index
         if (record.acked | record.nacked) & bit:
-            return False
+            return 0
         record.acked |= bit
         coverage = record.coverage()
         if coverage == 2:  # complete with nacked members: the caller's
             record.acked &= ~bit
-            return False
+            return _COMPLETES
         if coverage == 1:
             self._settle(key, record)
         else:
             record.touch(index, False)
-        return True
+        return _RECORDED
 
     def watch(self, ledger: int, entry: int) -> None:
         """Copies and acks of this entry (and of those below it in its ledger) go to the caller."""
