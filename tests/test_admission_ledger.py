@@ -53,10 +53,6 @@ class Copy:
         return 0
 
 
-class Kept:
-    """A pulsar.Message stand-in that keeps the serialized id admission read (``msgid.STASH``)."""
-
-
 class LedgerMachine(RuleBasedStateMachine):
     """The ledger, and what the application was promised."""
 
@@ -189,11 +185,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def _ack_as_the_gate(self, item: tuple[int, int, int]) -> None:
         """The blocking consumer's gate: the C table records the ack where it can (outside the lock),
         the ledger's one step takes the ack that completes a watched entry, else the Python path."""
-        data = Copy(item).message_id().serialize()
-        kept = Kept()
-        vars(kept)[msgid.STASH] = data
-        if not self.ledger.entries.ack_message(kept) and not self.ledger.note_completing_ack(*item):
-            self.ledger.note_ack_data(data)
+        if not self.ledger.entries.ack_message(_kept(item)) and not self.ledger.note_completing_ack(*item):
+            self.ledger.note_ack_data(Copy(item).message_id().serialize())
 
     def ack_item(self, item: tuple[int, int, int]) -> None:
         self.ledger.note_ack_data(Copy(item).message_id().serialize())
@@ -276,6 +269,7 @@ def test_the_ack_completing_an_entry_is_the_general_paths_for_a_returned_member_
 
 
 def _kept(item: tuple[int, int, int]) -> Any:
-    kept = Kept()
+    """A delivered copy of *item* that keeps the serialized id admission read (``msgid.STASH``)."""
+    kept = _Kept()
     vars(kept)[msgid.STASH] = Copy(item).message_id().serialize()
     return kept

@@ -558,11 +558,11 @@ class AdmissionLedger:
         member (the consumer's gate): one atomic step, True; False, nothing recorded, where the
         general path must record it. O(1).
 
-        The table finds the member in neither of its bit sets, so it is in no nack set (each member
-        in one is marked nacked there): only the entry's move to the complete set is left. A
-        record opened again after its entry's knowledge expired marks only the pending members
-        nacked (:meth:`_renack`), so a handed-off or returned member is asked for here too: the
-        general path takes it out of its set (and acks its held copy).
+        The table finds the member in neither of its bit sets. That means in no nack set, except
+        in a record opened again after its entry's knowledge expired, which marks only the pending
+        members nacked (:meth:`_renack`): so the nack sets are asked too, and a member in one is
+        the general path's (it leaves its set there, and its held copy is acked). Otherwise only
+        the entry's move to the complete set is left.
         """
         item = (ledger, entry, index)
         with self._lock:
