@@ -239,6 +239,32 @@ read_message_id(PyObject *message, int64_t f[5])
     return data;
 }
 
+/* (topic, *v[0..n), last): a new tuple that steals *topic* and *last* (NULL: no last item); NULL
+ * with an exception set (both released). Built directly: Py_BuildValue parses its format on every
+ * call, and these are the nack's and the ack's per-message keys. */
+static PyObject *
+topic_tuple(PyObject *topic, const long long *v, Py_ssize_t n, PyObject *last)
+{
+    PyObject *tuple = PyTuple_New(1 + n + (last != NULL));
+    if (tuple == NULL) {
+        Py_DECREF(topic);
+        Py_XDECREF(last);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(tuple, 0, topic);
+    if (last != NULL)
+        PyTuple_SET_ITEM(tuple, 1 + n, last);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyLong_FromLongLong(v[i]);
+        if (value == NULL) {
+            Py_DECREF(tuple); /* its unset items are NULL, which the tuple's release skips */
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, 1 + i, value);
+    }
+    return tuple;
+}
+
 PyDoc_STRVAR(message_key_doc,
 "message_key(message: _pulsar.Message) -> tuple[str, int, int, int]\n\n"
 "(topic, ledger, entry, batch_index) of a received message, in three calls into\n"
@@ -257,7 +283,8 @@ message_key(PyObject *module, PyObject *message)
     PyObject *topic = native_topic(message, str_topic_name);
     if (topic == NULL)
         return NULL;
-    return Py_BuildValue("(NLLL)", topic, (long long)f[0], (long long)f[1], (long long)f[3]);
+    const long long key[3] = {f[0], f[1], f[3]};
+    return topic_tuple(topic, key, 3, NULL);
 }
 
 PyDoc_STRVAR(received_key_doc,
@@ -293,10 +320,13 @@ received_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *topic = native_topic(args[0], str_topic_name);
     if (topic == NULL)
         return NULL;
-    if (chunk[2])
-        return Py_BuildValue("(NLLLL(LL))", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4],
-                             (long long)chunk[0], (long long)chunk[1]);
-    return Py_BuildValue("(NLLLLO)", topic, (long long)f[0], (long long)f[1], (long long)f[3], (long long)f[4], Py_None);
+    PyObject *first = chunk[2] ? Py_BuildValue("(LL)", (long long)chunk[0], (long long)chunk[1]) : Py_NewRef(Py_None);
+    if (first == NULL) {
+        Py_DECREF(topic);
+        return NULL;
+    }
+    const long long key[4] = {f[0], f[1], f[3], f[4]};
+    return topic_tuple(topic, key, 4, first);
 }
 
 /* ------------------------------------------------------------------ EntryTable */
@@ -944,11 +974,27 @@ EntryTable_ack_completing(EntryTable *t, PyObject *args)
 
 PyDoc_STRVAR(watch_doc, "watch(ledger, entry): copies and acks of this entry (and those below it in its ledger) go to the caller.");
 
+/* The (ledger, entry) arguments of a METH_FASTCALL method *name*: 0, or -1 with an exception set.
+ * Read directly: the nack calls watch() on every message, and PyArg_ParseTuple parses a format. */
+static int
+ledger_entry_args(PyObject *const *args, Py_ssize_t nargs, const char *name, long long *l, long long *e)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes exactly 2 arguments (%zd given)", name, nargs);
+        return -1;
+    }
+    if ((*l = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())
+        return -1;
+    if ((*e = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
 static PyObject *
-EntryTable_watch(EntryTable *t, PyObject *args)
+EntryTable_watch(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
     long long l, e;
-    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+    if (ledger_entry_args(args, nargs, "watch", &l, &e) < 0)
         return NULL;
     if (watch_entry(t, l, e) < 0)
         return NULL;
@@ -958,10 +1004,10 @@ EntryTable_watch(EntryTable *t, PyObject *args)
 PyDoc_STRVAR(watched_doc, "watched(ledger, entry) -> bool: whether copies of the entry go to the caller.");
 
 static PyObject *
-EntryTable_watched(EntryTable *t, PyObject *args)
+EntryTable_watched(EntryTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
     long long l, e;
-    if (!PyArg_ParseTuple(args, "LL", &l, &e))
+    if (ledger_entry_args(args, nargs, "watched", &l, &e) < 0)
         return NULL;
     return PyBool_FromLong(is_watched(t, l, e));
 }
@@ -1305,8 +1351,8 @@ static PyMethodDef EntryTable_methods[] = {
     {"admit_message", (PyCFunction)(void (*)(void))EntryTable_admit_message, METH_FASTCALL, admit_message_doc},
     {"ack_message", (PyCFunction)EntryTable_ack_message, METH_O, ack_message_doc},
     {"ack_completing", (PyCFunction)EntryTable_ack_completing, METH_VARARGS, ack_completing_doc},
-    {"watch", (PyCFunction)EntryTable_watch, METH_VARARGS, watch_doc},
-    {"watched", (PyCFunction)EntryTable_watched, METH_VARARGS, watched_doc},
+    {"watch", (PyCFunction)(void (*)(void))EntryTable_watch, METH_FASTCALL, watch_doc},
+    {"watched", (PyCFunction)(void (*)(void))EntryTable_watched, METH_FASTCALL, watched_doc},
     {"unwatch", (PyCFunction)EntryTable_unwatch, METH_NOARGS, unwatch_doc},
     {"verdict", (PyCFunction)EntryTable_verdict, METH_VARARGS, verdict_doc},
     {"open", (PyCFunction)EntryTable_open, METH_VARARGS, open_doc},

@@ -69,7 +69,7 @@ import enum
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ..core.base import DueKeys
 from ..core.keys import PARTITION_SUFFIX, MessageKey
@@ -100,12 +100,18 @@ second. A record takes 60 bytes with its bucket, and the table grows by doubling
 COMPILED = not __file__.endswith(".py")
 """True when the ledger runs compiled by mypyc (this module, :mod:`~pulsar_nack.consumer.entry_handoff` and
 :mod:`~pulsar_nack.consumer.message_sets`, built together by ``setup.py``); False where it runs as pure Python."""
-UNTITLED = ""
+UNTITLED: Final = ""
 """The tracker topic of a key whose id object carries the real topic (a bare id on a multi-topic consumer)."""
 
-_DELIVER, _ACKED, _NACKED, _FRESH = _msgid.DELIVER, _msgid.ACKED, _msgid.NACKED, _msgid.FRESH
-_ROUTE, _ROUTE_STORED, _COMPLETE = _msgid.ROUTE, _msgid.ROUTE_STORED, _msgid.COMPLETE
-_PARK = -1
+# Final: mypyc keeps each in a C static, not a module-dict lookup per use (these are read on every copy)
+_DELIVER: Final = _msgid.DELIVER
+_ACKED: Final = _msgid.ACKED
+_NACKED: Final = _msgid.NACKED
+_FRESH: Final = _msgid.FRESH
+_ROUTE: Final = _msgid.ROUTE
+_ROUTE_STORED: Final = _msgid.ROUTE_STORED
+_COMPLETE: Final = _msgid.COMPLETE
+_PARK: Final = -1
 """``_wait_until``: the entry's due keys are parked until a key of a member still pending falls due."""
 
 
@@ -303,7 +309,7 @@ class AdmissionLedger:
                                     (self._returned, MessageState.RETURNED)):
                 if item in nack_set:
                     return state
-            verdict = self.entries.verdict(*item)
+            verdict = self.entries.verdict(item[0], item[1], item[2])
             complete = verdict == _FRESH and item[2] >= 0 and item[:2] in self._complete
             return MessageState.SETTLED if verdict == _ACKED or complete else MessageState.UNKNOWN
 
@@ -390,8 +396,8 @@ class AdmissionLedger:
             self.stats["swallowed"] += 1
             return _ROUTE
         if handed:  # the delivery its handoff brought: now returned
-            self._handed.discard(*item)
-            self._returned.add(*item)
+            self._handed.discard(item[0], item[1], item[2])
+            self._returned.add(item[0], item[1], item[2])
             self.entries.guard_left = self._guard_messages
         return _DELIVER
 
@@ -455,7 +461,7 @@ class AdmissionLedger:
         """
         with self._lock:
             self.entries.watch(item[0], item[1])  # first: its entry's copies and acks are the ledger's from now on
-            if not self.pending.add(*item):
+            if not self.pending.add(item[0], item[1], item[2]):
                 return False
             if self.counts is not None:
                 self.counts.note_nack(item)
@@ -480,7 +486,7 @@ class AdmissionLedger:
     def undo_nack(self, item: Item) -> None:
         """The tracker refused the nack :meth:`note_nack` noted: forget it."""
         with self._lock:
-            self.pending.discard(*item)
+            self.pending.discard(item[0], item[1], item[2])
             self._left_pending(item)
             self._bare.pop(item[:2], None)
             self._chunks.pop(item[:2], None)
@@ -526,7 +532,7 @@ class AdmissionLedger:
                 self.counts.reject_failed(item)
             if item[2] >= 0:
                 # A batch member in no nack set of a complete entry passes for acked: it is returned instead.
-                self._returned.add(*item)
+                self._returned.add(item[0], item[1], item[2])
                 self._guard()
 
     def take_every_last(self) -> list[Any]:
@@ -546,8 +552,8 @@ class AdmissionLedger:
 
     def _leave_state(self, item: Item) -> None:
         """Under the lock: *item* leaves the handed-off and returned sets (acked, nacked, or stale)."""
-        if not self._handed.discard(*item):  # a message is in one state at a time
-            self._returned.discard(*item)
+        if not self._handed.discard(item[0], item[1], item[2]):  # a message is in one state at a time
+            self._returned.discard(item[0], item[1], item[2])
             if self._held:
                 self._held.pop(item, None)
 
@@ -646,7 +652,7 @@ class AdmissionLedger:
     def _forget_member(self, item: Item) -> None:
         """Under the lock: an acked *item* leaves every nack set (its held copy is acked with it) and its counts go."""
         if self.pending.count or self._handed.count or self._returned.count:
-            if self.pending.discard(*item):  # a pending message is in no other set, and holds no copy
+            if self.pending.discard(item[0], item[1], item[2]):  # a pending message is in no other set, and holds no copy
                 self._left_pending(item)
             else:
                 held = self._held.get(item)
@@ -723,8 +729,8 @@ class AdmissionLedger:
                     if waiting and (ledger_id, entry_id) in waiting:
                         continue  # its due members are pending still: parked, or tracked again for a recheck
                     item = (ledger_id, entry_id, batch_index)
-                    if self.pending.discard(*item):
-                        self._handed.add(*item)
+                    if self.pending.discard(item[0], item[1], item[2]):
+                        self._handed.add(item[0], item[1], item[2])
                         moved.append(item)
                     if (ledger_id, entry_id) in seen:
                         continue
@@ -742,8 +748,8 @@ class AdmissionLedger:
             with self._lock:  # retried by the tracker: pending again, bare ids kept
                 for item in moved:
                     if item in self._handed:
-                        self._handed.discard(*item)
-                        self.pending.add(*item)
+                        self._handed.discard(item[0], item[1], item[2])
+                        self.pending.add(item[0], item[1], item[2])
                 self._bare.update(bare_ids)
                 self._chunks.update(chunked)
                 self._repark(unparked)

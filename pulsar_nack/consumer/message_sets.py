@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from pyroaring import BitMap64
 
 from ..core.keys import BATCH_BITS
@@ -17,9 +19,10 @@ __all__ = ["AgingSet", "EntrySet", "Item", "PendingNacks"]
 Item = tuple[int, int, int]
 """``(ledger_id, entry_id, batch_index)``: a message, whatever its topic (ledger ids are unique)."""
 
-_BATCH_BITS = BATCH_BITS
-_BATCH_LIMIT = 1 << _BATCH_BITS
-_PACK_LIMIT = 1 << (64 - _BATCH_BITS)
+# Final: mypyc keeps each in a C static, not a module-dict lookup per call
+_BATCH_BITS: Final = BATCH_BITS
+_BATCH_LIMIT: Final = 1 << _BATCH_BITS
+_PACK_LIMIT: Final = 1 << (64 - _BATCH_BITS)
 
 
 class PendingNacks:

@@ -541,22 +541,23 @@ class NackingCore:
             if topic not in self.topics.names:  # (the common case: a topic named at subscribe)
                 self._check_topic(topic)
             key: MessageKey = (topic, ledger_id, entry, index)
-            raw = None
+            bare = None  # a received message's key names its topic
         else:
             key, raw = self.key_of(message)
-            index = key[3]
+            _topic, ledger_id, entry, index = key
             size = batch_size_of(raw) if index >= 0 else 0
             first = _first_chunk(message, raw) if index < 0 else None  # chunked: its handoff names every chunk
+            bare = raw if key[0] is UNTITLED else None
         ledger = self.ledger
         if index >= 0 and not size:
-            size = ledger.size_of(key[1], key[2])
-        item = (key[1], key[2], key[3])
+            size = ledger.size_of(ledger_id, entry)
+        item = (ledger_id, entry, index)
         if ledger.counts is not None and self._nacked_at_last(key, item):
             return
         count = None
         if delay_ms is None and self.settings.redelivery_backoff is not None:  # the tracker's backoff
             count = redelivery_count_of(message)
-        if not ledger.note_nack(item, size, raw if key[0] is UNTITLED else None, first):
+        if not ledger.note_nack(item, size, bare, first):
             raise ValueError(f"message {key} is already NACKED (its nack is pending)")
         try:
             self.tracker.add(key, delay_ms, count)
