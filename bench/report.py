@@ -23,7 +23,7 @@ from ._common import MISSED, REPO, RESULTS, load, md_table
 DOCS = {
     "README.md": ["results-table", "consumer-summary"],
     "docs/benchmarks.md": ["goals", "memory", "tail-log", "profile", "core", "core-ab", "client", "e2e", "scaling", "meta", "consumer",
-                           "consumer-profile", "id-read", "chaos", "soak", "chaos-breaks"],
+                           "consumer-profile", "nack-instructions", "id-read", "chaos", "soak", "chaos-breaks"],
     "docs/design.md": ["constants", "tail-log", "space"],
     "docs/spark.md": ["demo", "replay", "demo-retries", "demo-ab", "demo-wave", "wave-calls", "ledger-steps", "sharing-wait"],
     "docs/metrics.md": ["metrics-cost"],
@@ -585,6 +585,31 @@ def consumer_profile_table() -> str:
         + ("; and the client's `receive` and `acknowledge` that the gate (`_msgid.Gate`) calls"
            if "receive" in after.get("c_calls", {}) else "")
         + ".\n\n" + table
+    )
+
+
+def nack_instructions_table(result: dict[str, Any] | None = None) -> str:
+    """Instructions per ``negative_acknowledge(message)`` (bench/nack_instructions.py): medians per code and system."""
+    result = result or load("nack-instructions")
+    by_side: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in result["rows"]:
+        by_side.setdefault((row["code"], row["system"]), []).append(row)
+    steps = list(next((r["steps_per_nack"] for r in result["rows"] if r["steps_per_nack"]), {}))
+    rows = []
+    for (code, system), runs in by_side.items():
+        counts = [r["instructions_per_nack"] for r in runs]
+        rows.append([
+            "the plain client's built-in nack" if system == "plain" else f"ours, {code}",
+            f"{statistics.median(counts):,.0f} ({min(counts):,.0f}–{max(counts):,.0f})",
+            *(f"{statistics.median(r['steps_per_nack'][s] for r in runs):,.0f}" if system != "plain" else None
+              for s in steps),
+        ])  # fmt: skip
+    table = md_table(["code", "instructions per nack, median (range)", *(f"of which {s}" for s in steps)], rows,
+                     "l" + "r" * (1 + len(steps)))
+    return (
+        f"`bench/nack_instructions.py` on {result['broker']}: {result['messages']:,} non-batched messages nacked "
+        f"one after another on a fresh consumer, Callgrind's count, {len(counts)} run(s) of each; instructions, "
+        "not time.\n\n" + table
     )
 
 
@@ -1283,7 +1308,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "chaos": chaos.chaos_table, "soak": chaos.soak_table, "chaos-breaks": chaos.breaks_table,
     "ack-timeout": ack_timeout_table, "demo-ab": demo_ab_table, "id-read": id_read_table,
     "sharing-wait": sharing_wait_table, "demo-wave": demo_wave_table, "wave-calls": wave_calls_table,
-    "ledger-steps": ledger_steps_table,
+    "ledger-steps": ledger_steps_table, "nack-instructions": nack_instructions_table,
 }
 
 
