@@ -246,6 +246,20 @@ def test_admit_message_decides_copies_of_unwatched_entries_and_keeps_the_id(tabl
     assert table.watched(99, 99)
 
 
+@pytest.mark.skipif(not msgid.MSGID, reason="the C extension is not built")
+@pytest.mark.parametrize("bad", [(11,), (11, 12, 13), ("11", 12), (11, 1.5), (2**64, 1)])
+def test_watch_and_watched_refuse_a_bad_call_by_name_and_change_nothing(bad) -> None:
+    """They read their two ints themselves (METH_FASTCALL): a wrong count or type is a TypeError, an int too
+    large an OverflowError, as the format parser gave, and no mark is set."""
+    table = msgid.EntryTable(8)
+    for method in ("watch", "watched"):
+        with pytest.raises((TypeError, OverflowError)) as raised:
+            getattr(table, method)(*bad)
+        if len(bad) != 2:
+            assert f"{method}()" in str(raised.value)
+    assert not table.watched(11, 0) and not table.watched(2**63 - 1, 0), "a refused call set a mark"
+
+
 @pytest.mark.parametrize("table_type", TABLES)
 def test_an_entry_is_busy_while_its_member_given_last_is_unsettled_or_it_was_read_from_within_the_drain(table_type) -> None:
     """On a shared subscription the consumer holds back the handoff of a busy entry (tests/test_entry_handoff.py)."""

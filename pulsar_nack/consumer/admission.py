@@ -113,6 +113,8 @@ _ROUTE_STORED: Final = _msgid.ROUTE_STORED
 _COMPLETE: Final = _msgid.COMPLETE
 _PARK: Final = -1
 """``_wait_until``: the entry's due keys are parked until a key of a member still pending falls due."""
+# The ledger calls its sets (and the table) with an item's three ints, not ``f(*item)``: compiled,
+# that is a native call, where the star call builds a tuple and takes the generic call path.
 
 
 class Screening(enum.Enum):
