@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import REPO, finish, parser, start_context
+from .consumer import _produce as produce
 
 WORKER = Path(__file__).with_name("nack_worker.py")
 """The worker, run as a script (not ``-m``): an older checkout's ``bench`` package has no such module."""
@@ -72,21 +73,14 @@ def _steps(annotated: str) -> dict[str, int]:
     return {label: best.get(function, 0) for label, function in STEPS.items()}
 
 
-def _produce(url: str, topic: str, count: int) -> None:
-    import pulsar
-
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
-    for _ in range(count):
-        producer.send_async(b"x" * 16, None)
-    producer.flush()
-    client.close()
-
-
 def measure(url: str, sources: dict[str, Path], count: int, repetitions: int) -> list[dict[str, Any]]:
     """Instructions per nack of each code in *sources* (a label -> a checkout) and of the plain client."""
+    import pulsar
+
     topic = f"persistent://public/default/instructions-{uuid.uuid4().hex[:8]}"
-    _produce(url, topic, count)
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    produce(client, topic, count, batched=False)
+    client.close()
     sides = [("plain", "plain", REPO), *(("pulsar-nack", label, path) for label, path in sources.items())]
     rows = []
     for repetition in range(repetitions):

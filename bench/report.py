@@ -608,7 +608,8 @@ def nack_instructions_table(result: dict[str, Any] | None = None) -> str:
                      "l" + "r" * (1 + len(steps)))
     return (
         f"`bench/nack_instructions.py` on {result['broker']}: {result['messages']:,} non-batched messages nacked "
-        f"one after another on a fresh consumer, Callgrind's count, {len(counts)} run(s) of each; instructions, "
+        f"one after another on a fresh consumer, Callgrind's count, {len({r['repetition'] for r in result['rows']})} "
+        "run(s) of each; instructions, "
         "not time.\n\n" + table
     )
 

@@ -544,10 +544,10 @@ class NackingCore:
             bare = None  # a received message's key names its topic
         else:
             key, raw = self.key_of(message)
-            _topic, ledger_id, entry, index = key
+            topic, ledger_id, entry, index = key
             size = batch_size_of(raw) if index >= 0 else 0
             first = _first_chunk(message, raw) if index < 0 else None  # chunked: its handoff names every chunk
-            bare = raw if key[0] is UNTITLED else None
+            bare = raw if topic is UNTITLED else None
         ledger = self.ledger
         if index >= 0 and not size:
             size = ledger.size_of(ledger_id, entry)
